@@ -1,0 +1,66 @@
+"""NIP-42 client authentication: validation of kind-22242 AUTH events."""
+
+from __future__ import annotations
+
+from urllib.parse import urlsplit, urlunsplit
+
+from .event import Event, verify_event
+
+__all__ = ["AuthError", "AUTH_KIND", "validate_auth_event", "normalize_relay_url"]
+
+AUTH_KIND = 22242
+
+
+class AuthError(ValueError):
+    """A refused AUTH event; str() is the reason."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+def normalize_relay_url(url: str) -> str:
+    """Lowercase scheme and host, drop one trailing slash; path and query are kept as given.
+
+    Clients disagree on "wss://host" vs "wss://host/" and on host case; both
+    are the same relay, nothing else is folded.
+    """
+    try:
+        parts = urlsplit(url.strip())
+    except ValueError:
+        return url
+    out = urlunsplit((parts.scheme.lower(), parts.netloc.lower(), parts.path, parts.query, parts.fragment))
+    if out.endswith("/"):
+        out = out[:-1]
+    return out
+
+
+def validate_auth_event(
+    ev: Event,
+    *,
+    challenge: str,
+    relay_url: str,
+    now: int,
+    window: int = 600,
+) -> str:
+    """Return the authenticated pubkey, or raise AuthError with the reason.
+
+    Cheap checks run before the signature so junk costs little.
+    """
+    if ev.kind != AUTH_KIND:
+        raise AuthError("wrong kind")
+    if abs(ev.created_at - now) > window:
+        raise AuthError("created_at out of window")
+    tag_challenge = ev.first_tag("challenge")
+    if tag_challenge is None:
+        raise AuthError("missing challenge tag")
+    if tag_challenge != challenge:
+        raise AuthError("challenge mismatch")
+    tag_relay = ev.first_tag("relay")
+    if tag_relay is None:
+        raise AuthError("missing relay tag")
+    if normalize_relay_url(tag_relay) != normalize_relay_url(relay_url):
+        raise AuthError("relay url mismatch")
+    if not verify_event(ev):
+        raise AuthError("invalid signature")
+    return ev.pubkey
