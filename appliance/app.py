@@ -1,0 +1,195 @@
+"""Composition root: builds the store, origins and relay, wires their hooks, and serves them."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
+from starlette.routing import Route, WebSocketRoute
+from starlette.websockets import WebSocket
+
+from appliance import __version__
+from appliance.relay import nip11
+from appliance.relay.origins import Origin, OriginRegistry, UnknownOrigin, sync_origins
+from appliance.relay.relay import Relay
+from appliance.relay.session import Session
+from appliance.settings import Settings
+from appliance.store.events import purge_expired
+from appliance.store.sqlite import SqliteStore
+
+log = logging.getLogger("appliance")
+
+NOSTR_JSON = "application/nostr+json"
+CORS = {
+    "Access-Control-Allow-Origin": "*",
+    "Access-Control-Allow-Headers": "*",
+    "Access-Control-Allow-Methods": "GET, OPTIONS",
+}
+
+DEFAULT_ORIGIN_KEY = "default_origin"
+
+
+def default_origin(settings: Settings) -> Origin:
+    """The origin derived from the public URL and flat settings: the single-community setup."""
+    return Origin.from_mapping(
+        {
+            "origin": settings.effective_public_url,
+            "name": settings.relay_name,
+            "description": settings.relay_description,
+            "contact": settings.relay_contact,
+            "pubkey": settings.relay_pubkey,
+            "access_policy": settings.access_policy,
+            "auth_required": settings.auth_required,
+        },
+        where="public_url",
+    )
+
+
+def prepare_origins(store: SqliteStore, settings: Settings) -> list[Origin]:
+    """Make the default origin and the config file's origins exist; return all of them.
+
+    The default origin keeps its row (and so its events) when the public URL changes.
+    """
+    base = default_origin(settings)
+    declared = [Origin.from_mapping(o, where=f"origins[{i}]") for i, o in enumerate(settings.origins)]
+
+    def op(conn):
+        row = conn.execute("SELECT value FROM meta WHERE name = ?", (DEFAULT_ORIGIN_KEY,)).fetchone()
+        if row is not None:
+            conn.execute(
+                "UPDATE origins SET origin = ?, config = ? WHERE id = ?",
+                (base.origin, base.config_json(), int(row[0])),
+            )
+            origins = sync_origins(conn, declared)
+        else:
+            origins = sync_origins(conn, [base, *declared])
+            oid = next(o.id for o in origins if o.origin == base.origin)
+            conn.execute("INSERT INTO meta (name, value) VALUES (?, ?)", (DEFAULT_ORIGIN_KEY, str(oid)))
+        return origins
+
+    return store.write_sync(op)
+
+
+@dataclass
+class Appliance:
+    """The running appliance: everything `build` wired together."""
+
+    settings: Settings
+    store: SqliteStore
+    relay: Relay
+    nip11_extensions: list[nip11.Extension] = field(default_factory=list)
+    background: list[asyncio.Task] = field(default_factory=list)
+
+    async def purge_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.purge_interval)
+            try:
+                await self.purge_once()
+            except Exception:
+                log.exception("expired-event purge failed")
+
+    async def purge_once(self) -> int:
+        total = 0
+        while True:
+            n = await self.store.write(lambda conn: purge_expired(conn, int(time.time())))
+            total += n
+            if n == 0:
+                return total
+
+
+def build(settings: Settings) -> Appliance:
+    """Open the store and wire the relay; the caller serves `asgi(appliance)`."""
+    store = SqliteStore(
+        settings.data_path,
+        sync_mode=settings.sync_mode,
+        write_batch=settings.write_batch,
+        reader_threads=settings.reader_threads,
+    ).open()
+    try:
+        origins = prepare_origins(store, settings)
+    except Exception:
+        store.close()
+        raise
+    relay = Relay(settings=settings, store=store, origins=OriginRegistry(origins))
+    return Appliance(settings=settings, store=store, relay=relay)
+
+
+def asgi(app: Appliance) -> Starlette:
+    """The ASGI application: websocket relay and NIP-11 on every path of every routed host."""
+
+    def resolve(scope_headers_host: str | None, path: str) -> Origin:
+        return app.relay.origins.resolve(scope_headers_host, path)
+
+    async def http_endpoint(request: Request) -> Response:
+        try:
+            origin = resolve(request.headers.get("host"), request.url.path)
+        except UnknownOrigin as exc:
+            return PlainTextResponse(f"unknown host: {exc}\n", status_code=421)
+        if request.method == "OPTIONS":
+            return Response(status_code=204, headers=CORS)
+        if NOSTR_JSON in request.headers.get("accept", ""):
+            doc = nip11.document(origin, app.settings, app.nip11_extensions)
+            return JSONResponse(doc, media_type=NOSTR_JSON, headers=CORS)
+        return HTMLResponse(_landing(origin, app.settings))
+
+    async def ws_endpoint(websocket: WebSocket) -> None:
+        try:
+            origin = resolve(websocket.headers.get("host"), websocket.url.path)
+        except UnknownOrigin as exc:
+            response = PlainTextResponse(f"unknown host: {exc}\n", status_code=421)
+            try:
+                await websocket.send_denial_response(response)
+            except RuntimeError:
+                await websocket.close(code=1008, reason="unknown host")
+            return
+        await Session(app.relay, websocket, origin).run()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_starlette):
+        app.background.append(asyncio.create_task(app.purge_loop()))
+        try:
+            yield
+        finally:
+            for task in app.background:
+                task.cancel()
+            await asyncio.gather(*app.background, return_exceptions=True)
+            app.relay.close()
+            app.store.close()
+
+    routes = [
+        WebSocketRoute("/{path:path}", ws_endpoint),
+        Route("/{path:path}", http_endpoint, methods=["GET", "HEAD", "OPTIONS"]),
+    ]
+    return Starlette(routes=routes, lifespan=lifespan)
+
+
+def _landing(origin: Origin, settings: Settings) -> str:
+    from html import escape
+
+    name = escape(origin.name or settings.relay_name)
+    url = escape(origin.origin)
+    return (
+        "<!doctype html><meta charset=utf-8><title>" + name + "</title>"
+        "<h1>" + name + "</h1><p>This is a Nostr relay. Point a Nostr client at <code>" + url + "</code>.</p>"
+        f"<p><small>appliance {escape(__version__)}</small></p>"
+    )
+
+
+def startup_banner(settings: Settings, app: Appliance) -> list[str]:
+    lines = [f"appliance {__version__}: data in {settings.data_path.resolve()}"]
+    for origin in app.relay.origins.origins:
+        http = origin.origin.replace("wss://", "https://", 1).replace("ws://", "http://", 1)
+        lines.append(f"  relay  {origin.origin}   (NIP-11: {http} with Accept: {NOSTR_JSON})")
+    lines.append(f"  listening on {settings.host}:{settings.port}")
+    return lines
+
+
+def info(app: Appliance) -> dict[str, Any]:
+    return {"origins": [o.origin for o in app.relay.origins.origins]}

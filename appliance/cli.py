@@ -1,0 +1,130 @@
+"""Command line: `appliance` alone serves with embedded defaults; subcommands manage and measure."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from typing import Any, Sequence
+
+from appliance import __version__
+from appliance.errors import ApplianceError
+from appliance.settings import SETTINGS, Settings, load, sample_config
+
+
+def _add_setting_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", metavar="FILE", help="TOML config file (also APPLIANCE_CONFIG).")
+    group = parser.add_argument_group("settings (flag > APPLIANCE_* env > config file > default)")
+    for s in SETTINGS:
+        group.add_argument(
+            s.flag, dest=s.name, metavar=s.metavar, default=None,
+            help=f"{s.help} [env {s.env}; default {s.default!r}]",
+        )
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    flags = {s.name: getattr(args, s.name, None) for s in SETTINGS}
+    return load(flags=flags, config_path=getattr(args, "config", None))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="appliance",
+        description="A self-hosted Nostr relay with a NIP-PL push executor, in one process. "
+        "With no command it serves (same as `appliance serve`).",
+    )
+    parser.add_argument("--version", action="version", version=f"appliance {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    serve = sub.add_parser("serve", help="Run the relay (the default command).",
+                           description="Run the relay until interrupted.")
+    _add_setting_flags(serve)
+
+    config = sub.add_parser("config", help="Show or check configuration.", description="Configuration tools.")
+    config_sub = config.add_subparsers(dest="config_command", metavar="ACTION", required=True)
+    config_sub.add_parser("sample", help="Print a commented sample config file with every setting.",
+                          description="Print a commented sample config file listing every setting and its default.")
+    check = config_sub.add_parser("show", help="Print the resolved settings and where each came from.",
+                                  description="Resolve settings (flag > env > file > default) and print them.")
+    _add_setting_flags(check)
+
+    origins = sub.add_parser("origins", help="List, add, edit or remove origins (communities).",
+                             description="Manage the communities this process serves.")
+    from appliance.relay import origins_cli
+
+    origins_cli.add_parser(origins, _add_setting_flags)
+
+    bench = sub.add_parser("bench", help="Measure this machine: relay ingest and query speed.",
+                           description="Benchmarks that start a relay on a temporary data dir.")
+    from appliance import bench as bench_mod
+
+    bench_mod.add_parser(bench)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version"):
+        argv = ["serve", *argv]
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "serve":
+            return serve(_settings(args))
+        if args.command == "config":
+            if args.config_command == "sample":
+                sys.stdout.write(sample_config())
+                return 0
+            settings = _settings(args)
+            for s in SETTINGS:
+                print(f"{s.name} = {json.dumps(settings.values[s.name])}    # from {settings.sources[s.name]}")
+            return 0
+        if args.command == "origins":
+            from appliance.relay import origins_cli
+
+            return origins_cli.run(args, _settings(args))
+        if args.command == "bench":
+            from appliance import bench as bench_mod
+
+            return bench_mod.run(args)
+    except ApplianceError as exc:
+        print(f"appliance: {exc}", file=sys.stderr)
+        return 2
+    parser.print_help()
+    return 2
+
+
+def configure_logging(level: str) -> None:
+    logging.basicConfig(
+        level=getattr(logging, level.upper()),
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+    )
+
+
+def serve(settings: Settings, *, ready: Any = None) -> int:
+    """Serve until interrupted."""
+    import uvicorn
+
+    from appliance.app import asgi, build, startup_banner
+
+    configure_logging(settings.log_level)
+    app = build(settings)
+    for line in startup_banner(settings, app):
+        print(line, flush=True)
+    config = uvicorn.Config(
+        asgi(app),
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level,
+        # Frames up to twice the limit are read so the client gets a NOTICE; beyond that, close 1009.
+        ws_max_size=settings.max_message_length * 2,
+        ws_ping_interval=30,
+        ws_ping_timeout=30,
+        lifespan="on",
+        proxy_headers=False,
+        server_header=False,
+    )
+    server = uvicorn.Server(config)
+    server.run()
+    return 0

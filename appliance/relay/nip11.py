@@ -1,0 +1,52 @@
+"""The NIP-11 relay information document of an origin, with the limits this relay enforces."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from appliance import __version__
+from appliance.relay.origins import Origin
+from appliance.settings import Settings
+
+SUPPORTED_NIPS = [1, 9, 11, 29, 40, 42, 45]
+
+# Extra NIP-11 members contributed by other parts (the push descriptor), per origin.
+Extension = Callable[[Origin, dict[str, Any]], None]
+
+
+def document(origin: Origin, settings: Settings, extensions: list[Extension] = ()) -> dict[str, Any]:
+    s = settings
+    doc: dict[str, Any] = {
+        "name": origin.name or s.relay_name,
+        "description": origin.description or s.relay_description,
+        "software": "appliance",
+        "version": __version__,
+        "supported_nips": SUPPORTED_NIPS,
+        "limitation": {
+            "max_message_length": s.max_message_length,
+            "max_subscriptions": s.max_subscriptions,
+            "max_filters": s.max_filters,
+            "max_limit": s.max_limit,
+            "default_limit": s.default_limit,
+            "max_subid_length": 64,
+            "max_event_tags": s.max_event_tags,
+            "max_content_length": s.max_content_length,
+            "auth_required": origin.auth_required,
+            "restricted_writes": origin.access_policy == "members" or bool(origin.allow),
+            "created_at_lower_limit": s.created_at_past,
+            "created_at_upper_limit": s.created_at_future,
+            "event_rate_per_second": s.event_rate,
+            "event_burst": s.event_burst,
+            "req_rate_per_second": s.req_rate,
+            "req_burst": s.req_burst,
+        },
+    }
+    contact = origin.contact or s.relay_contact
+    if contact:
+        doc["contact"] = contact
+    pubkey = origin.pubkey or s.relay_pubkey
+    if pubkey:
+        doc["pubkey"] = pubkey
+    for extend in extensions:
+        extend(origin, doc)
+    return doc

@@ -1,0 +1,191 @@
+"""Origins (tenants): several isolated communities in one process, routed by Host and path."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any, Iterable
+from urllib.parse import urlsplit
+
+import apsw
+
+from appliance.errors import ConfigError
+
+POLICIES = ("public", "members")
+
+SQL_ALL = "SELECT id, origin, config FROM origins ORDER BY id"
+SQL_UPSERT = (
+    "INSERT INTO origins (origin, config) VALUES (?, ?) "
+    "ON CONFLICT (origin) DO UPDATE SET config = excluded.config RETURNING id"
+)
+SQL_DELETE = "DELETE FROM origins WHERE origin = ?"
+
+_HEX = frozenset("0123456789abcdef")
+
+
+def _is_pubkey(value: Any) -> bool:
+    return isinstance(value, str) and len(value) == 64 and set(value) <= _HEX
+
+
+@dataclass(frozen=True)
+class Origin:
+    """One community: canonical origin string, routing, NIP-11 fields and access policy."""
+
+    origin: str
+    hosts: tuple[str, ...] = ()
+    path: str = "/"
+    name: str = ""
+    description: str = ""
+    contact: str = ""
+    pubkey: str = ""
+    access_policy: str = "public"
+    auth_required: bool = False
+    allow: frozenset[str] = frozenset()
+    block: frozenset[str] = frozenset()
+    id: int = 0
+
+    @property
+    def relay_url(self) -> str:
+        """The URL a NIP-42 AUTH event's relay tag must name."""
+        return self.origin
+
+    def config_json(self) -> str:
+        data = asdict(self)
+        data.pop("id")
+        data.pop("origin")
+        data["hosts"] = list(self.hosts)
+        data["allow"] = sorted(self.allow)
+        data["block"] = sorted(self.block)
+        return json.dumps(data, sort_keys=True)
+
+    @classmethod
+    def from_mapping(cls, data: dict[str, Any], *, id: int = 0, where: str = "origin") -> "Origin":
+        """Build and validate an origin from a config table or a stored JSON row."""
+        known = {f for f in cls.__dataclass_fields__ if f != "id"}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigError(f"{where}.{unknown[0]}", data[unknown[0]], "unknown origin field")
+        origin = data.get("origin")
+        parts = urlsplit(origin) if isinstance(origin, str) else None
+        if parts is None or parts.scheme not in ("ws", "wss") or not parts.hostname:
+            raise ConfigError(f"{where}.origin", origin, "expected a ws:// or wss:// URL such as wss://chat.example.org")
+        hosts = data.get("hosts") or [parts.hostname]
+        if isinstance(hosts, str) or not all(isinstance(h, str) and h for h in hosts):
+            raise ConfigError(f"{where}.hosts", hosts, "expected a list of host names")
+        path = data.get("path") or parts.path or "/"
+        if not isinstance(path, str) or not path.startswith("/"):
+            raise ConfigError(f"{where}.path", path, "expected a path starting with /")
+        policy = data.get("access_policy", "public")
+        if policy not in POLICIES:
+            raise ConfigError(f"{where}.access_policy", policy, "must be public or members")
+        lists = {}
+        for name in ("allow", "block"):
+            values = data.get(name, [])
+            if isinstance(values, str) or not all(_is_pubkey(v) for v in values):
+                raise ConfigError(f"{where}.{name}", values, "expected a list of 64-hex pubkeys")
+            lists[name] = frozenset(values)
+        auth_required = data.get("auth_required", False)
+        if not isinstance(auth_required, bool):
+            raise ConfigError(f"{where}.auth_required", auth_required, "expected true or false")
+        pubkey = data.get("pubkey", "")
+        if pubkey and not _is_pubkey(pubkey):
+            raise ConfigError(f"{where}.pubkey", pubkey, "expected 64 lowercase hex characters")
+        for name in ("name", "description", "contact"):
+            if not isinstance(data.get(name, ""), str):
+                raise ConfigError(f"{where}.{name}", data.get(name), "expected text")
+        return cls(
+            origin=origin,
+            hosts=tuple(h.lower() for h in hosts),
+            path=path.rstrip("/") or "/",
+            name=data.get("name", ""),
+            description=data.get("description", ""),
+            contact=data.get("contact", ""),
+            pubkey=pubkey,
+            access_policy=policy,
+            auth_required=auth_required or policy == "members",
+            allow=lists["allow"],
+            block=lists["block"],
+            id=id,
+        )
+
+
+class UnknownOrigin(LookupError):
+    """No origin is routed at this host and path."""
+
+
+@dataclass
+class OriginRegistry:
+    """All origins of this process, with request routing."""
+
+    origins: list[Origin] = field(default_factory=list)
+
+    def by_id(self, origin_id: int) -> Origin:
+        for o in self.origins:
+            if o.id == origin_id:
+                return o
+        raise UnknownOrigin(origin_id)
+
+    def by_origin(self, origin: str) -> Origin:
+        for o in self.origins:
+            if o.origin == origin:
+                return o
+        raise UnknownOrigin(origin)
+
+    def resolve(self, host: str | None, path: str) -> Origin:
+        """The origin a request belongs to, from the server's view of Host and path only.
+
+        With a single origin every host routes to it (a single community behind any proxy just
+        works); with several, the Host header must name one of them.
+        """
+        if len(self.origins) == 1:
+            return self.origins[0]
+        hostname = (host or "").lower()
+        if hostname.startswith("["):
+            hostname = hostname[1:].split("]", 1)[0]
+        else:
+            hostname = hostname.rsplit(":", 1)[0] if hostname.count(":") == 1 else hostname
+        best: Origin | None = None
+        for o in self.origins:
+            if hostname in o.hosts and _path_under(path, o.path):
+                if best is None or len(o.path) > len(best.path):
+                    best = o
+        if best is None:
+            raise UnknownOrigin(f"no community is served at host {hostname!r}")
+        return best
+
+    def replace(self, origin: Origin) -> None:
+        self.origins = [origin if o.id == origin.id else o for o in self.origins]
+
+
+def _path_under(path: str, prefix: str) -> bool:
+    if prefix == "/":
+        return True
+    return path == prefix or path.startswith(prefix + "/")
+
+
+def load_origins(conn: apsw.Connection) -> list[Origin]:
+    return [
+        Origin.from_mapping({"origin": origin, **json.loads(config)}, id=oid, where=f"origins[{origin}]")
+        for oid, origin, config in conn.execute(SQL_ALL)
+    ]
+
+
+def save_origin(conn: apsw.Connection, origin: Origin) -> Origin:
+    """Insert or update an origin row (inside a write transaction); return it with its id."""
+    (oid,) = conn.execute(SQL_UPSERT, (origin.origin, origin.config_json())).fetchone()
+    return replace(origin, id=oid)
+
+
+def sync_origins(conn: apsw.Connection, declared: Iterable[Origin]) -> list[Origin]:
+    """Make the declared origins (default + config file) exist; keep CLI-created ones."""
+    for o in declared:
+        save_origin(conn, o)
+    origins = load_origins(conn)
+    seen: dict[str, str] = {}
+    for o in origins:
+        for host in o.hosts:
+            key = f"{host}{o.path}"
+            if key in seen and len(origins) > 1:
+                raise ConfigError("origins.hosts", host, f"routed to both {seen[key]} and {o.origin}")
+            seen[key] = o.origin
+    return origins

@@ -1,0 +1,214 @@
+"""The relay: accepts events into the store, answers queries, fans new events out to live subscriptions.
+
+The relay is a set of hook lists around one store (khatru's shape): other parts of the appliance
+plug in from `app.py` without the relay importing them.
+
+- `admission[kind]`: an async callable `(origin, authed_pubkey, event, verify) -> context` that
+  replaces the generic "verify the signature" step for that kind, so a kind with its own ordered
+  acceptance rules (NIP-PL leases: authentication before signature) decides its first failure. It
+  raises `Rejected`; the context dict it returns reaches the store's in-transaction hooks.
+- `store_hooks`: checks and "event stored" hooks run inside the writer transaction (see
+  `appliance.store.events.WriteHooks`).
+- `on_stored`: async callbacks after commit, with (origin, event).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Awaitable, Callable
+
+from appliance.errors import Rejected
+from appliance.nostr.event import Event, InvalidEvent, expiration as event_expiration, is_ephemeral, verify_event
+from appliance.nostr.filters import Filter
+from appliance.relay.authz import GroupView, NoGroups, can_read, read_scope
+from appliance.relay.origins import Origin, OriginRegistry
+from appliance.relay.subscriptions import SubscriptionIndex
+from appliance.settings import Settings
+from appliance.store.events import WriteHooks, count_events, query_events, store_event
+from appliance.store.sqlite import SqliteStore
+
+log = logging.getLogger("appliance.relay")
+
+AUTH_KIND = 22242
+
+Admission = Callable[[Origin, "str | None", Event, Callable[[Event], Awaitable[bool]]], Awaitable[dict]]
+StoredCallback = Callable[[Origin, Event], Awaitable[None]]
+
+
+class Verifier:
+    """Checks event ids and BIP-340 signatures in batches on worker threads, off the event loop."""
+
+    # Batches bigger than this are split so both cores get work.
+    CHUNK = 64
+
+    def __init__(self, threads: int = 2):
+        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="appliance-verify")
+        self._pending: list[tuple[Event, asyncio.Future]] = []
+        self._scheduled = False
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    async def verify(self, ev: Event) -> bool:
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+        self._pending.append((ev, fut))
+        if not self._scheduled:
+            self._scheduled = True
+            loop.call_soon(self._flush, loop)
+        return await fut
+
+    def _flush(self, loop: asyncio.AbstractEventLoop) -> None:
+        pending, self._pending, self._scheduled = self._pending, [], False
+        for start in range(0, len(pending), self.CHUNK):
+            chunk = pending[start : start + self.CHUNK]
+            job = loop.run_in_executor(self._pool, _verify_all, [ev for ev, _ in chunk])
+            job.add_done_callback(lambda done, chunk=chunk: _settle(done, chunk))
+
+
+def _verify_all(events: list[Event]) -> list[bool]:
+    return [verify_event(ev) for ev in events]
+
+
+def _settle(done: asyncio.Future, chunk: list) -> None:
+    exc = done.exception() if not done.cancelled() else asyncio.CancelledError()
+    results = None if exc else done.result()
+    for i, (_ev, fut) in enumerate(chunk):
+        if fut.done():
+            continue
+        if exc:
+            fut.set_exception(exc)
+        else:
+            fut.set_result(results[i])
+
+
+@dataclass
+class Relay:
+    """Everything the websocket sessions share."""
+
+    settings: Settings
+    store: SqliteStore
+    origins: OriginRegistry
+    groups: GroupView = field(default_factory=NoGroups)
+    admission: dict[int, Admission] = field(default_factory=dict)
+    store_hooks: WriteHooks = field(default_factory=WriteHooks)
+    on_stored: list[StoredCallback] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.verifier = Verifier()
+        self.indexes: dict[int, SubscriptionIndex] = {}
+        self.sessions: set = set()
+        self.stats = {"accepted": 0, "rejected": 0, "broadcast": 0}
+
+    def index_for(self, origin: Origin) -> SubscriptionIndex:
+        idx = self.indexes.get(origin.id)
+        if idx is None:
+            idx = self.indexes[origin.id] = SubscriptionIndex()
+        return idx
+
+    def close(self) -> None:
+        self.verifier.close()
+
+    # -- writing --------------------------------------------------------------------------------
+
+    def check_envelope(self, ev: Event, now: int) -> None:
+        """Limits that need no signature check: tags, content size, created_at bounds."""
+        s = self.settings
+        if len(ev.tags) > s.max_event_tags:
+            raise Rejected("invalid", f"too many tags (max {s.max_event_tags})")
+        if len(ev.content) > s.max_content_length or len(ev.content.encode()) > s.max_content_length:
+            raise Rejected("invalid", f"content too long (max {s.max_content_length} bytes)")
+        if s.created_at_future and ev.created_at > now + s.created_at_future:
+            raise Rejected("invalid", "created_at is too far in the future")
+        if s.created_at_past and ev.created_at < now - s.created_at_past:
+            raise Rejected("invalid", "created_at is too far in the past")
+        if ev.kind == AUTH_KIND:
+            raise Rejected("invalid", "AUTH events are sent in AUTH messages, not stored")
+
+    def check_write_access(self, origin: Origin, authed: str | None, ev: Event) -> None:
+        """Origin policy for writers (groups add their own checks in the store transaction)."""
+        if ev.pubkey in origin.block or (authed is not None and authed in origin.block):
+            raise Rejected("blocked", "this pubkey is blocked here")
+        if origin.auth_required and authed is None:
+            raise Rejected("auth-required", "authenticate to publish here")
+        if origin.access_policy == "members":
+            if authed not in origin.allow:
+                raise Rejected("restricted", "only members may publish here")
+            if ev.pubkey not in origin.allow:
+                raise Rejected("restricted", "the event author is not a member")
+        elif origin.allow and ev.pubkey not in origin.allow:
+            raise Rejected("restricted", "this pubkey may not publish here")
+
+    async def publish(self, origin: Origin, authed: str | None, ev: Event) -> str:
+        """Admit, store and fan out one event; return the OK message or raise Rejected."""
+        now = int(time.time())
+        self.check_envelope(ev, now)
+        self.check_write_access(origin, authed, ev)
+        admit = self.admission.get(ev.kind)
+        if admit is not None:
+            # The kind's own ordered rules decide its first failure (NIP-PL: auth before signature).
+            context = await admit(origin, authed, ev, self.verifier.verify)
+        else:
+            if not await self.verifier.verify(ev):
+                raise Rejected("invalid", "bad signature")
+            context = {}
+        try:
+            expiration = event_expiration(ev)
+        except InvalidEvent as exc:
+            raise Rejected("invalid", exc.reason) from None
+        if expiration is not None and expiration <= now:
+            raise Rejected("invalid", "event has expired")
+        if is_ephemeral(ev.kind):
+            self.broadcast(origin, ev, ev.to_json())
+            return ""
+        raw = ev.to_json()
+        result = await self.store.write(
+            lambda conn: store_event(
+                conn, origin.id, ev, raw=raw, expiration=expiration, now=now,
+                hooks=self.store_hooks, context=context,
+            )
+        )
+        self.stats["accepted"] += 1
+        self.broadcast(origin, ev, raw)
+        for callback in self.on_stored:
+            try:
+                await callback(origin, ev)
+            except Exception:  # a listener's failure must not turn an accepted event into an error
+                log.exception("on_stored callback failed for event %s", ev.id)
+        return result.message
+
+    def broadcast(self, origin: Origin, ev: Event, raw: str) -> None:
+        """Send `ev` to every live subscription at `origin` whose owner may read it."""
+        idx = self.indexes.get(origin.id)
+        if not idx:
+            return
+        readable: dict[str | None, bool] = {}
+        for sub in idx.matching(ev):
+            reader = sub.owner.reader
+            ok = readable.get(reader)
+            if ok is None:
+                ok = readable[reader] = can_read(origin, reader, ev, self.groups)
+            if ok:
+                sub.owner.send_event(sub.sub_id, raw)
+                self.stats["broadcast"] += 1
+
+    # -- reading --------------------------------------------------------------------------------
+
+    async def query(self, origin: Origin, reader: str | None, filters: list[Filter]) -> list[str]:
+        scope = read_scope(origin, reader, self.groups)
+        now = int(time.time())
+        s = self.settings
+        return await self.store.read(
+            lambda conn: query_events(
+                conn, origin.id, filters, scope, now, default_limit=s.default_limit, max_limit=s.max_limit
+            )
+        )
+
+    async def count(self, origin: Origin, reader: str | None, filters: list[Filter]) -> int:
+        scope = read_scope(origin, reader, self.groups)
+        now = int(time.time())
+        return await self.store.read(lambda conn: count_events(conn, origin.id, filters, scope, now))

@@ -1,0 +1,297 @@
+"""One websocket connection speaking NIP-01 (EVENT, REQ, CLOSE), NIP-42 AUTH and NIP-45 COUNT."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import time
+
+import orjson
+from starlette.websockets import WebSocket, WebSocketDisconnect
+
+from appliance.errors import Rejected
+from appliance.nostr.event import InvalidEvent, parse_event
+from appliance.nostr.filters import Filter, InvalidFilter, parse_filter
+from appliance.nostr.nip42 import AuthError, validate_auth_event
+from appliance.relay.authz import GATED_KINDS, AUTHOR_ONLY_KINDS, may_enter
+from appliance.relay.limits import TokenBucket
+from appliance.relay.origins import Origin
+from appliance.relay.relay import Relay
+from appliance.relay.subscriptions import Subscription
+
+log = logging.getLogger("appliance.relay")
+
+# A reader this far behind is dropped rather than buffered without bound.
+DEFAULT_MAX_QUEUED = 20_000
+# EVENTs one connection may have in flight (verifying or committing) at once.
+DEFAULT_MAX_INFLIGHT = 512
+MAX_SUB_ID_LENGTH = 64
+
+
+def _dumps(obj) -> str:
+    return orjson.dumps(obj).decode()
+
+
+class Session:
+    """State of one client connection: its origin, authenticated pubkey, subscriptions."""
+
+    def __init__(self, relay: Relay, ws: WebSocket, origin: Origin):
+        self.relay = relay
+        self.ws = ws
+        self.origin = origin
+        self.settings = relay.settings
+        self.reader: str | None = None  # the NIP-42 authenticated pubkey
+        self.challenge = secrets.token_hex(16)
+        self.subs: dict[str, Subscription] = {}
+        self.out: asyncio.Queue[str | None] = asyncio.Queue()
+        self.closed = False
+        self.inflight = asyncio.Semaphore(DEFAULT_MAX_INFLIGHT)
+        self.tasks: set[asyncio.Task] = set()
+        s = self.settings
+        self.event_bucket = TokenBucket(s.event_rate, s.event_burst)
+        self.req_bucket = TokenBucket(s.req_rate, s.req_burst)
+        # Garbage floods: every message costs a token here.
+        self.message_bucket = TokenBucket(max(s.event_rate, s.req_rate) * 4, s.event_burst + s.req_burst)
+
+    # -- output ---------------------------------------------------------------------------------
+
+    def send(self, text: str) -> None:
+        if self.closed:
+            return
+        if self.out.qsize() >= DEFAULT_MAX_QUEUED:
+            log.info("dropping slow connection origin=%s queued=%d", self.origin.origin, self.out.qsize())
+            self.closed = True
+            self.out.put_nowait(None)
+            return
+        self.out.put_nowait(text)
+
+    def send_event(self, sub_id: str, raw: str) -> None:
+        self.send('["EVENT",' + _dumps(sub_id) + "," + raw + "]")
+
+    def notice(self, message: str) -> None:
+        self.send(_dumps(["NOTICE", message]))
+
+    def ok(self, event_id: str, accepted: bool, message: str) -> None:
+        self.send(_dumps(["OK", event_id, accepted, message]))
+
+    def closed_msg(self, sub_id: str, message: str) -> None:
+        self.send(_dumps(["CLOSED", sub_id, message]))
+
+    async def _sender(self) -> None:
+        ws = self.ws
+        while True:
+            text = await self.out.get()
+            if text is None:
+                break
+            await ws.send_text(text)
+
+    # -- main loop ------------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        await self.ws.accept()
+        self.relay.sessions.add(self)
+        sender = asyncio.create_task(self._sender())
+        self.send(_dumps(["AUTH", self.challenge]))
+        try:
+            while not self.closed:
+                message = await self.ws.receive()
+                kind = message["type"]
+                if kind == "websocket.disconnect":
+                    break
+                text = message.get("text")
+                if text is None:
+                    self.notice("error: binary frames are not supported; send JSON text frames")
+                    continue
+                self.handle_text(text)
+        except WebSocketDisconnect:
+            pass
+        finally:
+            self.closed = True
+            for sub in self.subs.values():
+                self.relay.index_for(self.origin).remove(sub)
+            self.subs.clear()
+            self.relay.sessions.discard(self)
+            self.out.put_nowait(None)
+            try:
+                await sender
+            except Exception:  # the peer is gone; nothing left to tell it
+                pass
+            if self.tasks:
+                await asyncio.gather(*self.tasks, return_exceptions=True)
+
+    def handle_text(self, text: str) -> None:
+        s = self.settings
+        if not self.message_bucket.take():
+            self.notice("rate-limited: too many messages, slow down")
+            return
+        if len(text) > s.max_message_length or len(text.encode()) > s.max_message_length:
+            self.notice(f"invalid: message too large (max {s.max_message_length} bytes)")
+            return
+        try:
+            msg = orjson.loads(text)
+        except orjson.JSONDecodeError:
+            self.notice("invalid: could not parse message as JSON")
+            return
+        if not isinstance(msg, list) or not msg or not isinstance(msg[0], str):
+            self.notice('invalid: a message is a JSON array starting with its type, like ["REQ", ...]')
+            return
+        verb = msg[0]
+        if verb == "EVENT":
+            self.on_event(msg)
+        elif verb == "REQ":
+            self.spawn(self.on_req(msg, count=False))
+        elif verb == "COUNT":
+            self.spawn(self.on_req(msg, count=True))
+        elif verb == "CLOSE":
+            self.on_close(msg)
+        elif verb == "AUTH":
+            self.on_auth(msg)
+        else:
+            self.notice(f"invalid: unknown message type {verb[:32]!r}")
+
+    def spawn(self, coro) -> None:
+        task = asyncio.create_task(coro)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    # -- EVENT ----------------------------------------------------------------------------------
+
+    def on_event(self, msg: list) -> None:
+        if len(msg) != 2 or not isinstance(msg[1], dict):
+            self.notice('invalid: EVENT takes exactly one event object: ["EVENT", {...}]')
+            return
+        obj = msg[1]
+        raw_id = obj.get("id")
+        event_id = raw_id if isinstance(raw_id, str) and len(raw_id) <= 64 else ""
+        if not self.event_bucket.take():
+            self.ok(event_id, False, "rate-limited: publishing too fast")
+            return
+        try:
+            ev = parse_event(obj)
+        except InvalidEvent as exc:
+            self.ok(event_id, False, f"invalid: {exc.reason}")
+            return
+        self.spawn(self._publish(ev))
+
+    async def _publish(self, ev) -> None:
+        async with self.inflight:
+            try:
+                message = await self.relay.publish(self.origin, self.reader, ev)
+            except Rejected as exc:
+                self.relay.stats["rejected"] += 1
+                self.ok(ev.id, False, exc.wire)
+                return
+            except Exception:
+                log.exception("failed to store event %s", ev.id)
+                self.ok(ev.id, False, "error: could not store the event, try again")
+                return
+            self.ok(ev.id, True, message)
+
+    # -- REQ / COUNT / CLOSE --------------------------------------------------------------------
+
+    def _parse_filters(self, raw_filters: list) -> list[Filter]:
+        s = self.settings
+        if not raw_filters:
+            raise InvalidFilter("at least one filter is required")
+        if len(raw_filters) > s.max_filters:
+            raise InvalidFilter(f"too many filters (max {s.max_filters})")
+        return [parse_filter(f, max_values=s.max_filter_values, max_limit=s.max_limit) for f in raw_filters]
+
+    def _gate(self, filters: list[Filter]) -> str | None:
+        """Why this reader may not run these filters at all, or None."""
+        if not may_enter(self.origin, self.reader):
+            if self.reader is None:
+                return "auth-required: this community is for members; authenticate first"
+            return "restricted: you are not a member of this community"
+        if self.reader is None:
+            if self.origin.auth_required:
+                return "auth-required: authenticate first"
+            private = GATED_KINDS | AUTHOR_ONLY_KINDS
+            for f in filters:
+                if f.kinds is not None and f.kinds & private:
+                    return "auth-required: direct messages, gift wraps and push leases need authentication"
+        return None
+
+    async def on_req(self, msg: list, *, count: bool) -> None:
+        verb = "COUNT" if count else "REQ"
+        if len(msg) < 2 or not isinstance(msg[1], str):
+            self.notice(f'invalid: {verb} needs a subscription id: ["{verb}", "<id>", {{...}}]')
+            return
+        sub_id = msg[1]
+        if not sub_id or len(sub_id) > MAX_SUB_ID_LENGTH:
+            self.notice(f"invalid: subscription id must be 1 to {MAX_SUB_ID_LENGTH} characters")
+            return
+        if not self.req_bucket.take():
+            self.closed_msg(sub_id, "rate-limited: too many requests, slow down")
+            return
+        try:
+            filters = self._parse_filters(msg[2:])
+        except InvalidFilter as exc:
+            self.closed_msg(sub_id, f"invalid: {exc.reason}")
+            return
+        refusal = self._gate(filters)
+        if refusal is not None:
+            self.closed_msg(sub_id, refusal)
+            return
+        if count:
+            n = await self.relay.count(self.origin, self.reader, filters)
+            self.send(_dumps(["COUNT", sub_id, {"count": n}]))
+            return
+        index = self.relay.index_for(self.origin)
+        old = self.subs.pop(sub_id, None)
+        if old is not None:
+            index.remove(old)
+        elif len(self.subs) >= self.settings.max_subscriptions:
+            self.closed_msg(sub_id, f"error: too many open subscriptions (max {self.settings.max_subscriptions})")
+            return
+        # Register before querying so nothing committed meanwhile is missed (duplicates are fine).
+        sub = Subscription(self, sub_id, filters)
+        self.subs[sub_id] = sub
+        index.add(sub)
+        try:
+            stored = await self.relay.query(self.origin, self.reader, filters)
+        except Exception:
+            log.exception("query failed")
+            self.subs.pop(sub_id, None)
+            index.remove(sub)
+            self.closed_msg(sub_id, "error: query failed")
+            return
+        for raw in stored:
+            self.send_event(sub_id, raw)
+        self.send(_dumps(["EOSE", sub_id]))
+
+    def on_close(self, msg: list) -> None:
+        if len(msg) != 2 or not isinstance(msg[1], str):
+            self.notice('invalid: CLOSE takes a subscription id: ["CLOSE", "<id>"]')
+            return
+        sub = self.subs.pop(msg[1], None)
+        if sub is not None:
+            self.relay.index_for(self.origin).remove(sub)
+
+    # -- AUTH -----------------------------------------------------------------------------------
+
+    def on_auth(self, msg: list) -> None:
+        if len(msg) != 2 or not isinstance(msg[1], dict):
+            self.notice('invalid: AUTH takes one signed event: ["AUTH", {...}]')
+            return
+        obj = msg[1]
+        raw_id = obj.get("id")
+        event_id = raw_id if isinstance(raw_id, str) and len(raw_id) <= 64 else ""
+        try:
+            ev = parse_event(obj)
+            pubkey = validate_auth_event(
+                ev,
+                challenge=self.challenge,
+                relay_url=self.origin.relay_url,
+                now=int(time.time()),
+                window=self.settings.auth_window,
+            )
+        except (InvalidEvent, AuthError) as exc:
+            self.ok(event_id, False, f"invalid: {exc.reason}")
+            return
+        if pubkey in self.origin.block:
+            self.ok(ev.id, False, "blocked: this pubkey is blocked here")
+            return
+        self.reader = pubkey
+        self.ok(ev.id, True, "")

@@ -1,0 +1,291 @@
+"""One table of settings: name, default, env var, help; flag > APPLIANCE_* env > TOML file > default.
+
+Every setting has the same name everywhere: `--max-subscriptions` on the command line,
+`APPLIANCE_MAX_SUBSCRIPTIONS` in the environment and `max_subscriptions` in the config file.
+Origins (communities) are not flat settings: they live in `[[origins]]` tables of the config file
+and in the database (see `appliance.relay.origins`).
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping
+from urllib.parse import urlsplit
+
+from appliance.errors import ConfigError
+
+ENV_PREFIX = "APPLIANCE_"
+
+
+def _bool(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in {"1", "true", "yes", "on"}:
+        return True
+    if text in {"0", "false", "no", "off"}:
+        return False
+    raise ValueError("expected true or false")
+
+
+def _int(value: Any) -> int:
+    if isinstance(value, bool):
+        raise ValueError("expected a whole number")
+    if isinstance(value, int):
+        return value
+    try:
+        return int(str(value).strip(), 10)
+    except ValueError:
+        raise ValueError("expected a whole number") from None
+
+
+def _str(value: Any) -> str:
+    if not isinstance(value, (str, int, float)) or isinstance(value, bool):
+        raise ValueError("expected text")
+    return str(value)
+
+
+def _ws_url(value: Any) -> str:
+    text = _str(value).strip()
+    if not text:
+        return ""
+    parts = urlsplit(text)
+    if parts.scheme not in {"ws", "wss"} or not parts.hostname:
+        raise ValueError("expected a ws:// or wss:// URL, for example wss://relay.example.org")
+    if parts.query or parts.fragment:
+        raise ValueError("the public URL takes no query or fragment")
+    return text
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One setting: its name, type, default and the help text shown everywhere."""
+
+    name: str
+    parse: Callable[[Any], Any]
+    default: Any
+    help: str
+    minimum: int | None = None
+    maximum: int | None = None
+    choices: tuple[str, ...] | None = None
+    metavar: str = "VALUE"
+
+    @property
+    def env(self) -> str:
+        return ENV_PREFIX + self.name.upper()
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    def coerce(self, value: Any) -> Any:
+        """Parse and range-check one raw value, raising ConfigError that names this setting."""
+        try:
+            parsed = self.parse(value)
+        except ValueError as exc:
+            raise ConfigError(self.name, value, str(exc)) from None
+        if self.minimum is not None and parsed < self.minimum:
+            raise ConfigError(self.name, value, f"must be at least {self.minimum}")
+        if self.maximum is not None and parsed > self.maximum:
+            raise ConfigError(self.name, value, f"must be at most {self.maximum}")
+        if self.choices is not None and parsed not in self.choices:
+            raise ConfigError(self.name, value, "must be one of " + ", ".join(self.choices))
+        return parsed
+
+
+def _s(name, parse, default, help, **kw) -> Setting:
+    return Setting(name, parse, default, help, **kw)
+
+
+# The table. Defaults carry their reason in the help text.
+SETTINGS: tuple[Setting, ...] = (
+    _s("data_dir", _str, "./appliance-data",
+       "Directory holding the SQLite database and the key file. Created on first start.", metavar="DIR"),
+    _s("host", _str, "127.0.0.1",
+       "Address to listen on. Loopback by default: put a TLS proxy in front, or set 0.0.0.0 deliberately."),
+    _s("port", _int, 7777, "TCP port to listen on.", minimum=0, maximum=65535, metavar="PORT"),
+    _s("public_url", _ws_url, "",
+       "The wss:// URL clients use to reach this relay. It is the NIP-42 relay tag and the default "
+       "origin. Empty means ws://HOST:PORT (fine on a laptop, wrong behind a proxy).", metavar="URL"),
+    _s("relay_name", _str, "appliance", "NIP-11 name of the default origin."),
+    _s("relay_description", _str, "A self-hosted Nostr relay with push.", "NIP-11 description of the default origin."),
+    _s("relay_contact", _str, "", "NIP-11 contact (an email or URI) of the operator."),
+    _s("relay_pubkey", _str, "", "NIP-11 pubkey of the operator (64 hex), shown to clients."),
+    _s("access_policy", _str, "public",
+       "Access policy of the default origin: 'public' (anyone reads public events) or 'members' "
+       "(AUTH required; only members read or write).", choices=("public", "members")),
+    _s("auth_required", _bool, False,
+       "Require NIP-42 AUTH before any REQ, COUNT or EVENT on the default origin."),
+    _s("max_message_length", _int, 131072,
+       "Largest websocket message accepted, in bytes. 128 KiB fits any sane event with room to spare.",
+       minimum=1024, maximum=16 * 1024 * 1024),
+    _s("max_subscriptions", _int, 32,
+       "Open subscriptions allowed per connection. Clients rarely need more than a dozen.", minimum=1, maximum=10000),
+    _s("max_filters", _int, 16, "Filters allowed in one REQ or COUNT.", minimum=1, maximum=1000),
+    _s("max_limit", _int, 5000,
+       "Largest `limit` honoured in a filter; larger values are clamped, not refused.", minimum=1, maximum=1_000_000),
+    _s("default_limit", _int, 500,
+       "Events returned per filter when the client gives no `limit`. Bounds the cost of a careless REQ.",
+       minimum=1, maximum=1_000_000),
+    _s("max_filter_values", _int, 1000,
+       "Values allowed in one filter list (ids, authors, kinds, a tag).", minimum=1, maximum=100000),
+    _s("max_event_tags", _int, 2000, "Tags allowed on one event.", minimum=1, maximum=100000),
+    _s("max_content_length", _int, 65536, "Largest event content accepted, in bytes.", minimum=1,
+       maximum=16 * 1024 * 1024),
+    _s("created_at_past", _int, 94608000,
+       "How far in the past (seconds) an event's created_at may lie: 3 years by default. 0 means no bound.",
+       minimum=0),
+    _s("created_at_future", _int, 900,
+       "How far in the future (seconds) an event's created_at may lie: 15 minutes covers clock skew.", minimum=0),
+    _s("event_rate", _int, 100,
+       "Sustained EVENT messages per second allowed per connection (token bucket). 0 disables.", minimum=0),
+    _s("event_burst", _int, 1000, "Burst size of the per-connection EVENT token bucket.", minimum=1),
+    _s("req_rate", _int, 20,
+       "Sustained REQ/COUNT messages per second allowed per connection. 0 disables.", minimum=0),
+    _s("req_burst", _int, 100, "Burst size of the per-connection REQ/COUNT token bucket.", minimum=1),
+    _s("auth_window", _int, 600,
+       "Seconds an AUTH event's created_at may differ from now (NIP-42 suggests about ten minutes).", minimum=1),
+    _s("sync_mode", _str, "full",
+       "SQLite durability: 'full' fsyncs every group commit (survives power loss), 'normal' survives "
+       "process crashes only but is faster on slow disks.", choices=("full", "normal")),
+    _s("write_batch", _int, 500,
+       "Most writes grouped into one commit. Larger batches amortise fsync; 500 keeps OK latency low.",
+       minimum=1, maximum=100000),
+    _s("reader_threads", _int, 4,
+       "Threads answering REQ/COUNT queries, each with its own read connection.", minimum=1, maximum=64),
+    _s("purge_interval", _int, 60,
+       "Seconds between sweeps that delete expired (NIP-40) events.", minimum=1),
+    _s("log_level", _str, "info", "Logging level.", choices=("debug", "info", "warning", "error")),
+)
+
+BY_NAME: dict[str, Setting] = {s.name: s for s in SETTINGS}
+
+
+@dataclass
+class Settings:
+    """Resolved settings: attribute access by setting name, plus the config file's extra tables."""
+
+    values: dict[str, Any]
+    sources: dict[str, str] = field(default_factory=dict)
+    origins: list[dict[str, Any]] = field(default_factory=list)
+    config_path: Path | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self.__dict__["values"][name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    @property
+    def data_path(self) -> Path:
+        return Path(self.values["data_dir"])
+
+    @property
+    def effective_public_url(self) -> str:
+        if self.values["public_url"]:
+            return self.values["public_url"]
+        host = self.values["host"]
+        if host in {"0.0.0.0", "::", ""}:
+            host = "127.0.0.1"
+        return f"ws://{host}:{self.values['port']}"
+
+
+def load(
+    flags: Mapping[str, Any] | None = None,
+    environ: Mapping[str, str] | None = None,
+    config_path: str | Path | None = None,
+) -> Settings:
+    """Resolve every setting: flag > APPLIANCE_* env > TOML file > default."""
+    flags = {k: v for k, v in (flags or {}).items() if v is not None}
+    environ = os.environ if environ is None else environ
+    if config_path is None and environ.get(ENV_PREFIX + "CONFIG"):
+        config_path = environ[ENV_PREFIX + "CONFIG"]
+    file_values: dict[str, Any] = {}
+    origins: list[dict[str, Any]] = []
+    path = Path(config_path) if config_path else None
+    if path is not None:
+        try:
+            with path.open("rb") as fh:
+                file_values = tomllib.load(fh)
+        except FileNotFoundError:
+            raise ConfigError("config", str(path), "the config file does not exist") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError("config", str(path), f"not valid TOML: {exc}") from None
+        origins = file_values.pop("origins", [])
+        if not isinstance(origins, list) or not all(isinstance(o, dict) for o in origins):
+            raise ConfigError("origins", origins, "use [[origins]] tables")
+        unknown = sorted(set(file_values) - set(BY_NAME))
+        if unknown:
+            raise ConfigError(unknown[0], file_values[unknown[0]],
+                              "unknown setting in the config file; `appliance config sample` lists them all")
+    values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    for setting in SETTINGS:
+        if setting.name in flags:
+            raw, source = flags[setting.name], "flag"
+        elif setting.env in environ:
+            raw, source = environ[setting.env], "env"
+        elif setting.name in file_values:
+            raw, source = file_values[setting.name], "file"
+        else:
+            values[setting.name] = setting.default
+            sources[setting.name] = "default"
+            continue
+        values[setting.name] = setting.coerce(raw)
+        sources[setting.name] = source
+    _check_cross(values)
+    return Settings(values=values, sources=sources, origins=origins, config_path=path)
+
+
+def _check_cross(values: dict[str, Any]) -> None:
+    if values["default_limit"] > values["max_limit"]:
+        raise ConfigError("default_limit", values["default_limit"], "must not exceed max_limit")
+    pk = values["relay_pubkey"]
+    if pk and (len(pk) != 64 or any(c not in "0123456789abcdef" for c in pk)):
+        raise ConfigError("relay_pubkey", pk, "expected 64 lowercase hex characters (a pubkey, not an npub)")
+
+
+def _toml_literal(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    escaped = str(value).replace("\\", "\\\\").replace('"', '\\"')
+    return f'"{escaped}"'
+
+
+def sample_config() -> str:
+    """A commented sample config file listing every setting with its default."""
+    lines = [
+        "# appliance configuration (TOML).",
+        "# Precedence: command-line flag > APPLIANCE_* environment variable > this file > default.",
+        "# Every line below is commented out and shows the default.",
+        "",
+    ]
+    for s in SETTINGS:
+        import textwrap
+
+        for chunk in textwrap.wrap(s.help, 96):
+            lines.append(f"# {chunk}")
+        extra = f" ({s.env}, {s.flag})"
+        lines.append(f"#{extra}")
+        lines.append(f"# {s.name} = {_toml_literal(s.default)}")
+        lines.append("")
+    lines += [
+        "# Extra communities served by this process. Each origin has its own events, NIP-11",
+        "# document, access policy, groups and members. Requests are routed by Host header.",
+        "# [[origins]]",
+        '# origin = "wss://chat.example.org"        # canonical origin string',
+        '# hosts = ["chat.example.org"]              # Host names routed here',
+        '# path = "/"                                # optional path prefix',
+        '# name = "Example chat"',
+        '# description = ""',
+        '# access_policy = "members"                 # public | members',
+        '# allow = ["<64-hex pubkey>"]               # members / allowed writers',
+        '# block = []                                # never allowed',
+        "",
+    ]
+    return "\n".join(lines)

@@ -1,0 +1,362 @@
+"""Event storage rules in SQL: NIP-01 replacement, NIP-09 deletion, NIP-40 expiry, filter queries.
+
+Every function takes an apsw connection; writes run inside the writer's transaction, reads on a
+reader connection. SQL text lives in module constants; values are always bound, never formatted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Iterable
+
+import apsw
+import orjson
+
+from appliance.errors import Rejected
+from appliance.nostr.event import Event, is_addressable, is_replaceable
+from appliance.nostr.filters import Filter
+
+# NIP-PL, Lease and Key Lifecycle: "relays MUST ignore deletion requests targeting this kind".
+UNDELETABLE_KINDS = frozenset({30350})
+DELETION_KIND = 5
+
+# The most (name, value) rows indexed per event: bounds the write cost of tag-stuffed events.
+MAX_INDEXED_TAGS = 512
+
+
+@dataclass(frozen=True)
+class ReadScope:
+    """What a reader may see, as the store needs it to build SQL.
+
+    Built by the relay's read-authorization module, which owns the rules; the store only translates.
+    """
+
+    reader: str | None
+    gated_kinds: frozenset[int]  # readable by the author and p-tagged recipients only
+    author_only_kinds: frozenset[int]  # readable by the author only
+    hidden_groups: frozenset[str] = frozenset()  # groups whose events this reader may not read
+
+
+@dataclass
+class StoreResult:
+    """What happened to one submitted event (only returned when accepted)."""
+
+    message: str = ""
+    replaced: list[str] = field(default_factory=list)
+    deleted: list[str] = field(default_factory=list)
+    extra: dict = field(default_factory=dict)
+
+
+Hook = Callable[[apsw.Connection, int, Event, dict], None]
+
+
+@dataclass
+class WriteHooks:
+    """Extension points that run inside the writer transaction of an event.
+
+    `check` hooks run before the event is stored and may raise `Rejected`; `stored` hooks run right
+    after the rows are written (the "event stored" hook): rows they add commit atomically with the
+    event. Keyed hooks apply to one kind; `check_any` hooks apply to all. Every hook receives the
+    per-event `context` dict the caller passed (for example a lease's decrypted plaintext).
+    """
+
+    check: dict[int, list[Hook]] = field(default_factory=dict)
+    check_any: list[Hook] = field(default_factory=list)
+    stored: list[Hook] = field(default_factory=list)
+
+    def add_check(self, hook: Hook, kind: int | None = None) -> None:
+        if kind is None:
+            self.check_any.append(hook)
+        else:
+            self.check.setdefault(kind, []).append(hook)
+
+    def add_stored(self, hook: Hook) -> None:
+        self.stored.append(hook)
+
+
+SQL_EXISTS_ID = "SELECT 1 FROM events WHERE origin = ? AND id = ?"
+SQL_DELETED_ID = "SELECT 1 FROM deletions WHERE origin = ? AND target = ? AND pubkey = ?"
+SQL_DELETED_ADDR = "SELECT 1 FROM deletions WHERE origin = ? AND target = ? AND pubkey = ? AND created_at >= ?"
+SQL_ADDRESS = "SELECT rowid, id, created_at FROM events WHERE origin = ? AND pubkey = ? AND kind = ? AND d = ?"
+SQL_INSERT_EVENT = (
+    "INSERT INTO events (origin, id, pubkey, created_at, kind, d, grp, expiration, raw) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+SQL_INSERT_TAG = "INSERT INTO tags (event, origin, name, value, created_at) VALUES (?, ?, ?, ?, ?)"
+SQL_DELETE_ROW = "DELETE FROM events WHERE rowid = ?"
+SQL_DELETE_TAGS = "DELETE FROM tags WHERE event = ?"
+SQL_ROW_BY_ID = "SELECT rowid, pubkey, kind FROM events WHERE origin = ? AND id = ?"
+SQL_ROWS_BY_ADDR = (
+    "SELECT rowid, id, kind FROM events WHERE origin = ? AND pubkey = ? AND kind = ? AND d = ? AND created_at <= ?"
+)
+SQL_RECORD_DELETION = (
+    "INSERT INTO deletions (origin, target, pubkey, created_at) VALUES (?, ?, ?, ?) "
+    "ON CONFLICT (origin, target, pubkey) DO UPDATE SET created_at = max(created_at, excluded.created_at)"
+)
+SQL_EXPIRED_ROWS = "SELECT rowid FROM events WHERE expiration IS NOT NULL AND expiration <= ? LIMIT ?"
+
+
+def address_key(ev: Event) -> str | None:
+    """The `d` column: '' for replaceable kinds, the d tag for addressable ones, else NULL."""
+    if is_replaceable(ev.kind):
+        return ""
+    if is_addressable(ev.kind):
+        return ev.first_tag("d") or ""
+    return None
+
+
+def coordinate(kind: int, pubkey: str, d: str) -> str:
+    return f"{kind}:{pubkey}:{d}"
+
+
+def delete_row(conn: apsw.Connection, rowid: int) -> None:
+    conn.execute(SQL_DELETE_TAGS, (rowid,))
+    conn.execute(SQL_DELETE_ROW, (rowid,))
+
+
+def store_event(
+    conn: apsw.Connection,
+    origin: int,
+    ev: Event,
+    *,
+    raw: str,
+    expiration: int | None,
+    now: int,
+    hooks: WriteHooks | None = None,
+    context: dict | None = None,
+) -> StoreResult:
+    """Store one verified event under NIP-01/09/40 rules; raise Rejected to refuse it."""
+    if conn.execute(SQL_EXISTS_ID, (origin, ev.id)).fetchone():
+        raise Rejected("duplicate", "already have this event")
+    if expiration is not None and expiration <= now:
+        raise Rejected("invalid", "event has expired")
+    if conn.execute(SQL_DELETED_ID, (origin, ev.id, ev.pubkey)).fetchone():
+        raise Rejected("blocked", "this event was deleted by its author")
+    d = address_key(ev)
+    if d is not None and conn.execute(
+        SQL_DELETED_ADDR, (origin, coordinate(ev.kind, ev.pubkey, d), ev.pubkey, ev.created_at)
+    ).fetchone():
+        raise Rejected("blocked", "this address was deleted by its author")
+
+    ctx = {} if context is None else context
+    if hooks is not None:
+        for hook in hooks.check_any:
+            hook(conn, origin, ev, ctx)
+        for hook in hooks.check.get(ev.kind, ()):
+            hook(conn, origin, ev, ctx)
+
+    result = StoreResult()
+    if d is not None:
+        for rowid, old_id, old_created in conn.execute(SQL_ADDRESS, (origin, ev.pubkey, ev.kind, d)).fetchall():
+            # NIP-01: the newer created_at wins; on a tie the lowest id wins.
+            if old_created > ev.created_at or (old_created == ev.created_at and old_id < ev.id):
+                raise Rejected("duplicate", "a newer version of this event is already stored")
+            delete_row(conn, rowid)
+            result.replaced.append(old_id)
+
+    if ev.kind == DELETION_KIND:
+        result.deleted = _apply_deletion(conn, origin, ev)
+
+    grp = ev.first_tag("h")
+    conn.execute(
+        SQL_INSERT_EVENT,
+        (origin, ev.id, ev.pubkey, ev.created_at, ev.kind, d, grp, expiration, raw),
+    )
+    rowid = conn.last_insert_rowid()
+    conn.executemany(SQL_INSERT_TAG, _tag_rows(rowid, origin, ev))
+
+    if hooks is not None:
+        for hook in hooks.stored:
+            hook(conn, origin, ev, ctx)
+    return result
+
+
+def _tag_rows(rowid: int, origin: int, ev: Event) -> Iterable[tuple]:
+    seen: set[tuple[str, str]] = set()
+    for tag in ev.tags:
+        if len(tag) >= 2 and len(tag[0]) == 1:
+            key = (tag[0], tag[1])
+            if key not in seen:
+                seen.add(key)
+                if len(seen) > MAX_INDEXED_TAGS:
+                    break
+                yield (rowid, origin, tag[0], tag[1], ev.created_at)
+
+
+def _apply_deletion(conn: apsw.Connection, origin: int, ev: Event) -> list[str]:
+    """NIP-09: delete the author's own events named by `e` and `a` tags; remember the targets."""
+    deleted: list[str] = []
+    for tag in ev.tags:
+        if len(tag) < 2:
+            continue
+        if tag[0] == "e":
+            target = tag[1]
+            row = conn.execute(SQL_ROW_BY_ID, (origin, target)).fetchone()
+            if row is not None:
+                rowid, pubkey, kind = row
+                if pubkey != ev.pubkey or kind in UNDELETABLE_KINDS or kind == DELETION_KIND:
+                    continue
+                delete_row(conn, rowid)
+                deleted.append(target)
+            conn.execute(SQL_RECORD_DELETION, (origin, target, ev.pubkey, ev.created_at))
+        elif tag[0] == "a":
+            parts = tag[1].split(":", 2)
+            if len(parts) != 3 or parts[1] != ev.pubkey or not parts[0].isdigit():
+                continue  # only the author's own addresses
+            kind = int(parts[0])
+            if kind in UNDELETABLE_KINDS or not (is_replaceable(kind) or is_addressable(kind)):
+                continue
+            for rowid, old_id, _k in conn.execute(
+                SQL_ROWS_BY_ADDR, (origin, ev.pubkey, kind, parts[2], ev.created_at)
+            ).fetchall():
+                delete_row(conn, rowid)
+                deleted.append(old_id)
+            conn.execute(SQL_RECORD_DELETION, (origin, tag[1], ev.pubkey, ev.created_at))
+    return deleted
+
+
+def purge_expired(conn: apsw.Connection, now: int, batch: int = 1000) -> int:
+    """Delete up to `batch` events whose NIP-40 expiration has passed."""
+    rows = conn.execute(SQL_EXPIRED_ROWS, (now, batch)).fetchall()
+    for (rowid,) in rows:
+        delete_row(conn, rowid)
+    return len(rows)
+
+
+# -- reading -----------------------------------------------------------------------------------
+
+# Tag letters preferred as the driving index, most selective first.
+_TAG_PREFERENCE = ("e", "p", "a", "h", "d", "t")
+
+
+def _in(column: str, values: Iterable, params: list) -> str:
+    values = list(values)
+    params.extend(values)
+    if len(values) == 1:
+        return f"{column} = ?"
+    return f"{column} IN ({','.join('?' * len(values))})"
+
+
+def _scope_sql(scope: ReadScope, now: int, params: list) -> str:
+    """The read-authorization rule as SQL over `e` (mirrors relay.authz.can_read)."""
+    clauses = ["(e.expiration IS NULL OR e.expiration > ?)"]
+    params.append(now)
+    gated = sorted(scope.gated_kinds)
+    author_only = sorted(scope.author_only_kinds)
+    if scope.reader is None:
+        hidden = gated + author_only
+        if hidden:
+            clauses.append("e.kind NOT IN (" + ",".join(str(k) for k in hidden) + ")")
+    else:
+        if gated:
+            clauses.append(
+                "(e.kind NOT IN (" + ",".join(str(k) for k in gated) + ") OR e.pubkey = ? OR EXISTS "
+                "(SELECT 1 FROM tags g WHERE g.event = e.rowid AND g.name = 'p' AND g.value = ?))"
+            )
+            params.extend([scope.reader, scope.reader])
+        if author_only:
+            clauses.append("(e.kind NOT IN (" + ",".join(str(k) for k in author_only) + ") OR e.pubkey = ?)")
+            params.append(scope.reader)
+    if scope.hidden_groups:
+        clauses.append("(e.grp IS NULL OR e.grp NOT IN (SELECT value FROM json_each(?)))")
+        params.append(orjson.dumps(sorted(scope.hidden_groups)).decode())
+    return " AND ".join(clauses)
+
+
+def build_query(origin: int, f: Filter, scope: ReadScope, now: int, limit: int, *, count: bool = False):
+    """SQL and bindings for one filter: pick the most selective index to drive the scan."""
+    params: list = []
+    where: list[str] = []
+    tag_items = sorted(f.tags.items(), key=lambda kv: (_TAG_PREFERENCE.index(kv[0])
+                                                       if kv[0] in _TAG_PREFERENCE else 99, kv[0]))
+    drive_tag = None
+    if f.ids is None and tag_items and (f.authors is None or tag_items[0][0] in ("e", "p")):
+        drive_tag, tag_items = tag_items[0], tag_items[1:]
+
+    if drive_tag is not None:
+        name, values = drive_tag
+        source = "tags t JOIN events e ON e.rowid = t.event"
+        params.extend([origin, name])
+        where.append("t.origin = ? AND t.name = ?")
+        where.append(_in("t.value", sorted(values), params))
+        time_col = "t.created_at"
+    else:
+        source = "events e"
+        where.append("e.origin = ?")
+        params.append(origin)
+        time_col = "e.created_at"
+    if f.ids is not None:
+        where.append(_in("e.id", sorted(f.ids), params))
+    if f.authors is not None:
+        where.append(_in("e.pubkey", sorted(f.authors), params))
+    if f.kinds is not None:
+        where.append(_in("e.kind", sorted(f.kinds), params))
+    if f.since is not None:
+        where.append(f"{time_col} >= ?")
+        params.append(f.since)
+    if f.until is not None:
+        where.append(f"{time_col} <= ?")
+        params.append(f.until)
+    for name, values in tag_items:
+        sub_params: list = [name]
+        cond = _in("x.value", sorted(values), sub_params)
+        where.append(f"EXISTS (SELECT 1 FROM tags x WHERE x.event = e.rowid AND x.name = ? AND {cond})")
+        params.extend(sub_params)
+    where.append(_scope_sql(scope, now, params))
+    clause = " AND ".join(where)
+    if count:
+        return f"SELECT count(*) FROM {source} WHERE {clause}", params
+    params.append(limit)
+    return (
+        f"SELECT e.created_at, e.id, e.raw FROM {source} WHERE {clause} ORDER BY {time_col} DESC LIMIT ?",
+        params,
+    )
+
+
+def _matches_nothing(f: Filter) -> bool:
+    return (
+        (f.ids is not None and not f.ids)
+        or (f.authors is not None and not f.authors)
+        or (f.kinds is not None and not f.kinds)
+        or any(not v for v in f.tags.values())
+        or (f.since is not None and f.until is not None and f.since > f.until)
+    )
+
+
+def query_events(
+    conn: apsw.Connection,
+    origin: int,
+    filters: list[Filter],
+    scope: ReadScope,
+    now: int,
+    *,
+    default_limit: int,
+    max_limit: int,
+) -> list[str]:
+    """Raw JSON of events matching any filter, newest first (ties: lowest id first), deduplicated."""
+    found: dict[str, tuple[int, str]] = {}
+    for f in filters:
+        if _matches_nothing(f) or f.search is not None or f.limit == 0:
+            continue  # NIP-50 search is not supported: such a filter matches nothing here
+        limit = min(f.limit if f.limit is not None else default_limit, max_limit)
+        sql, params = build_query(origin, f, scope, now, limit)
+        for created_at, eid, raw in conn.execute(sql, params):
+            found[eid] = (created_at, raw)
+    ordered = sorted(found.items(), key=lambda kv: (-kv[1][0], kv[0]))
+    return [raw for _eid, (_c, raw) in ordered]
+
+
+def count_events(conn: apsw.Connection, origin: int, filters: list[Filter], scope: ReadScope, now: int) -> int:
+    """NIP-45 COUNT: distinct events matching any filter (limits do not apply)."""
+    live = [f for f in filters if not _matches_nothing(f) and f.search is None]
+    if not live:
+        return 0
+    if len(live) == 1:
+        sql, params = build_query(origin, live[0], scope, now, 0, count=True)
+        return conn.execute(sql, params).fetchone()[0]
+    ids: set[str] = set()
+    for f in live:
+        sql, params = build_query(origin, f, scope, now, 0, count=True)
+        sql = sql.replace("SELECT count(*)", "SELECT e.id", 1)
+        ids.update(row[0] for row in conn.execute(sql, params))
+    return len(ids)

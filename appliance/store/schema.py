@@ -1,0 +1,81 @@
+"""The schema as a `user_version` migration ladder; a newer schema than we know is refused."""
+
+from __future__ import annotations
+
+import apsw
+
+from appliance.errors import SchemaTooNew
+
+# Each entry migrates from version i to i+1. Never edit a shipped step: append a new one.
+MIGRATIONS: tuple[str, ...] = (
+    # 1: origins, events, tag index, deletions, settings.
+    """
+    CREATE TABLE origins (
+        id          INTEGER PRIMARY KEY,
+        origin      TEXT NOT NULL UNIQUE,     -- canonical origin string, e.g. wss://chat.example.org
+        config      TEXT NOT NULL DEFAULT '{}' -- JSON: hosts, path, nip11 fields, policy, lists
+    );
+
+    CREATE TABLE events (
+        rowid       INTEGER PRIMARY KEY,
+        origin      INTEGER NOT NULL REFERENCES origins(id),
+        id          TEXT NOT NULL,
+        pubkey      TEXT NOT NULL,
+        created_at  INTEGER NOT NULL,
+        kind        INTEGER NOT NULL,
+        d           TEXT,                     -- address key of replaceable ('') / addressable (d tag)
+        grp         TEXT,                     -- NIP-29 group (first h tag), NULL outside groups
+        expiration  INTEGER,                  -- NIP-40, NULL when absent
+        raw         TEXT NOT NULL             -- the event exactly as served
+    );
+    CREATE UNIQUE INDEX events_id ON events(origin, id);
+    CREATE INDEX events_author ON events(origin, pubkey, created_at);
+    CREATE INDEX events_kind ON events(origin, kind, created_at);
+    CREATE INDEX events_time ON events(origin, created_at);
+    CREATE INDEX events_address ON events(origin, pubkey, kind, d) WHERE d IS NOT NULL;
+    CREATE INDEX events_expiration ON events(expiration) WHERE expiration IS NOT NULL;
+    CREATE INDEX events_grp ON events(origin, grp, created_at) WHERE grp IS NOT NULL;
+
+    -- One row per distinct (single-letter tag name, first value) of an event.
+    CREATE TABLE tags (
+        event       INTEGER NOT NULL REFERENCES events(rowid) ON DELETE CASCADE,
+        origin      INTEGER NOT NULL,
+        name        TEXT NOT NULL,
+        value       TEXT NOT NULL,
+        created_at  INTEGER NOT NULL
+    );
+    CREATE INDEX tags_lookup ON tags(origin, name, value, created_at);
+    CREATE INDEX tags_event ON tags(event);
+
+    -- NIP-09: what an author deleted, so it cannot be published again.
+    CREATE TABLE deletions (
+        origin      INTEGER NOT NULL,
+        target      TEXT NOT NULL,            -- event id, or kind:pubkey:d coordinate
+        pubkey      TEXT NOT NULL,
+        created_at  INTEGER NOT NULL,
+        PRIMARY KEY (origin, target, pubkey)
+    ) WITHOUT ROWID;
+
+    CREATE TABLE meta (
+        name        TEXT PRIMARY KEY,
+        value       TEXT NOT NULL
+    ) WITHOUT ROWID;
+    """,
+)
+
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+def migrate(conn: apsw.Connection) -> int:
+    """Bring the database to SCHEMA_VERSION; return the version found before."""
+    found = conn.execute("PRAGMA user_version").fetchone()[0]
+    if found > SCHEMA_VERSION:
+        raise SchemaTooNew(
+            f"the database has schema version {found} but this appliance knows up to {SCHEMA_VERSION}: "
+            "upgrade the appliance (or restore a backup made by this version)"
+        )
+    for version in range(found, SCHEMA_VERSION):
+        with conn:  # one transaction per step
+            conn.execute(MIGRATIONS[version])
+            conn.execute(f"PRAGMA user_version = {version + 1}")
+    return found

@@ -1,0 +1,142 @@
+"""The SQLite backend: one writer thread with group commit, a pool of reader connections."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Callable, TypeVar
+
+import apsw
+import apsw.bestpractice
+
+from appliance.store.schema import migrate
+from appliance.store.writer import Writer, WriteOp
+
+log = logging.getLogger("appliance.store")
+
+T = TypeVar("T")
+
+DB_FILENAME = "appliance.sqlite3"
+
+_bestpractice_applied = False
+
+
+def _apply_bestpractice() -> None:
+    global _bestpractice_applied
+    if not _bestpractice_applied:
+        apsw.bestpractice.apply(apsw.bestpractice.recommended)
+        _bestpractice_applied = True
+
+
+def connect(path: Path, *, sync_mode: str = "full", readonly: bool = False) -> apsw.Connection:
+    """A connection with the appliance's pragmas (WAL, foreign keys, busy timeout, sync mode)."""
+    _apply_bestpractice()
+    flags = apsw.SQLITE_OPEN_READONLY if readonly else apsw.SQLITE_OPEN_READWRITE | apsw.SQLITE_OPEN_CREATE
+    conn = apsw.Connection(str(path), flags=flags)
+    conn.setbusytimeout(10_000)
+    if not readonly:
+        conn.execute("PRAGMA journal_mode = WAL")
+    conn.execute(f"PRAGMA synchronous = {'FULL' if sync_mode == 'full' else 'NORMAL'}")
+    conn.execute("PRAGMA foreign_keys = ON")
+    conn.execute("PRAGMA cache_size = -65536")  # 64 MiB page cache per connection
+    conn.execute("PRAGMA temp_store = MEMORY")
+    return conn
+
+
+class SqliteStore:
+    """The appliance's storage: run writes through the single writer, reads on reader threads."""
+
+    def __init__(self, data_dir: Path, *, sync_mode: str = "full", write_batch: int = 500, reader_threads: int = 4):
+        self.data_dir = Path(data_dir)
+        self.path = self.data_dir / DB_FILENAME
+        self.sync_mode = sync_mode
+        self.write_batch = write_batch
+        self.reader_threads = reader_threads
+        self._write_conn: apsw.Connection | None = None
+        self._writer: Writer | None = None
+        self._pool: ThreadPoolExecutor | None = None
+        self._local = threading.local()
+        self._reader_conns: list[apsw.Connection] = []
+        self._lock = threading.Lock()
+        self.schema_version_found: int | None = None
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    def open(self) -> "SqliteStore":
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.data_dir, 0o700)
+        self._write_conn = connect(self.path, sync_mode=self.sync_mode)
+        self.schema_version_found = migrate(self._write_conn)
+        self._writer = Writer(self._write_conn, self.write_batch)
+        self._writer.start()
+        self._pool = ThreadPoolExecutor(self.reader_threads, thread_name_prefix="appliance-reader")
+        return self
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.stop()
+            self._writer = None
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+        with self._lock:
+            for conn in self._reader_conns:
+                conn.close()
+            self._reader_conns.clear()
+        if self._write_conn is not None:
+            try:
+                self._write_conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
+            except apsw.Error:
+                pass
+            self._write_conn.close()
+            self._write_conn = None
+
+    def __enter__(self) -> "SqliteStore":
+        return self.open()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- writes ---------------------------------------------------------------------------------
+
+    def write(self, op: WriteOp) -> asyncio.Future:
+        """Run `op(conn)` in the shared write transaction; awaitable, resolves after COMMIT."""
+        assert self._writer is not None, "store is not open"
+        return self._writer.submit(op)
+
+    def write_sync(self, op: WriteOp) -> Any:
+        """Blocking variant of `write` for threads without an event loop (CLI, tests)."""
+        assert self._writer is not None, "store is not open"
+        return self._writer.run_sync(op)
+
+    @property
+    def writer_stats(self) -> tuple[int, int]:
+        w = self._writer
+        return (w.commits, w.writes) if w else (0, 0)
+
+    # -- reads ----------------------------------------------------------------------------------
+
+    def _reader(self) -> apsw.Connection:
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = connect(self.path, sync_mode=self.sync_mode)
+            self._local.conn = conn
+            with self._lock:
+                self._reader_conns.append(conn)
+        return conn
+
+    def read_sync(self, fn: Callable[[apsw.Connection], T]) -> T:
+        """Run `fn(conn)` on this thread's reader connection, in one read transaction."""
+        conn = self._reader()
+        with conn:
+            return fn(conn)
+
+    async def read(self, fn: Callable[[apsw.Connection], T]) -> T:
+        """Run `fn(conn)` on a reader thread (a consistent snapshot) without blocking the loop."""
+        assert self._pool is not None, "store is not open"
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._pool, self.read_sync, fn)

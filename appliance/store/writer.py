@@ -1,0 +1,148 @@
+"""The one writer thread: it owns the only write connection and groups many writes per commit."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+from typing import Any, Callable, TypeVar
+
+import apsw
+
+log = logging.getLogger("appliance.store")
+
+T = TypeVar("T")
+WriteOp = Callable[[apsw.Connection], Any]
+
+_STOP = object()
+
+
+class Writer:
+    """Infinite looping thread that protects the single write connection.
+
+    Each submitted operation runs inside its own SAVEPOINT of a shared transaction, so a failing
+    operation rolls back alone while its neighbours in the batch still commit. Futures resolve only
+    after COMMIT returned: an `OK true` sent on that signal is durable.
+    """
+
+    def __init__(self, conn: apsw.Connection, batch_max: int = 500):
+        self._conn = conn
+        self._batch_max = batch_max
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="appliance-writer", daemon=True)
+        self.commits = 0
+        self.writes = 0
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def submit(self, op: WriteOp) -> asyncio.Future:
+        """Queue `op(conn)`; the returned future resolves with its result once committed."""
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+        self._queue.put((op, fut, loop))
+        return fut
+
+    def run_sync(self, op: WriteOp) -> Any:
+        """Run `op` through the writer from a non-async thread and wait for the commit."""
+        done = threading.Event()
+        box: list = []
+
+        def setter(result, exc):
+            box.append((result, exc))
+            done.set()
+
+        self._queue.put((op, setter, None))
+        done.wait()
+        result, exc = box[0]
+        if exc is not None:
+            raise exc
+        return result
+
+    def stop(self) -> None:
+        if self._thread.is_alive():
+            self._queue.put(_STOP)
+            self._thread.join()
+
+    # -- the thread -------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        q = self._queue
+        while True:
+            item = q.get()
+            if item is _STOP:
+                return
+            batch = [item]
+            stopping = False
+            while len(batch) < self._batch_max:
+                try:
+                    nxt = q.get_nowait()
+                except queue.Empty:
+                    break
+                if nxt is _STOP:
+                    stopping = True
+                    break
+                batch.append(nxt)
+            self._commit_batch(batch)
+            if stopping:
+                return
+
+    def _commit_batch(self, batch: list) -> None:
+        conn = self._conn
+        outcomes: list[tuple[Any, Any, Any, BaseException | None]] = []
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+        except apsw.Error as exc:  # the database is unusable: fail every waiter loudly
+            log.error("writer could not begin a transaction: %s", exc)
+            self._deliver([(fut, loop, None, exc) for _op, fut, loop in batch])
+            return
+        for op, fut, loop in batch:
+            conn.execute("SAVEPOINT op")
+            try:
+                result = op(conn)
+            except BaseException as exc:  # noqa: BLE001 - handed to the waiter, not swallowed
+                conn.execute("ROLLBACK TO op")
+                conn.execute("RELEASE op")
+                outcomes.append((fut, loop, None, exc))
+            else:
+                conn.execute("RELEASE op")
+                outcomes.append((fut, loop, result, None))
+        try:
+            conn.execute("COMMIT")
+        except apsw.Error as exc:
+            log.error("commit failed, %d writes rolled back: %s", len(batch), exc)
+            try:
+                conn.execute("ROLLBACK")
+            except apsw.Error:
+                pass
+            outcomes = [(fut, loop, None, exc) for fut, loop, _r, _e in outcomes]
+        else:
+            self.commits += 1
+            self.writes += len(batch)
+        self._deliver(outcomes)
+
+    @staticmethod
+    def _deliver(outcomes: list) -> None:
+        by_loop: dict[Any, list] = {}
+        for fut, loop, result, exc in outcomes:
+            if loop is None:  # run_sync waiter
+                fut(result, exc)
+            else:
+                by_loop.setdefault(loop, []).append((fut, result, exc))
+        for loop, items in by_loop.items():
+            # One wake-up of the event loop per batch, not per write.
+            try:
+                loop.call_soon_threadsafe(_resolve_all, items)
+            except RuntimeError:  # loop closed during shutdown
+                pass
+
+
+def _resolve_all(items: list) -> None:
+    for fut, result, exc in items:
+        if fut.cancelled():
+            continue
+        if exc is not None:
+            fut.set_exception(exc)
+        else:
+            fut.set_result(result)
