@@ -67,7 +67,7 @@ def test_canonical_json_exact_bytes():
     assert out == b'[0,"' + b"ab" * 32 + b'",1,7,[["e","x"]],"a\\"b\\\\c\\n\\u0001\xc3\xa9"]'
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=300, deadline=None, database=None)
 @given(
     content=st.text(st.characters(blacklist_categories=("Cs",))),
     tagval=st.text(st.characters(blacklist_categories=("Cs",)), max_size=20),
