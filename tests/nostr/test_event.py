@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import time
 import json
 
 import orjson
@@ -110,7 +111,7 @@ def test_sign_parse_verify_roundtrip():
 def test_sign_event_default_created_at_and_copies_tags():
     tags = [("t", "x")]
     ev = sign_event(SK1, 1, tags, "")
-    assert abs(ev.created_at - __import__("time").time()) < 5
+    assert abs(ev.created_at - time.time()) < 5
     assert ev.tags == [["t", "x"]] and type(ev.tags[0]) is list
     assert verify_event(ev)
 
