@@ -1,0 +1,226 @@
+"""Shared fixtures: a real appliance process on a loopback port, and a real websocket client."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import websockets
+
+from appliance.nostr.event import sign_event
+from appliance.nostr.keys import generate_secret, public_key
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def vectors_dir() -> Path | None:
+    env = os.environ.get("APPLIANCE_VECTORS")
+    path = Path(env) if env else ROOT.parent / "shared" / "vectors"
+    return path if path.is_dir() else None
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """An `appliance serve` process on a free loopback port with its own data directory."""
+
+    def __init__(self, data_dir: Path, *extra: str, env: dict | None = None, config: str | None = None):
+        self.data_dir = data_dir
+        self.port = free_port()
+        self.extra = list(extra)
+        self.env = env or {}
+        self.config = config
+        self.proc: subprocess.Popen | None = None
+        self.log_path = data_dir.parent / f"server-{self.port}.log"
+
+    @property
+    def url(self) -> str:
+        return f"ws://127.0.0.1:{self.port}"
+
+    @property
+    def http(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> "Server":
+        args = [sys.executable, "-m", "appliance", "serve", "--data-dir", str(self.data_dir),
+                "--port", str(self.port), "--log-level", "warning", *self.extra]
+        if self.config is not None:
+            cfg = self.data_dir.parent / f"config-{self.port}.toml"
+            cfg.write_text(self.config)
+            args += ["--config", str(cfg)]
+        env = {k: v for k, v in os.environ.items() if not k.startswith("APPLIANCE_")}
+        env.update(self.env)
+        self._log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited early:\n{self.log_path.read_text()}")
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
+                    return self
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError(f"server did not start:\n{self.log_path.read_text()}")
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if getattr(self, "_log", None):
+            self._log.close()
+
+    def kill(self) -> None:
+        self.stop(signal.SIGKILL)
+
+    def nip11(self, host: str | None = None) -> dict:
+        headers = {"Accept": "application/nostr+json"}
+        if host:
+            headers["Host"] = host
+        r = httpx.get(self.http + "/", headers=headers)
+        r.raise_for_status()
+        return r.json()
+
+
+class Client:
+    """A minimal Nostr websocket client over the `websockets` library."""
+
+    def __init__(self, ws):
+        self.ws = ws
+        self.challenge: str | None = None
+        self.backlog: list = []
+
+    @classmethod
+    async def connect(cls, url: str, host: str | None = None) -> "Client":
+        headers = {"Host": host} if host else None
+        ws = await websockets.connect(url, additional_headers=headers, max_size=None)
+        client = cls(ws)
+        first = await client.recv()
+        assert first[0] == "AUTH"
+        client.challenge = first[1]
+        return client
+
+    async def close(self) -> None:
+        await self.ws.close()
+
+    async def send(self, msg) -> None:
+        await self.ws.send(msg if isinstance(msg, str) else json.dumps(msg))
+
+    async def recv(self, timeout: float = 10) -> list:
+        return json.loads(await asyncio.wait_for(self.ws.recv(), timeout))
+
+    async def expect(self, predicate, timeout: float = 10) -> list:
+        """The next message satisfying `predicate`; others are kept in `backlog`."""
+        for i, msg in enumerate(self.backlog):
+            if predicate(msg):
+                return self.backlog.pop(i)
+        deadline = time.monotonic() + timeout
+        while True:
+            msg = await self.recv(max(0.01, deadline - time.monotonic()))
+            if predicate(msg):
+                return msg
+            self.backlog.append(msg)
+
+    async def publish(self, ev) -> tuple[bool, str]:
+        d = ev.to_dict() if hasattr(ev, "to_dict") else ev
+        await self.send(["EVENT", d])
+        msg = await self.expect(lambda m: m[0] == "OK" and m[1] == d.get("id"))
+        return msg[2], msg[3]
+
+    async def req(self, sub_id: str, *filters) -> tuple[list[dict], list | None]:
+        """Stored events until EOSE; (events, None) or ([], CLOSED message)."""
+        await self.send(["REQ", sub_id, *filters])
+        events = []
+        while True:
+            msg = await self.expect(lambda m: m[0] in ("EVENT", "EOSE", "CLOSED") and m[1] == sub_id)
+            if msg[0] == "EVENT":
+                events.append(msg[2])
+            elif msg[0] == "EOSE":
+                return events, None
+            else:
+                return events, msg
+
+    async def count(self, sub_id: str, *filters) -> list:
+        await self.send(["COUNT", sub_id, *filters])
+        return await self.expect(lambda m: m[0] in ("COUNT", "CLOSED") and m[1] == sub_id)
+
+    async def auth(self, secret: str, relay_url: str) -> tuple[bool, str]:
+        ev = sign_event(secret, 22242, [["relay", relay_url], ["challenge", self.challenge]], "")
+        await self.send(["AUTH", ev.to_dict()])
+        msg = await self.expect(lambda m: m[0] == "OK" and m[1] == ev.id)
+        return msg[2], msg[3]
+
+
+class Identity:
+    def __init__(self):
+        self.secret = generate_secret()
+        self.pubkey = public_key(self.secret)
+
+    def sign(self, kind: int, tags=None, content: str = "", created_at: int | None = None):
+        return sign_event(self.secret, kind, tags or [], content, created_at)
+
+
+@pytest.fixture
+def anyio_backend():
+    return "asyncio"
+
+
+@pytest.fixture
+async def connect(anyio_backend):
+    """`await connect(url, host=None)` opens a Client that is closed after the test."""
+    opened: list[Client] = []
+
+    async def _connect(url: str, host: str | None = None) -> Client:
+        client = await Client.connect(url, host)
+        opened.append(client)
+        return client
+
+    yield _connect
+    for client in opened:
+        await client.close()
+
+
+@pytest.fixture
+def make_server(tmp_path):
+    servers: list[Server] = []
+
+    def factory(*extra: str, env: dict | None = None, config: str | None = None, data_dir: Path | None = None):
+        server = Server(data_dir or tmp_path / f"data{len(servers)}", *extra, env=env, config=config).start()
+        servers.append(server)
+        return server
+
+    yield factory
+    for s in servers:
+        s.stop()
+
+
+@pytest.fixture
+def server(make_server):
+    return make_server()
+
+
+@pytest.fixture
+def alice() -> Identity:
+    return Identity()
+
+
+@pytest.fixture
+def bob() -> Identity:
+    return Identity()
