@@ -3,6 +3,11 @@
 
 Order of checks inside one filter (first failure wins; see docs/spec-notes.md):
 
+  0. narrowing selector (positive filters only): at least one of the members
+     ``#p`` / ``#h`` / ``authors`` is present — first, so that the cases the
+     spec words explicitly (bare kinds-only, since-only, empty filter) get
+     exactly ``invalid: lease filter not narrowed``; a present-but-empty
+     selector array is then rejected by (b);
   a. member names, by category over *all* members (so the outcome does not
      depend on JSON member order): since/until -> ids/limit/search ->
      multi-letter tag selectors -> other single-letter tag selectors ->
@@ -10,7 +15,6 @@ Order of checks inside one filter (first failure wins; see docs/spec-notes.md):
   b. member shapes in fixed order kinds, authors, #p, #h, #e: array -> non-empty
      -> element types -> count bound -> no duplicate values;
   c. kinds present, each push-eligible;
-  d. narrowing selector (positive filters only);
   e. exact 64-lowercase-hex values for authors, #p, #e;
   f. #p self-only;
   g. #h non-empty, <= max_string_len bytes, and matching ``h_grammar``.
@@ -103,6 +107,8 @@ def check_filter(
     if not isinstance(obj, Mapping):
         raise LeaseRejected("wrong_type")
     keys = list(obj.keys())
+    if narrowing and not any(k in obj for k in ("authors", "#p", "#h")):  # (0)
+        raise LeaseRejected("not_narrowed")
     _check_member_names(keys)  # (a)
     vals: dict[str, list] = {}
     for key in _SHAPE_ORDER:  # (b)
@@ -119,8 +125,6 @@ def check_filter(
     p = vals.get("#p", [])
     h = vals.get("#h", [])
     e = vals.get("#e", [])
-    if narrowing and not (authors or p or h):  # (d)
-        raise LeaseRejected("not_narrowed")
     for x in (*authors, *p, *e):  # (e)
         if _HEX64.fullmatch(x) is None:
             raise LeaseRejected("non_exact_value")
