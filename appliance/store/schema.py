@@ -61,6 +61,38 @@ MIGRATIONS: tuple[str, ...] = (
         value       TEXT NOT NULL
     ) WITHOUT ROWID;
     """,
+    # 2: NIP-29 groups, per-origin relay signing keys, a change counter for out-of-process edits.
+    """
+    CREATE TABLE groups (
+        origin      INTEGER NOT NULL REFERENCES origins(id),
+        h           TEXT NOT NULL,
+        name        TEXT NOT NULL DEFAULT '',
+        about       TEXT NOT NULL DEFAULT '',
+        picture     TEXT NOT NULL DEFAULT '',
+        closed      INTEGER NOT NULL DEFAULT 0,   -- 1: joining needs an admin
+        private     INTEGER NOT NULL DEFAULT 0,   -- 1: only members read
+        created_at  INTEGER NOT NULL,
+        PRIMARY KEY (origin, h)
+    ) WITHOUT ROWID;
+
+    CREATE TABLE group_members (
+        origin      INTEGER NOT NULL,
+        h           TEXT NOT NULL,
+        pubkey      TEXT NOT NULL,
+        role        TEXT NOT NULL DEFAULT '',     -- '' member, 'admin'
+        PRIMARY KEY (origin, h, pubkey),
+        FOREIGN KEY (origin, h) REFERENCES groups(origin, h) ON DELETE CASCADE
+    ) WITHOUT ROWID;
+
+    -- Per-origin relay identity (signs NIP-29 39000-39002), wrapped by the key file.
+    CREATE TABLE relay_keys (
+        origin      INTEGER PRIMARY KEY REFERENCES origins(id),
+        pubkey      TEXT NOT NULL,
+        wrapped     BLOB NOT NULL
+    );
+
+    INSERT INTO meta (name, value) VALUES ('config_generation', '0');
+    """,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)
