@@ -17,11 +17,13 @@ from starlette.websockets import WebSocket
 
 from appliance import __version__
 from appliance.relay import nip11
+from appliance.relay.groups import Groups, GroupState, RelayKeys, config_generation
 from appliance.relay.origins import Origin, OriginRegistry, UnknownOrigin, sync_origins
 from appliance.relay.relay import Relay
 from appliance.relay.session import Session
 from appliance.settings import Settings
 from appliance.store.events import purge_expired
+from appliance.store.keyfile import KeyFile
 from appliance.store.sqlite import SqliteStore
 
 log = logging.getLogger("appliance")
@@ -84,8 +86,37 @@ class Appliance:
     settings: Settings
     store: SqliteStore
     relay: Relay
+    groups: Groups
+    keyfile: KeyFile
     nip11_extensions: list[nip11.Extension] = field(default_factory=list)
     background: list[asyncio.Task] = field(default_factory=list)
+    generation: int = 0
+
+    # Seconds between checks for origin/group edits made by the CLI while the server runs.
+    RELOAD_INTERVAL = 1.0
+
+    async def reload_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.RELOAD_INTERVAL)
+            try:
+                await self.reload_if_changed()
+            except Exception:
+                log.exception("reloading origins and groups failed")
+
+    async def reload_if_changed(self) -> bool:
+        """Pick up origins and groups edited out of process (CLI); True if anything changed."""
+        generation = await self.store.read(config_generation)
+        if generation == self.generation:
+            return False
+        from appliance.relay.origins import load_origins
+
+        origins = await self.store.read(load_origins)
+        await self.store.read(self.groups.state.load)
+        self.relay.origins.origins = origins
+        await asyncio.to_thread(ensure_relay_keys, self.store, self.groups, origins)
+        self.generation = generation
+        log.info("reloaded origins and groups generation=%d", generation)
+        return True
 
     async def purge_loop(self) -> None:
         while True:
@@ -117,8 +148,29 @@ def build(settings: Settings) -> Appliance:
     except Exception:
         store.close()
         raise
-    relay = Relay(settings=settings, store=store, origins=OriginRegistry(origins))
-    return Appliance(settings=settings, store=store, relay=relay)
+    keyfile = KeyFile(settings.data_path)
+    state = GroupState()
+    store.read_sync(state.load)
+    groups = Groups(state, RelayKeys(keyfile))
+    relay = Relay(settings=settings, store=store, origins=OriginRegistry(origins), groups=state)
+    relay.store_hooks.add_check(groups.check)
+    app = Appliance(settings=settings, store=store, relay=relay, groups=groups, keyfile=keyfile)
+    app.generation = store.read_sync(config_generation)
+    ensure_relay_keys(store, groups, origins)
+    app.nip11_extensions.append(lambda origin, doc: _nip29_self(app, origin, doc))
+    return app
+
+
+def _nip29_self(app: "Appliance", origin: Origin, doc: dict) -> None:
+    """NIP-11 `self`: the relay pubkey that signs this origin's group snapshots."""
+    pubkey = app.groups.keys.pubkey(origin.id)
+    if pubkey:
+        doc["self"] = pubkey
+
+
+def ensure_relay_keys(store: SqliteStore, groups: Groups, origins: list[Origin]) -> None:
+    for o in origins:
+        store.write_sync(lambda conn, oid=o.id: groups.keys.get(conn, oid))
 
 
 def asgi(app: Appliance) -> Starlette:
@@ -154,6 +206,7 @@ def asgi(app: Appliance) -> Starlette:
     @contextlib.asynccontextmanager
     async def lifespan(_starlette):
         app.background.append(asyncio.create_task(app.purge_loop()))
+        app.background.append(asyncio.create_task(app.reload_loop()))
         try:
             yield
         finally:

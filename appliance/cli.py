@@ -55,6 +55,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     origins_cli.add_parser(origins, _add_setting_flags)
 
+    groups = sub.add_parser("groups", help="Create NIP-29 groups; manage admins and members.",
+                            description="Manage the groups of an origin.")
+    from appliance.relay import groups_cli
+
+    groups_cli.add_parser(groups, _add_setting_flags)
+
     bench = sub.add_parser("bench", help="Measure this machine: relay ingest and query speed.",
                            description="Benchmarks that start a relay on a temporary data dir.")
     from appliance import bench as bench_mod
@@ -84,6 +90,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from appliance.relay import origins_cli
 
             return origins_cli.run(args, _settings(args))
+        if args.command == "groups":
+            from appliance.relay import groups_cli
+
+            return groups_cli.run(args, _settings(args))
         if args.command == "bench":
             from appliance import bench as bench_mod
 

@@ -51,6 +51,18 @@ def may_enter(origin: Origin, reader: str | None) -> bool:
     return True
 
 
+# NIP-29 member list snapshot: relay-signed (clients cannot publish 39000-39009), filed under
+# its group so a private group's membership is as private as its messages.
+GROUP_MEMBERS_KIND = 39002
+
+
+def event_group(ev: Event) -> str | None:
+    """The group an event belongs to for read authorization (the store's `grp` column)."""
+    if ev.kind == GROUP_MEMBERS_KIND:
+        return ev.first_tag("d")
+    return ev.first_tag("h")
+
+
 def can_read(origin: Origin, reader: str | None, ev: Event, groups: GroupView) -> bool:
     """True when `reader` (an authenticated pubkey, or None) may read `ev` at `origin`."""
     if not may_enter(origin, reader):
@@ -62,7 +74,7 @@ def can_read(origin: Origin, reader: str | None, ev: Event, groups: GroupView) -
             return False
         if reader != ev.pubkey and reader not in ev.tag_values("p"):
             return False
-    group = ev.first_tag("h")
+    group = event_group(ev)
     if group is not None and groups.is_private(origin.id, group):
         return reader is not None and groups.is_member(origin.id, group, reader)
     return True

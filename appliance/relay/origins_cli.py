@@ -96,7 +96,13 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
                 else:
                     updated = replace(current, block=current.block - keys)
                 return save_origin(conn, updated)
-        saved = store.write_sync(op)
+        from appliance.relay.groups import bump_generation
+
+        def op_and_bump(conn):
+            saved = op(conn)
+            bump_generation(conn)  # a running appliance reloads origins within a second
+            return saved
+
+        saved = store.write_sync(op_and_bump)
         print(json.dumps({"id": saved.id, "origin": saved.origin, **json.loads(saved.config_json())}))
-        print("restart the appliance to apply", flush=True)
     return 0

@@ -173,7 +173,12 @@ class Relay:
             )
         )
         self.stats["accepted"] += 1
+        # Committed: apply in-memory state changes before anything else is broadcast.
+        for apply in result.extra.get("after_commit", ()):
+            apply()
         self.broadcast(origin, ev, raw)
+        for extra in result.extra.get("broadcast", ()):
+            self.broadcast(origin, extra, extra.to_json())
         for callback in self.on_stored:
             try:
                 await callback(origin, ev)

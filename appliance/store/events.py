@@ -124,8 +124,14 @@ def store_event(
     now: int,
     hooks: WriteHooks | None = None,
     context: dict | None = None,
+    grp: str | None = None,
 ) -> StoreResult:
-    """Store one verified event under NIP-01/09/40 rules; raise Rejected to refuse it."""
+    """Store one verified event under NIP-01/09/40 rules; raise Rejected to refuse it.
+
+    `grp` files the event under a group other than its h tag (relay-signed group snapshots).
+    Hooks may leave `after_commit` callables and `broadcast` events in the context; the caller
+    runs/sends them once the transaction committed (`result.extra` is that context).
+    """
     if conn.execute(SQL_EXISTS_ID, (origin, ev.id)).fetchone():
         raise Rejected("duplicate", "already have this event")
     if expiration is not None and expiration <= now:
@@ -157,7 +163,8 @@ def store_event(
     if ev.kind == DELETION_KIND:
         result.deleted = _apply_deletion(conn, origin, ev)
 
-    grp = ev.first_tag("h")
+    if grp is None:
+        grp = ev.first_tag("h")
     conn.execute(
         SQL_INSERT_EVENT,
         (origin, ev.id, ev.pubkey, ev.created_at, ev.kind, d, grp, expiration, raw),
@@ -168,6 +175,7 @@ def store_event(
     if hooks is not None:
         for hook in hooks.stored:
             hook(conn, origin, ev, ctx)
+    result.extra = ctx
     return result
 
 

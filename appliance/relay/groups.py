@@ -1,0 +1,311 @@
+"""NIP-29 style groups (channels, `h` tag): state, moderation, relay-signed snapshots.
+
+Group state lives in the `groups` and `group_members` tables and changes only inside the writer
+transaction of the event that changes it (9000-9022) or of a CLI edit. `GroupState` is the
+in-memory mirror that read authorization consults for every broadcast; the writer transaction
+hands it the new state to apply right after commit, before any later event is broadcast.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterable
+
+import apsw
+
+from appliance.errors import Rejected
+from appliance.nostr.event import Event, sign_event
+from appliance.nostr.keys import generate_secret, public_key
+from appliance.store.events import SQL_ADDRESS, store_event
+from appliance.store.keyfile import KeyFile
+
+PUT_USER, REMOVE_USER, EDIT_METADATA, DELETE_EVENT, CREATE_GROUP, DELETE_GROUP = 9000, 9001, 9002, 9005, 9007, 9008
+JOIN_REQUEST, LEAVE_REQUEST = 9021, 9022
+MODERATION_KINDS = frozenset({PUT_USER, REMOVE_USER, EDIT_METADATA, DELETE_EVENT, DELETE_GROUP})
+METADATA, ADMINS, MEMBERS = 39000, 39001, 39002
+RELAY_SIGNED_KINDS = frozenset(range(39000, 39010))
+
+H_GRAMMARS: dict[str, Callable[[str], bool]] = {
+    "uuid-v4-lowercase": re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}").fullmatch,
+}
+DEFAULT_H_GRAMMAR = "uuid-v4-lowercase"
+
+
+@dataclass
+class Group:
+    h: str
+    name: str = ""
+    about: str = ""
+    picture: str = ""
+    closed: bool = False
+    private: bool = False
+    members: dict[str, str] = field(default_factory=dict)  # pubkey -> role ('' or 'admin')
+
+    def is_admin(self, pubkey: str) -> bool:
+        return self.members.get(pubkey) == "admin"
+
+
+SQL_GROUP = "SELECT name, about, picture, closed, private FROM groups WHERE origin = ? AND h = ?"
+SQL_GROUPS = "SELECT origin, h, name, about, picture, closed, private FROM groups"
+SQL_MEMBERS = "SELECT pubkey, role FROM group_members WHERE origin = ? AND h = ?"
+SQL_ALL_MEMBERS = "SELECT origin, h, pubkey, role FROM group_members"
+SQL_CREATE = "INSERT INTO groups (origin, h, name, about, picture, closed, private, created_at) VALUES (?,?,?,?,?,?,?,?)"
+SQL_UPDATE = "UPDATE groups SET name = ?, about = ?, picture = ?, closed = ?, private = ? WHERE origin = ? AND h = ?"
+SQL_PUT = (
+    "INSERT INTO group_members (origin, h, pubkey, role) VALUES (?,?,?,?) "
+    "ON CONFLICT (origin, h, pubkey) DO UPDATE SET role = excluded.role"
+)
+SQL_REMOVE = "DELETE FROM group_members WHERE origin = ? AND h = ? AND pubkey = ?"
+SQL_DROP = "DELETE FROM groups WHERE origin = ? AND h = ?"
+SQL_GROUP_EVENT_ROWS = "SELECT rowid FROM events WHERE origin = ? AND grp = ?"
+SQL_GROUP_EVENT_BY_ID = "SELECT rowid FROM events WHERE origin = ? AND grp = ? AND id = ?"
+SQL_RELAY_KEY = "SELECT pubkey, wrapped FROM relay_keys WHERE origin = ?"
+SQL_SAVE_RELAY_KEY = "INSERT INTO relay_keys (origin, pubkey, wrapped) VALUES (?, ?, ?)"
+SQL_BUMP_GENERATION = "UPDATE meta SET value = CAST(value AS INTEGER) + 1 WHERE name = 'config_generation'"
+SQL_GENERATION = "SELECT value FROM meta WHERE name = 'config_generation'"
+
+
+def read_group(conn: apsw.Connection, origin: int, h: str) -> Group | None:
+    row = conn.execute(SQL_GROUP, (origin, h)).fetchone()
+    if row is None:
+        return None
+    name, about, picture, closed, private = row
+    members = dict(conn.execute(SQL_MEMBERS, (origin, h)).fetchall())
+    return Group(h, name, about, picture, bool(closed), bool(private), members)
+
+
+class GroupState:
+    """In-memory mirror of every origin's groups; implements `authz.GroupView`."""
+
+    def __init__(self) -> None:
+        self._groups: dict[tuple[int, str], Group] = {}
+        self._private: dict[int, set[str]] = {}
+
+    def load(self, conn: apsw.Connection) -> None:
+        groups: dict[tuple[int, str], Group] = {}
+        for origin, h, name, about, picture, closed, private in conn.execute(SQL_GROUPS):
+            groups[(origin, h)] = Group(h, name, about, picture, bool(closed), bool(private))
+        for origin, h, pubkey, role in conn.execute(SQL_ALL_MEMBERS):
+            group = groups.get((origin, h))
+            if group is not None:
+                group.members[pubkey] = role
+        self._groups = groups
+        self._reindex()
+
+    def _reindex(self) -> None:
+        private: dict[int, set[str]] = {}
+        for (origin, h), g in self._groups.items():
+            if g.private:
+                private.setdefault(origin, set()).add(h)
+        self._private = private
+
+    def put(self, origin: int, h: str, group: Group | None) -> None:
+        """Apply a committed change (None: the group was deleted)."""
+        if group is None:
+            self._groups.pop((origin, h), None)
+        else:
+            self._groups[(origin, h)] = group
+        self._reindex()
+
+    def get(self, origin: int, h: str) -> Group | None:
+        return self._groups.get((origin, h))
+
+    def groups_of(self, origin: int) -> list[Group]:
+        return [g for (o, _h), g in self._groups.items() if o == origin]
+
+    # GroupView
+    def is_private(self, origin_id: int, group: str) -> bool:
+        g = self._groups.get((origin_id, group))
+        return g is not None and g.private
+
+    def is_member(self, origin_id: int, group: str, pubkey: str) -> bool:
+        g = self._groups.get((origin_id, group))
+        return g is not None and pubkey in g.members
+
+    def hidden_groups(self, origin_id: int, reader: str | None) -> frozenset[str]:
+        private = self._private.get(origin_id)
+        if not private:
+            return frozenset()
+        return frozenset(h for h in private if reader is None or reader not in self._groups[(origin_id, h)].members)
+
+
+class RelayKeys:
+    """Per-origin relay signing keys (NIP-29 snapshots), wrapped at rest by the key file."""
+
+    def __init__(self, keyfile: KeyFile):
+        self.keyfile = keyfile
+        self._cache: dict[int, tuple[str, str]] = {}
+
+    def pubkey(self, origin: int) -> str | None:
+        cached = self._cache.get(origin)
+        return cached[1] if cached else None
+
+    def get(self, conn: apsw.Connection, origin: int) -> tuple[str, str]:
+        """(secret_hex, pubkey) of the origin's relay key, created on first use."""
+        cached = self._cache.get(origin)
+        if cached is not None:
+            return cached
+        row = conn.execute(SQL_RELAY_KEY, (origin,)).fetchone()
+        label = f"relay-key:{origin}"
+        if row is None:
+            secret = generate_secret()
+            pub = public_key(secret)
+            conn.execute(SQL_SAVE_RELAY_KEY, (origin, pub, self.keyfile.wrap(bytes.fromhex(secret), label=label)))
+        else:
+            pub, wrapped = row
+            secret = self.keyfile.unwrap(wrapped, label=label).hex()
+        self._cache[origin] = (secret, pub)
+        return secret, pub
+
+
+class Groups:
+    """The NIP-29 rules, as in-transaction hooks for the relay's store."""
+
+    def __init__(self, state: GroupState, keys: RelayKeys, h_grammar: Callable[[int], str] = lambda _o: DEFAULT_H_GRAMMAR):
+        self.state = state
+        self.keys = keys
+        self.h_grammar = h_grammar
+
+    # -- the in-transaction check hook ---------------------------------------------------------
+
+    def check(self, conn: apsw.Connection, origin: int, ev: Event, ctx: dict) -> None:
+        if ev.kind in RELAY_SIGNED_KINDS:
+            raise Rejected("restricted", "group metadata events are generated by the relay")
+        hs = ev.tag_values("h")
+        if not hs:
+            if ev.kind in MODERATION_KINDS or ev.kind in (CREATE_GROUP, JOIN_REQUEST, LEAVE_REQUEST):
+                raise Rejected("invalid", "group events need an h tag")
+            return
+        if len(hs) > 1:
+            raise Rejected("invalid", "an event belongs to at most one group (one h tag)")
+        h = hs[0]
+        if ev.kind == CREATE_GROUP:
+            self.create(conn, origin, h, creator=ev.pubkey, ctx=ctx)
+            return
+        group = read_group(conn, origin, h)
+        if group is None:
+            raise Rejected("invalid", "group not found")
+        if ev.kind == JOIN_REQUEST:
+            if ev.pubkey in group.members:
+                raise Rejected("duplicate", "already a member")
+            if group.closed:
+                raise Rejected("restricted", "this group is closed: an admin must add you")
+            conn.execute(SQL_PUT, (origin, h, ev.pubkey, ""))
+        elif ev.kind == LEAVE_REQUEST:
+            if ev.pubkey not in group.members:
+                raise Rejected("duplicate", "not a member")
+            conn.execute(SQL_REMOVE, (origin, h, ev.pubkey))
+        elif ev.kind in MODERATION_KINDS:
+            if not group.is_admin(ev.pubkey):
+                raise Rejected("restricted", "only group admins may do this")
+            self._moderate(conn, origin, group, ev)
+        else:
+            if ev.pubkey not in group.members:
+                raise Rejected("restricted", "not a member of this group")
+            return
+        self.changed(conn, origin, h, ctx)
+
+    def _moderate(self, conn: apsw.Connection, origin: int, group: Group, ev: Event) -> None:
+        h = group.h
+        if ev.kind == PUT_USER:
+            for tag in ev.tags:
+                if len(tag) >= 2 and tag[0] == "p":
+                    role = "admin" if len(tag) >= 3 and tag[2] == "admin" else ""
+                    conn.execute(SQL_PUT, (origin, h, tag[1], role))
+        elif ev.kind == REMOVE_USER:
+            for pk in ev.tag_values("p"):
+                conn.execute(SQL_REMOVE, (origin, h, pk))
+        elif ev.kind == EDIT_METADATA:
+            g = group
+            name = ev.first_tag("name")
+            about = ev.first_tag("about")
+            picture = ev.first_tag("picture")
+            flags = {t[0] for t in ev.tags if t and t[0] in ("open", "closed", "public", "private")}
+            closed = True if "closed" in flags else False if "open" in flags else g.closed
+            private = True if "private" in flags else False if "public" in flags else g.private
+            conn.execute(SQL_UPDATE, (name if name is not None else g.name, about if about is not None else g.about,
+                                      picture if picture is not None else g.picture, int(closed), int(private), origin, h))
+        elif ev.kind == DELETE_EVENT:
+            from appliance.store.events import delete_row
+
+            for eid in ev.tag_values("e"):
+                row = conn.execute(SQL_GROUP_EVENT_BY_ID, (origin, h, eid)).fetchone()
+                if row is not None:
+                    delete_row(conn, row[0])
+        elif ev.kind == DELETE_GROUP:
+            from appliance.store.events import delete_row
+
+            for (rowid,) in conn.execute(SQL_GROUP_EVENT_ROWS, (origin, h)).fetchall():
+                delete_row(conn, rowid)
+            conn.execute(SQL_DROP, (origin, h))
+
+    # -- state changes usable from events and from the CLI -------------------------------------
+
+    def create(self, conn: apsw.Connection, origin: int, h: str, *, creator: str | None, ctx: dict,
+               name: str = "", private: bool = False, closed: bool = False) -> None:
+        grammar = self.h_grammar(origin)
+        if not H_GRAMMARS[grammar](h):
+            raise Rejected("invalid", f"group id must be {grammar}")
+        if conn.execute(SQL_GROUP, (origin, h)).fetchone() is not None:
+            raise Rejected("duplicate", "group already exists")
+        conn.execute(SQL_CREATE, (origin, h, name, "", "", int(closed), int(private), int(time.time())))
+        if creator is not None:
+            conn.execute(SQL_PUT, (origin, h, creator, "admin"))
+        self.changed(conn, origin, h, ctx)
+
+    def set_member(self, conn: apsw.Connection, origin: int, h: str, pubkey: str, role: str | None, ctx: dict) -> None:
+        """Add (role '' or 'admin') or remove (role None) a member; for the CLI."""
+        if read_group(conn, origin, h) is None:
+            raise Rejected("invalid", "group not found")
+        if role is None:
+            conn.execute(SQL_REMOVE, (origin, h, pubkey))
+        else:
+            conn.execute(SQL_PUT, (origin, h, pubkey, role))
+        self.changed(conn, origin, h, ctx)
+
+    def changed(self, conn: apsw.Connection, origin: int, h: str, ctx: dict) -> None:
+        """After a change: regenerate the relay-signed snapshots and queue the state update."""
+        group = read_group(conn, origin, h)
+        snapshots = self._snapshots(conn, origin, h, group)
+        ctx.setdefault("broadcast", []).extend(snapshots)
+        ctx.setdefault("after_commit", []).append(lambda: self.state.put(origin, h, group))
+
+    def _snapshots(self, conn: apsw.Connection, origin: int, h: str, group: Group | None) -> list[Event]:
+        secret, pub = self.keys.get(conn, origin)
+        now = int(time.time())
+        out: list[Event] = []
+        if group is None:
+            specs: Iterable = ((kind, None) for kind in (METADATA, ADMINS, MEMBERS))
+        else:
+            meta = [["d", h], ["name", group.name], ["about", group.about], ["picture", group.picture],
+                    ["private" if group.private else "public"], ["closed" if group.closed else "open"]]
+            admins = [["d", h]] + [["p", pk, "admin"] for pk, role in sorted(group.members.items()) if role == "admin"]
+            members = [["d", h]] + [["p", pk] for pk in sorted(group.members)]
+            specs = ((METADATA, meta), (ADMINS, admins), (MEMBERS, members))
+        for kind, tags in specs:
+            previous = conn.execute(SQL_ADDRESS, (origin, pub, kind, h)).fetchall()
+            created_at = max([now] + [c + 1 for _r, _i, c in previous])
+            if tags is None:  # group deleted: drop its snapshots
+                from appliance.store.events import delete_row
+
+                for rowid, _i, _c in previous:
+                    delete_row(conn, rowid)
+                continue
+            ev = sign_event(secret, kind, tags, "", created_at)
+            # The member list of a private group is itself private: file it under the group.
+            grp = h if kind == MEMBERS and group.private else None
+            store_event(conn, origin, ev, raw=ev.to_json(), expiration=None, now=now, grp=grp)
+            out.append(ev)
+        return out
+
+
+def bump_generation(conn: apsw.Connection) -> None:
+    """Tell a running appliance that origins or groups changed outside it (the CLI)."""
+    conn.execute(SQL_BUMP_GENERATION)
+
+
+def config_generation(conn: apsw.Connection) -> int:
+    row = conn.execute(SQL_GENERATION).fetchone()
+    return int(row[0]) if row else 0
