@@ -18,7 +18,9 @@ from starlette.websockets import WebSocket
 from appliance import __version__
 from appliance.relay import nip11
 from appliance.relay.groups import Groups, GroupState, RelayKeys, config_generation
-from appliance.relay.origins import Origin, OriginRegistry, UnknownOrigin, sync_origins
+from dataclasses import replace
+
+from appliance.relay.origins import Origin, OriginRegistry, UnknownOrigin, load_origins, save_origin, sync_origins
 from appliance.relay.relay import Relay
 from appliance.relay.session import Session
 from appliance.settings import Settings
@@ -54,27 +56,38 @@ def default_origin(settings: Settings) -> Origin:
     )
 
 
-def prepare_origins(store: SqliteStore, settings: Settings) -> list[Origin]:
+def prepare_origins(store: SqliteStore, settings: Settings, *, serving: bool = True) -> list[Origin]:
     """Make the default origin and the config file's origins exist; return all of them.
 
-    The default origin keeps its row (and so its events) when the public URL changes.
+    Only `serve` (serving=True) rewrites the default origin from the settings: the default origin
+    keeps its row (and so its events) when the public URL changes. Allow and block lists edited
+    with the CLI survive restarts unless the config file declares them.
     """
     base = default_origin(settings)
-    declared = [Origin.from_mapping(o, where=f"origins[{i}]") for i, o in enumerate(settings.origins)]
+    declared = [
+        (Origin.from_mapping(o, where=f"origins[{i}]"), "allow" in o, "block" in o)
+        for i, o in enumerate(settings.origins)
+    ]
 
     def op(conn):
+        stored = {o.origin: o for o in load_origins(conn)}
         row = conn.execute("SELECT value FROM meta WHERE name = ?", (DEFAULT_ORIGIN_KEY,)).fetchone()
-        if row is not None:
-            conn.execute(
-                "UPDATE origins SET origin = ?, config = ? WHERE id = ?",
-                (base.origin, base.config_json(), int(row[0])),
-            )
-            origins = sync_origins(conn, declared)
-        else:
-            origins = sync_origins(conn, [base, *declared])
-            oid = next(o.id for o in origins if o.origin == base.origin)
+        if row is None:
+            save_origin(conn, base)
+            oid = next(o.id for o in load_origins(conn) if o.origin == base.origin)
             conn.execute("INSERT INTO meta (name, value) VALUES (?, ?)", (DEFAULT_ORIGIN_KEY, str(oid)))
-        return origins
+        elif serving:
+            current = next((o for o in stored.values() if o.id == int(row[0])), None)
+            merged = base if current is None else replace(base, allow=current.allow, block=current.block)
+            conn.execute("UPDATE origins SET origin = ?, config = ? WHERE id = ?",
+                         (merged.origin, merged.config_json(), int(row[0])))
+        for origin, has_allow, has_block in declared:
+            current = stored.get(origin.origin)
+            if current is not None:
+                origin = replace(origin, allow=origin.allow if has_allow else current.allow,
+                                 block=origin.block if has_block else current.block)
+            save_origin(conn, origin)
+        return sync_origins(conn, [])
 
     return store.write_sync(op)
 

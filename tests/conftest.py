@@ -109,8 +109,14 @@ class Client:
 
     @classmethod
     async def connect(cls, url: str, host: str | None = None) -> "Client":
-        headers = {"Host": host} if host else None
-        ws = await websockets.connect(url, additional_headers=headers, max_size=None)
+        if host:  # connect to the real address but present `host` in the Host header
+            from urllib.parse import urlsplit
+
+            parts = urlsplit(url)
+            ws = await websockets.connect(f"ws://{host}:{parts.port}{parts.path or '/'}", host=parts.hostname,
+                                          port=parts.port, max_size=None)
+        else:
+            ws = await websockets.connect(url, max_size=None)
         client = cls(ws)
         first = await client.recv()
         assert first[0] == "AUTH"

@@ -47,7 +47,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     from appliance.store.sqlite import SqliteStore
 
     with SqliteStore(settings.data_path, sync_mode=settings.sync_mode) as store:
-        registry = OriginRegistry(prepare_origins(store, settings))
+        registry = OriginRegistry(prepare_origins(store, settings, serving=False))
         try:
             origin = registry.by_origin(args.origin)
         except UnknownOrigin:

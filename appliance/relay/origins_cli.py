@@ -58,7 +58,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     from appliance.store.sqlite import SqliteStore
 
     with SqliteStore(settings.data_path, sync_mode=settings.sync_mode) as store:
-        prepare_origins(store, settings)
+        prepare_origins(store, settings, serving=False)
         cmd = args.origins_command
         if cmd == "list":
             for o in store.read_sync(load_origins):
