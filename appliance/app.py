@@ -9,10 +9,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from pathlib import Path
+
+from jinja2 import Environment, FileSystemLoader, select_autoescape
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
-from starlette.routing import Route, WebSocketRoute
+from starlette.routing import Mount, Route, WebSocketRoute
+from starlette.staticfiles import StaticFiles
 from starlette.websockets import WebSocket
 
 from appliance import __version__
@@ -230,21 +234,24 @@ def asgi(app: Appliance) -> Starlette:
             app.store.close()
 
     routes = [
+        Mount("/static", StaticFiles(directory=ROOT / "static"), name="static"),
         WebSocketRoute("/{path:path}", ws_endpoint),
         Route("/{path:path}", http_endpoint, methods=["GET", "HEAD", "OPTIONS"]),
     ]
     return Starlette(routes=routes, lifespan=lifespan)
 
 
-def _landing(origin: Origin, settings: Settings) -> str:
-    from html import escape
+# templates/ and static/ sit beside the package in the source tree (the fixed top-level layout).
+ROOT = Path(__file__).resolve().parent.parent
+TEMPLATES = Environment(loader=FileSystemLoader(ROOT / "templates"), autoescape=select_autoescape(default=True))
 
-    name = escape(origin.name or settings.relay_name)
-    url = escape(origin.origin)
-    return (
-        "<!doctype html><meta charset=utf-8><title>" + name + "</title>"
-        "<h1>" + name + "</h1><p>This is a Nostr relay. Point a Nostr client at <code>" + url + "</code>.</p>"
-        f"<p><small>appliance {escape(__version__)}</small></p>"
+
+def _landing(origin: Origin, settings: Settings) -> str:
+    return TEMPLATES.get_template("index.html").render(
+        name=origin.name or settings.relay_name,
+        description=origin.description or settings.relay_description,
+        url=origin.origin,
+        version=__version__,
     )
 
 
