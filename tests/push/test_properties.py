@@ -284,7 +284,8 @@ def m_app_profile(pt, draw):
 
 
 def m_quota(pt, draw):
-    pt["subscriptions"] = [pt["subscriptions"][0]] * draw(st.integers(17, 20))
+    small = {"filter": {"kinds": [9], "#p": [AUTHOR_HEX]}, "class": "default"}
+    pt["subscriptions"] = [small] * draw(st.integers(17, 20))
     return pt, "quota_exceeded"
 
 
