@@ -55,6 +55,7 @@ def default_origin(settings: Settings) -> Origin:
             "pubkey": settings.relay_pubkey,
             "access_policy": settings.access_policy,
             "auth_required": settings.auth_required,
+            "push": settings.push,
         },
         where="public_url",
     )
@@ -108,6 +109,7 @@ class Appliance:
     nip11_extensions: list[nip11.Extension] = field(default_factory=list)
     background: list[asyncio.Task] = field(default_factory=list)
     generation: int = 0
+    push: Any = None  # appliance.push.service.Push
 
     # Seconds between checks for origin/group edits made by the CLI while the server runs.
     RELOAD_INTERVAL = 1.0
@@ -131,6 +133,8 @@ class Appliance:
         await self.store.read(self.groups.state.load)
         self.relay.origins.origins = origins
         await asyncio.to_thread(ensure_relay_keys, self.store, self.groups, origins)
+        if self.push is not None:
+            await asyncio.to_thread(self.push.load, origins)
         self.generation = generation
         log.info("reloaded origins and groups generation=%d", generation)
         return True
@@ -148,6 +152,8 @@ class Appliance:
         while True:
             n = await self.store.write(lambda conn: purge_expired(conn, int(time.time())))
             total += n
+            if n == 0 and self.push is not None:
+                await self.store.write(lambda conn: self.push.maintain(conn, int(time.time())))
             if n == 0:
                 return total
 
@@ -175,7 +181,27 @@ def build(settings: Settings) -> Appliance:
     app.generation = store.read_sync(config_generation)
     ensure_relay_keys(store, groups, origins)
     app.nip11_extensions.append(lambda origin, doc: _nip29_self(app, origin, doc))
+    _wire_push(app, origins)
     return app
+
+
+def _wire_push(app: "Appliance", origins: list[Origin]) -> None:
+    """NIP-PL executor: descriptors + keys (refuses to start on an invalid descriptor), kind 30350 hooks."""
+    from appliance.push.descriptor import LEASE_KIND
+    from appliance.push.service import Push
+
+    push = Push(app.store, app.keyfile)
+    try:
+        push.load(origins)
+    except Exception:
+        app.relay.close()
+        app.store.close()
+        raise
+    app.push = push
+    app.relay.admission[LEASE_KIND] = push.admit
+    app.relay.store_hooks.add_check(push.check, kind=LEASE_KIND)
+    app.relay.store_hooks.add_stored(push.stored)
+    app.nip11_extensions.append(push.nip11)
 
 
 def _nip29_self(app: "Appliance", origin: Origin, doc: dict) -> None:

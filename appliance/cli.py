@@ -61,6 +61,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     groups_cli.add_parser(groups, _add_setting_flags)
 
+    keys = sub.add_parser("keys", help="List or rotate NIP-PL executor encryption keys.",
+                          description="Manage the push executor keys of an origin.")
+    from appliance.push import keys_cli
+
+    keys_cli.add_parser(keys, _add_setting_flags)
+
     bench = sub.add_parser("bench", help="Measure this machine: relay ingest and query speed.",
                            description="Benchmarks that start a relay on a temporary data dir.")
     from appliance import bench as bench_mod
@@ -94,6 +100,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from appliance.relay import groups_cli
 
             return groups_cli.run(args, _settings(args))
+        if args.command == "keys":
+            from appliance.push import keys_cli
+
+            return keys_cli.run(args, _settings(args))
         if args.command == "bench":
             from appliance import bench as bench_mod
 

@@ -172,6 +172,8 @@ class Settings:
     sources: dict[str, str] = field(default_factory=dict)
     origins: list[dict[str, Any]] = field(default_factory=list)
     config_path: Path | None = None
+    #: the `[push]` table: NIP-PL push configuration of the default origin (empty = disabled)
+    push: dict[str, Any] = field(default_factory=dict)
 
     def __getattr__(self, name: str) -> Any:
         try:
@@ -205,6 +207,7 @@ def load(
         config_path = environ[ENV_PREFIX + "CONFIG"]
     file_values: dict[str, Any] = {}
     origins: list[dict[str, Any]] = []
+    push: dict[str, Any] = {}
     path = Path(config_path) if config_path else None
     if path is not None:
         try:
@@ -217,6 +220,9 @@ def load(
         origins = file_values.pop("origins", [])
         if not isinstance(origins, list) or not all(isinstance(o, dict) for o in origins):
             raise ConfigError("origins", origins, "use [[origins]] tables")
+        push = file_values.pop("push", {})
+        if not isinstance(push, dict):
+            raise ConfigError("push", push, "use a [push] table")
         unknown = sorted(set(file_values) - set(BY_NAME))
         if unknown:
             raise ConfigError(unknown[0], file_values[unknown[0]],
@@ -237,7 +243,7 @@ def load(
         values[setting.name] = setting.coerce(raw)
         sources[setting.name] = source
     _check_cross(values)
-    return Settings(values=values, sources=sources, origins=origins, config_path=path)
+    return Settings(values=values, sources=sources, origins=origins, config_path=path, push=push)
 
 
 def _check_cross(values: dict[str, Any]) -> None:
@@ -286,6 +292,21 @@ def sample_config() -> str:
         '# access_policy = "members"                 # public | members',
         '# allow = ["<64-hex pubkey>"]               # members / allowed writers',
         '# block = []                                # never allowed',
+        '# push = { app_profiles = [{ id = "com.example.app/ios", transport = "apns" }], push_kinds = [9, 1059] }',
+        "",
+        "# NIP-PL push executor of the default origin (omit the table to disable push). Executor keys",
+        "# are generated on first start; rotate them with `appliance keys rotate ORIGIN`.",
+        "# [push]",
+        '# app_profiles = [{ id = "com.example.app/ios", transport = "apns" },',
+        '#                 { id = "com.example.app/android", transport = "fcm" }]',
+        "# push_kinds = [9, 1059, 7]                  # kinds a lease may subscribe to",
+        "# urgent_kinds = []                          # subset of push_kinds allowing class urgent",
+        '# h_grammar = "uuid-v4-lowercase"',
+        '# class_support = { apns = ["silent", "default", "time_sensitive", "urgent"] }  # default: all',
+        "# allowed_skew = 900                         # clock skew allowance (seconds), not advertised",
+        "# [push.limitation]                          # overrides of the spec's defaults",
+        "# max_lease_ttl = 2592000",
+        "# max_leases_per_pubkey = 16",
         "",
     ]
     return "\n".join(lines)

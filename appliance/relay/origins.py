@@ -42,6 +42,8 @@ class Origin:
     auth_required: bool = False
     allow: frozenset[str] = frozenset()
     block: frozenset[str] = frozenset()
+    #: NIP-PL push configuration (appliance.push.config); empty = push disabled here
+    push: dict = field(default_factory=dict, hash=False)
     id: int = 0
 
     @property
@@ -105,8 +107,15 @@ class Origin:
             auth_required=auth_required or policy == "members",
             allow=lists["allow"],
             block=lists["block"],
+            push=_push_config(data.get("push"), where),
             id=id,
         )
+
+
+def _push_config(push: Any, where: str) -> dict:
+    from appliance.push.config import check_push_config
+
+    return check_push_config(push, where)
 
 
 class UnknownOrigin(LookupError):

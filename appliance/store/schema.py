@@ -93,6 +93,66 @@ MIGRATIONS: tuple[str, ...] = (
 
     INSERT INTO meta (name, value) VALUES ('config_generation', '0');
     """,
+    # 3: NIP-PL push executor: executor keys, effective lease state, watermarks, match index.
+    """
+    CREATE TABLE executor_keys (
+        origin      INTEGER NOT NULL REFERENCES origins(id),
+        key_id      TEXT NOT NULL,
+        pubkey      TEXT NOT NULL,
+        wrapped     BLOB,                     -- secret wrapped by the key file; NULL once erased
+        state       TEXT NOT NULL CHECK (state IN ('current', 'retiring', 'expired')),
+        created_at  INTEGER NOT NULL,
+        became_retiring_at INTEGER,
+        accept_until INTEGER,                 -- retiring: became_retiring_at + max_lease_ttl + allowed_skew
+        PRIMARY KEY (origin, key_id)
+    ) WITHOUT ROWID;
+    CREATE UNIQUE INDEX executor_keys_current ON executor_keys(origin) WHERE state = 'current';
+
+    -- Effective push state: one row per lease address, written with the stored event.
+    CREATE TABLE leases (
+        origin      INTEGER NOT NULL,
+        pubkey      TEXT NOT NULL,
+        d           TEXT NOT NULL,
+        event_id    TEXT NOT NULL,
+        created_at  INTEGER NOT NULL,
+        expiration  INTEGER NOT NULL,
+        generation  INTEGER NOT NULL,
+        active      INTEGER NOT NULL,
+        app_profile TEXT,
+        transport   TEXT,
+        endpoint    TEXT,                     -- NULL for tombstones
+        endpoint_hash TEXT,
+        subscriptions TEXT NOT NULL DEFAULT '[]',
+        exec_key_id TEXT NOT NULL,
+        PRIMARY KEY (origin, pubkey, d)
+    ) WITHOUT ROWID;
+    CREATE INDEX leases_endpoint ON leases(origin, pubkey, app_profile, transport, endpoint_hash) WHERE active = 1;
+    CREATE INDEX leases_expiration ON leases(expiration);
+    CREATE INDEX leases_exec_key ON leases(origin, exec_key_id);
+
+    CREATE TABLE lease_watermarks (
+        origin      INTEGER NOT NULL,
+        pubkey      TEXT NOT NULL,
+        d           TEXT NOT NULL,
+        generation  INTEGER NOT NULL,
+        last_active_expiration INTEGER,
+        tombstone_accepted_at INTEGER,
+        retain_until INTEGER NOT NULL,
+        PRIMARY KEY (origin, pubkey, d)
+    ) WITHOUT ROWID;
+    CREATE INDEX lease_watermarks_retain ON lease_watermarks(retain_until);
+
+    -- Match index of active leases: selector_type 'p' | 'h' | 'authors'.
+    CREATE TABLE lease_selectors (
+        origin      INTEGER NOT NULL,
+        selector_type TEXT NOT NULL,
+        value       TEXT NOT NULL,
+        pubkey      TEXT NOT NULL,
+        d           TEXT NOT NULL,
+        PRIMARY KEY (origin, selector_type, value, pubkey, d)
+    ) WITHOUT ROWID;
+    CREATE INDEX lease_selectors_address ON lease_selectors(origin, pubkey, d);
+    """,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

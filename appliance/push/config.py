@@ -1,0 +1,113 @@
+"""Per-origin push configuration (the `[push]` / `[[origins]].push` TOML tables).
+
+An empty table means push is disabled for that origin. The table is shape-checked when the
+origin is loaded (`check_push_config`, raising ConfigError that names the field); the full
+descriptor validity rules run once the executor keys are known (`build_descriptor`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import fields
+from typing import Any, Sequence
+
+from appliance.errors import ConfigError
+
+from .descriptor import (
+    CLASS_REGISTRY,
+    TRANSPORTS,
+    AppProfile,
+    Descriptor,
+    ExecutorKey,
+    Limits,
+    validate_descriptor,
+)
+from .errors import DescriptorError
+
+__all__ = ["PUSH_FIELDS", "check_push_config", "push_limits", "build_descriptor", "DEFAULT_PUSH_KINDS"]
+
+DEFAULT_PUSH_KINDS = (9, 1059, 7)
+PUSH_FIELDS = (
+    "app_profiles", "push_kinds", "urgent_kinds", "h_grammar", "class_support", "limitation",
+    "allowed_skew", "endpoint",
+)
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def check_push_config(push: Any, where: str) -> dict:
+    """Shape-check a push table; return it as a plain dict (JSON/TOML round-trippable)."""
+    if push is None:
+        return {}
+    if not isinstance(push, dict):
+        raise ConfigError(f"{where}.push", push, "expected a [push] table")
+    unknown = sorted(set(push) - set(PUSH_FIELDS))
+    if unknown:
+        raise ConfigError(f"{where}.push.{unknown[0]}", push[unknown[0]],
+                          "unknown push field; known: " + ", ".join(PUSH_FIELDS))
+    if not push:
+        return {}
+    profiles = push.get("app_profiles", [])
+    if not isinstance(profiles, list) or not all(
+        isinstance(p, dict) and set(p) == {"id", "transport"} and isinstance(p["id"], str)
+        and isinstance(p["transport"], str) for p in profiles
+    ):
+        raise ConfigError(f"{where}.push.app_profiles", profiles,
+                          'expected a list of {id = "...", transport = "apns|fcm|unifiedpush"}')
+    for name in ("push_kinds", "urgent_kinds"):
+        ks = push.get(name, [])
+        if not isinstance(ks, list) or not all(_is_int(k) for k in ks):
+            raise ConfigError(f"{where}.push.{name}", ks, "expected a list of kind numbers")
+    if not isinstance(push.get("h_grammar", "uuid-v4-lowercase"), str):
+        raise ConfigError(f"{where}.push.h_grammar", push.get("h_grammar"), "expected text")
+    cs = push.get("class_support", {})
+    if not isinstance(cs, dict) or not all(isinstance(v, list) and all(isinstance(c, str) for c in v)
+                                           for v in cs.values()):
+        raise ConfigError(f"{where}.push.class_support", cs, "expected a table transport = [classes]")
+    lim = push.get("limitation", {})
+    known = set(Limits.ADVERTISED)
+    if not isinstance(lim, dict):
+        raise ConfigError(f"{where}.push.limitation", lim, "expected a table of limits")
+    for k, v in lim.items():
+        if k not in known:
+            raise ConfigError(f"{where}.push.limitation.{k}", v, "unknown limit; known: " + ", ".join(sorted(known)))
+        if not _is_int(v) or v <= 0:
+            raise ConfigError(f"{where}.push.limitation.{k}", v, "expected a positive whole number")
+    skew = push.get("allowed_skew", Limits.allowed_skew)
+    if not _is_int(skew) or skew <= 0:
+        raise ConfigError(f"{where}.push.allowed_skew", skew, "expected a positive whole number of seconds")
+    ep = push.get("endpoint")
+    if ep is not None and not isinstance(ep, str):
+        raise ConfigError(f"{where}.push.endpoint", ep, "expected an https:// URL")
+    return dict(push)
+
+
+def push_limits(push: dict) -> Limits:
+    values = {f.name: getattr(Limits(), f.name) for f in fields(Limits)}
+    values.update(push.get("limitation", {}))
+    values["allowed_skew"] = push.get("allowed_skew", Limits.allowed_skew)
+    return Limits(**values)
+
+
+def build_descriptor(origin: str, push: dict, keys: Sequence[ExecutorKey]) -> Descriptor:
+    """The descriptor of a push-enabled origin; ConfigError naming origin and failing rule if invalid."""
+    profiles = tuple(AppProfile(p["id"], p["transport"]) for p in push.get("app_profiles", []))
+    default_cs = {t: tuple(CLASS_REGISTRY) for t in sorted({p.transport for p in profiles} & TRANSPORTS)}
+    cs = push.get("class_support")
+    desc = Descriptor(
+        origin=origin,
+        keys=tuple(keys),
+        app_profiles=profiles,
+        push_kinds=tuple(push.get("push_kinds", DEFAULT_PUSH_KINDS)),
+        urgent_kinds=tuple(push.get("urgent_kinds", [])),
+        h_grammar=push.get("h_grammar", "uuid-v4-lowercase"),
+        class_support=default_cs if cs is None else {t: tuple(v) for t, v in cs.items()},
+        limits=push_limits(push),
+        endpoint=push.get("endpoint"),
+    )
+    try:
+        validate_descriptor(desc)
+    except DescriptorError as exc:
+        raise ConfigError(f"push descriptor of {origin}", exc.rule, exc.detail or exc.rule) from None
+    return desc

@@ -1,0 +1,156 @@
+"""The push executor, part 1: per-origin descriptors and keys, lease admission and state hooks.
+
+Wiring (see appliance.app.build): `relay.admission[30350] = push.admit` (steps 1-7 stateless,
+authentication before signature), `relay.store_hooks.add_check(push.check, kind=30350)` (step 7
+quotas/uniqueness and step 8 inside the write transaction), `add_stored(push.stored)` (effective
+state, watermark and match index in the same transaction), `push.nip11` (descriptor).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, replace
+from typing import Any, Awaitable, Callable
+
+import apsw
+
+from appliance.errors import Rejected
+from appliance.nostr import nip44
+from appliance.relay.origins import Origin
+from appliance.store.keyfile import KeyFile
+from appliance.store.sqlite import SqliteStore
+
+from . import keys as keystore
+from . import state
+from .acceptance import check_lease_stateless
+from .config import build_descriptor
+from .descriptor import LEASE_KIND, Descriptor, descriptor_to_json
+from .errors import LeaseRejected, reason_message
+
+log = logging.getLogger("appliance.push")
+
+
+@dataclass
+class OriginPush:
+    origin_id: int
+    descriptor: Descriptor  # keys as of load time; `current_descriptor` re-filters by time
+    rows: list[keystore.KeyRow]
+    secrets: dict[str, tuple[str, keystore.KeyRow]]
+
+    def current_descriptor(self, now: int) -> Descriptor:
+        return replace(self.descriptor, keys=keystore.advertised(self.rows, now))
+
+
+class Push:
+    CONV_CACHE = 65536
+
+    def __init__(self, store: SqliteStore, keyfile: KeyFile):
+        self.store = store
+        self.keyfile = keyfile
+        self.origins: dict[int, OriginPush] = {}
+        self._conv: OrderedDict[tuple[str, str], bytes] = OrderedDict()
+
+    # -- configuration ---------------------------------------------------------------------------
+
+    def load(self, origins: list[Origin]) -> None:
+        """(Re)build descriptors; generate first keys; ConfigError if a descriptor is invalid."""
+        now = int(time.time())
+        loaded: dict[int, OriginPush] = {}
+        for o in origins:
+            if not o.push:
+                continue
+
+            def op(conn, oid=o.id):
+                keystore.ensure_current(conn, self.keyfile, oid, now)
+                return keystore.list_keys(conn, oid), keystore.load_secrets(conn, self.keyfile, oid)
+
+            rows, secrets = self.store.write_sync(op)
+            desc = build_descriptor(o.origin, o.push, keystore.advertised(rows, now))
+            loaded[o.id] = OriginPush(o.id, desc, rows, secrets)
+        self.origins = loaded
+
+    def maintain(self, conn: apsw.Connection, now: int) -> int:
+        """Purge-loop work (inside a write transaction): expire keys, erase secrets, GC state."""
+        return keystore.expire_and_erase(conn, now) + state.purge(conn, now)
+
+    # -- NIP-11 ------------------------------------------------------------------------------------
+
+    def nip11(self, origin: Origin, doc: dict[str, Any]) -> None:
+        op = self.origins.get(origin.id)
+        if op is None:
+            return
+        exts = doc.setdefault("supported_extensions", [])
+        if "nip-pl" not in exts:
+            exts.append("nip-pl")
+        doc["push"] = descriptor_to_json(op.current_descriptor(int(time.time())))
+
+    # -- admission (steps 1-7, stateless) -------------------------------------------------------------
+
+    def _conversation_key(self, secret: str, pubkey: str) -> bytes:
+        k = (secret, pubkey)
+        ck = self._conv.get(k)
+        if ck is None:
+            ck = nip44.get_conversation_key(secret, pubkey)
+            self._conv[k] = ck
+            if len(self._conv) > self.CONV_CACHE:
+                self._conv.popitem(last=False)
+        return ck
+
+    def _decrypter(self, op: OriginPush, author: str, now: int) -> Callable[[str, str], str]:
+        def decrypt(key_id: str, content: str) -> str:
+            entry = op.secrets.get(key_id)
+            if entry is None or not entry[1].accepts(now):
+                raise KeyError(key_id)
+            try:
+                ck = self._conversation_key(entry[0], author)
+                return nip44.decrypt(content, ck)
+            except nip44.Nip44Error as exc:
+                raise ValueError(str(exc)) from None
+
+        return decrypt
+
+    async def admit(self, origin: Origin, authed: str | None, ev, verify: Callable[[Any], Awaitable[bool]]) -> dict:
+        # 1. NIP-42 precedes 2. signature
+        try:
+            if not authed:
+                raise LeaseRejected("auth_required")
+            if authed != ev.pubkey:
+                raise LeaseRejected("pubkey_mismatch")
+        except LeaseRejected as exc:
+            raise Rejected.from_wire(exc.message) from None
+        ok = await verify(ev)
+        now = int(time.time())
+        op = self.origins.get(origin.id)
+        if op is None:
+            if not ok:
+                raise Rejected.from_wire(reason_message("bad_signature"))
+            # Push disabled here: no executor key is advertised, so none is accepted.
+            raise Rejected.from_wire(reason_message("unknown_executor_key"))
+        try:
+            lease = check_lease_stateless(
+                ev, authed_pubkey=authed, descriptor=op.current_descriptor(now),
+                decrypt=self._decrypter(op, ev.pubkey, now), now=now, verify=lambda _e: ok,
+            )
+        except LeaseRejected as exc:
+            raise Rejected.from_wire(exc.message) from None
+        return {"lease": lease, "push_now": now}
+
+    # -- in-transaction hooks ----------------------------------------------------------------------------
+
+    def check(self, conn: apsw.Connection, origin: int, ev, ctx: dict) -> None:
+        lease = ctx.get("lease")
+        op = self.origins.get(origin)
+        if lease is None or op is None:
+            raise Rejected.from_wire(reason_message("unknown_executor_key"))
+        state.check_stateful(conn, origin, lease, op.descriptor.limits, ctx.get("push_now", int(time.time())))
+
+    def stored(self, conn: apsw.Connection, origin: int, ev, ctx: dict) -> None:
+        if ev.kind != LEASE_KIND:
+            return
+        lease = ctx.get("lease")
+        op = self.origins.get(origin)
+        if lease is None or op is None:  # cannot happen: the check hook refused it
+            raise Rejected.from_wire(reason_message("unknown_executor_key"))
+        state.apply_lease(conn, origin, lease, op.descriptor.limits, ctx.get("push_now", int(time.time())))

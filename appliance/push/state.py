@@ -1,0 +1,151 @@
+"""Effective lease state in SQL: the stateful acceptance checks (step 7 quotas/uniqueness and
+step 8 ordering/watermark) and the state update, as hooks inside the event's write transaction.
+
+Raising inside a check hook rolls the event's SAVEPOINT back, so a rejected lease leaves the
+stored event, the lease row and the watermark byte-for-byte unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+
+import apsw
+
+from appliance.errors import Rejected
+
+from .acceptance import (
+    AcceptedLease,
+    check_endpoint_unique,
+    check_lease_quota,
+    check_replacement,
+    watermark_retention_until,
+)
+from .descriptor import LEASE_KIND, Limits
+from .errors import LeaseRejected
+
+SQL_ENDPOINT_CONFLICTS = (
+    "SELECT count(*) FROM leases WHERE origin = ? AND pubkey = ? AND app_profile = ? AND transport = ? "
+    "AND endpoint_hash = ? AND active = 1 AND expiration > ? AND d != ?"
+)
+SQL_OTHER_ACTIVE = (
+    "SELECT count(*) FROM leases WHERE origin = ? AND pubkey = ? AND active = 1 AND expiration > ? AND d != ?"
+)
+SQL_STORED_WINNER = (
+    "SELECT id, created_at FROM events WHERE origin = ? AND pubkey = ? AND kind = ? AND d = ? "
+    "ORDER BY created_at DESC, id ASC LIMIT 1"
+)
+SQL_WATERMARK = (
+    "SELECT generation, last_active_expiration, tombstone_accepted_at FROM lease_watermarks "
+    "WHERE origin = ? AND pubkey = ? AND d = ?"
+)
+SQL_UPSERT_LEASE = (
+    "INSERT OR REPLACE INTO leases (origin, pubkey, d, event_id, created_at, expiration, generation, active, "
+    "app_profile, transport, endpoint, endpoint_hash, subscriptions, exec_key_id) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+SQL_UPSERT_WATERMARK = (
+    "INSERT OR REPLACE INTO lease_watermarks (origin, pubkey, d, generation, last_active_expiration, "
+    "tombstone_accepted_at, retain_until) VALUES (?, ?, ?, ?, ?, ?, ?)"
+)
+SQL_DELETE_SELECTORS = "DELETE FROM lease_selectors WHERE origin = ? AND pubkey = ? AND d = ?"
+SQL_INSERT_SELECTOR = (
+    "INSERT OR IGNORE INTO lease_selectors (origin, selector_type, value, pubkey, d) VALUES (?, ?, ?, ?, ?)"
+)
+
+
+def _reject(exc: LeaseRejected) -> Rejected:
+    return Rejected.from_wire(exc.message)
+
+
+def check_stateful(conn: apsw.Connection, origin: int, lease: AcceptedLease, limits: Limits, now: int) -> None:
+    """Step 7 (endpoint uniqueness, lease quota; active leases only) then step 8."""
+    try:
+        if lease.active:
+            p = lease.plaintext
+            (conflicts,) = conn.execute(
+                SQL_ENDPOINT_CONFLICTS,
+                (origin, lease.pubkey, p.app_profile, p.transport, lease.endpoint_hash, now, lease.d),
+            ).fetchone()
+            check_endpoint_unique(conflicts)
+            (others,) = conn.execute(SQL_OTHER_ACTIVE, (origin, lease.pubkey, now, lease.d)).fetchone()
+            check_lease_quota(others, limits)
+        row = conn.execute(SQL_STORED_WINNER, (origin, lease.pubkey, LEASE_KIND, lease.d)).fetchone()
+        wm = conn.execute(SQL_WATERMARK, (origin, lease.pubkey, lease.d)).fetchone()
+        check_replacement(
+            row[1] if row else None, row[0] if row else None, wm[0] if wm else None,
+            lease.created_at, lease.event_id, lease.generation,
+        )
+    except LeaseRejected as exc:
+        raise _reject(exc) from None
+
+
+def subscriptions_json(lease: AcceptedLease) -> str:
+    subs = []
+    for s in lease.plaintext.subscriptions:
+        entry: dict = {"filter": s.filter.to_nip01(), "class": s.cls}
+        if s.ignore:
+            entry["ignore"] = [f.to_nip01() for f in s.ignore]
+        if s.p_tags_max is not None:
+            entry["p_tags_max"] = s.p_tags_max
+        subs.append(entry)
+    return json.dumps(subs, separators=(",", ":"))
+
+
+def selectors(lease: AcceptedLease) -> set[tuple[str, str]]:
+    out: set[tuple[str, str]] = set()
+    for s in lease.plaintext.subscriptions:
+        out.update(("p", v) for v in s.filter.p)
+        out.update(("h", v) for v in s.filter.h)
+        out.update(("authors", v) for v in s.filter.authors)
+    return out
+
+
+def apply_lease(conn: apsw.Connection, origin: int, lease: AcceptedLease, limits: Limits, now: int) -> None:
+    """Write effective state, watermark and match index for an accepted lease."""
+    p = lease.plaintext
+    conn.execute(
+        SQL_UPSERT_LEASE,
+        (origin, lease.pubkey, lease.d, lease.event_id, lease.created_at, lease.expiration, p.generation,
+         1 if p.active else 0,
+         p.app_profile if p.active else None, p.transport if p.active else None,
+         p.endpoint if p.active else None, lease.endpoint_hash if p.active else None,
+         subscriptions_json(lease) if p.active else "[]", lease.exec_key_id),
+    )
+    old = conn.execute(SQL_WATERMARK, (origin, lease.pubkey, lease.d)).fetchone()
+    last_active = old[1] if old else None
+    tomb_at = old[2] if old else None
+    if p.active:
+        last_active = lease.expiration if last_active is None else max(last_active, lease.expiration)
+    else:
+        tomb_at = now
+    retain = watermark_retention_until(last_active, tomb_at, limits)
+    conn.execute(SQL_UPSERT_WATERMARK, (origin, lease.pubkey, lease.d, p.generation, last_active, tomb_at, retain))
+    conn.execute(SQL_DELETE_SELECTORS, (origin, lease.pubkey, lease.d))
+    if p.active:
+        conn.executemany(SQL_INSERT_SELECTOR, [(origin, t, v, lease.pubkey, lease.d) for t, v in selectors(lease)])
+
+
+def purge(conn: apsw.Connection, now: int) -> int:
+    """Drop expired lease rows (and their index) and watermarks past their retention."""
+    conn.execute(
+        "DELETE FROM lease_selectors WHERE EXISTS (SELECT 1 FROM leases l WHERE l.origin = lease_selectors.origin "
+        "AND l.pubkey = lease_selectors.pubkey AND l.d = lease_selectors.d AND l.expiration <= ?)", (now,)
+    )
+    conn.execute("DELETE FROM leases WHERE expiration <= ?", (now,))
+    n = conn.changes()
+    conn.execute("DELETE FROM lease_watermarks WHERE retain_until <= ?", (now,))
+    return n + conn.changes()
+
+
+def candidate_leases(conn: apsw.Connection, origin: int, author: str, p_values, h_values, now: int) -> list[tuple]:
+    """Unexpired active lease addresses whose subscriptions name this author, a p or an h value."""
+    keys = [("authors", author)] + [("p", v) for v in p_values] + [("h", v) for v in h_values]
+    out: set[tuple] = set()
+    for t, v in keys:
+        for row in conn.execute(
+            "SELECT l.pubkey, l.d FROM lease_selectors s JOIN leases l ON l.origin = s.origin AND l.pubkey = s.pubkey "
+            "AND l.d = s.d WHERE s.origin = ? AND s.selector_type = ? AND s.value = ? AND l.active = 1 "
+            "AND l.expiration > ?", (origin, t, v, now)
+        ):
+            out.add(row)
+    return sorted(out)
