@@ -135,6 +135,9 @@ class Push:
             )
         except LeaseRejected as exc:
             raise Rejected.from_wire(exc.message) from None
+        if lease.expiration <= now:
+            # Inside the skew allowance but already past: NIP-40 forbids storing it; say so in NIP-PL words.
+            raise Rejected.from_wire(reason_message("already_expired"))
         return {"lease": lease, "push_now": now}
 
     # -- in-transaction hooks ----------------------------------------------------------------------------
