@@ -594,3 +594,12 @@ BENCHMARKS["relay"] = Benchmark(
     _relay_args,
     run_relay,
 )
+
+
+from appliance.push import bench_leases as _bench_leases  # noqa: E402 - registered like `relay`
+
+BENCHMARKS["leases"] = Benchmark(
+    "Publish NIP-44 encrypted push leases from authenticated clients; print leases/s and OK latency.",
+    _bench_leases.add_args,
+    _bench_leases.run,
+)

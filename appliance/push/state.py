@@ -24,16 +24,14 @@ from .descriptor import LEASE_KIND, Limits
 from .errors import LeaseRejected
 
 SQL_ENDPOINT_CONFLICTS = (
-    "SELECT count(*) FROM leases WHERE origin = ? AND pubkey = ? AND app_profile = ? AND transport = ? "
+    "SELECT count(*) FROM leases INDEXED BY leases_endpoint WHERE origin = ? AND pubkey = ? AND app_profile = ? AND transport = ? "
     "AND endpoint_hash = ? AND active = 1 AND expiration > ? AND d != ?"
 )
 SQL_OTHER_ACTIVE = (
     "SELECT count(*) FROM leases WHERE origin = ? AND pubkey = ? AND active = 1 AND expiration > ? AND d != ?"
 )
-SQL_STORED_WINNER = (
-    "SELECT id, created_at FROM events WHERE origin = ? AND pubkey = ? AND kind = ? AND d = ? "
-    "ORDER BY created_at DESC, id ASC LIMIT 1"
-)
+# Same shape as the store's address lookup (events_address index); at most one row per address.
+SQL_STORED_WINNER = "SELECT id, created_at FROM events WHERE origin = ? AND pubkey = ? AND kind = ? AND d = ?"
 SQL_WATERMARK = (
     "SELECT generation, last_active_expiration, tombstone_accepted_at FROM lease_watermarks "
     "WHERE origin = ? AND pubkey = ? AND d = ?"
@@ -69,7 +67,8 @@ def check_stateful(conn: apsw.Connection, origin: int, lease: AcceptedLease, lim
             check_endpoint_unique(conflicts)
             (others,) = conn.execute(SQL_OTHER_ACTIVE, (origin, lease.pubkey, now, lease.d)).fetchone()
             check_lease_quota(others, limits)
-        row = conn.execute(SQL_STORED_WINNER, (origin, lease.pubkey, LEASE_KIND, lease.d)).fetchone()
+        rows = conn.execute(SQL_STORED_WINNER, (origin, lease.pubkey, LEASE_KIND, lease.d)).fetchall()
+        row = min(rows, key=lambda r: (-r[1], r[0])) if rows else None
         wm = conn.execute(SQL_WATERMARK, (origin, lease.pubkey, lease.d)).fetchone()
         check_replacement(
             row[1] if row else None, row[0] if row else None, wm[0] if wm else None,

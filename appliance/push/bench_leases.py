@@ -1,0 +1,176 @@
+"""`appliance bench leases`: NIP-PL lease acceptance speed over real websockets.
+
+Starts `appliance serve` with push enabled on a temporary data directory, pre-builds signed,
+NIP-44-encrypted leases (distinct addresses and endpoints) for several users in worker processes,
+then each user's client authenticates (NIP-42) and publishes its leases with a window of EVENTs in
+flight. Reports accepted leases/s (decrypt + validation + commit) and OK latency percentiles.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+import urllib.request
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import orjson
+
+ORIGIN = "ws://bench.push"
+PROFILE = "com.example.bench/ios"
+CHANNEL = "3f2b8c1e-9d4a-4b6e-8f01-23456789abcd"
+
+CONFIG = f"""
+public_url = "{ORIGIN}"
+[push]
+app_profiles = [{{ id = "{PROFILE}", transport = "apns" }}]
+push_kinds = [9, 1059, 7]
+[push.limitation]
+max_leases_per_pubkey = 1000
+"""
+
+
+def add_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--leases", type=int, default=20000, help="leases to publish (default 20000)")
+    p.add_argument("--clients", type=int, default=64, help="authenticated clients, one user each (default 64)")
+    p.add_argument("--window", type=int, default=16, help="EVENTs in flight per client (default 16)")
+    p.add_argument("--workers", type=int, default=os.cpu_count() or 2, help="processes pre-building leases")
+    p.add_argument("--sync-mode", default="full", choices=("full", "normal"), help="SQLite durability (default full)")
+    p.add_argument("--data-dir", default=None, help="use (and keep) this directory")
+
+
+def _build(task: tuple[str, str, str, int, int, int]) -> list[str]:
+    """Worker: sign + encrypt leases [start, stop) of one user."""
+    from appliance.nostr import nip44
+    from appliance.nostr.event import sign_event
+    from appliance.nostr.keys import public_key
+
+    secret, exec_id, exec_pub, start, stop, now = task
+    pub = public_key(secret)
+    ck = nip44.get_conversation_key(secret, exec_pub)
+    out = []
+    for i in range(start, stop):
+        pt = {
+            "v": 1, "origin": ORIGIN, "app_profile": PROFILE, "transport": "apns",
+            "endpoint": f"{pub[:16]}-{i:08d}-" + "f" * 40, "generation": 1, "active": True,
+            "subscriptions": [
+                {"filter": {"kinds": [9], "#p": [pub]}, "class": "time_sensitive"},
+                {"filter": {"kinds": [9, 7], "#h": [CHANNEL]}, "class": "default"},
+            ],
+        }
+        content = nip44.encrypt(json.dumps(pt), ck)
+        tags = [["d", f"bench-{pub[:8]}-{i:012d}"], ["expiration", str(now + 86400)], ["exec", exec_id],
+                ["alt", "Push lease"]]
+        out.append(sign_event(secret, 30350, tags, content, now).to_json())
+    return out
+
+
+async def _client(url: str, secret: str, raws: list[str], window: int, lat: list[float], res: dict) -> None:
+    import websockets
+
+    from appliance.nostr.event import sign_event
+
+    ws = await websockets.connect(url, max_size=None, ping_interval=None, open_timeout=30, compression=None)
+    try:
+        challenge = None
+        while challenge is None:
+            msg = orjson.loads(await ws.recv())
+            if msg[0] == "AUTH":
+                challenge = msg[1]
+        auth = sign_event(secret, 22242, [["relay", ORIGIN], ["challenge", challenge]], "")
+        await ws.send(json.dumps(["AUTH", auth.to_dict()]))
+        while True:
+            msg = orjson.loads(await ws.recv())
+            if msg[0] == "OK" and msg[1] == auth.id:
+                if not msg[2]:
+                    raise RuntimeError(f"AUTH refused: {msg[3]}")
+                break
+        slots = asyncio.Semaphore(window)
+        sent: dict[str, float] = {}
+        remaining = len(raws)
+
+        async def reader() -> None:
+            nonlocal remaining
+            while remaining:
+                msg = orjson.loads(await asyncio.wait_for(ws.recv(), 60))
+                if msg[0] != "OK" or msg[1] not in sent:
+                    continue
+                lat.append(time.perf_counter() - sent.pop(msg[1]))
+                key = "accepted" if msg[2] else msg[3]
+                res[key] = res.get(key, 0) + 1
+                remaining -= 1
+                slots.release()
+
+        task = asyncio.create_task(reader())
+        for raw in raws:
+            await slots.acquire()
+            sent[raw[7:71]] = time.perf_counter()
+            await ws.send('["EVENT",' + raw + "]")
+        await task
+    finally:
+        await ws.close()
+
+
+def run(args: argparse.Namespace) -> int:
+    from appliance.bench import appliance_process, free_port, info, percentile
+    from appliance.nostr.keys import generate_secret
+
+    if args.leases < 1 or args.clients < 1 or args.window < 1:
+        print("appliance bench leases: --leases, --clients and --window must be at least 1", file=sys.stderr)
+        return 2
+    keep = args.data_dir is not None
+    work = Path(args.data_dir) if keep else Path(tempfile.mkdtemp(prefix="appliance-bench-leases-"))
+    work.mkdir(parents=True, exist_ok=True)
+    (work / "config.toml").write_text(CONFIG)
+    port = free_port()
+    relay = appliance_process(work / "appliance", port, work / "appliance.log", args.sync_mode,
+                              ["--config", str(work / "config.toml")])
+    try:
+        relay.start()
+        req = urllib.request.Request(f"http://127.0.0.1:{port}/", headers={"Accept": "application/nostr+json"})
+        doc = json.loads(urllib.request.urlopen(req, timeout=10).read())
+        key = next(k for k in doc["push"]["keys"] if k.get("current"))
+        now = int(time.time())
+        secrets = [generate_secret() for _ in range(args.clients)]
+        per = [args.leases // args.clients + (1 if i < args.leases % args.clients else 0) for i in range(args.clients)]
+        tasks = []
+        for secret, n in zip(secrets, per):
+            for start in range(0, n, 500):
+                tasks.append((secret, key["id"], key["pubkey"], start, min(n, start + 500), now))
+        t0 = time.perf_counter()
+        with ProcessPoolExecutor(max(1, args.workers)) as pool:
+            batches = list(pool.map(_build, tasks))
+        by_user: dict[str, list[str]] = {s: [] for s in secrets}
+        for task, batch in zip(tasks, batches):
+            by_user[task[0]].extend(batch)
+        info(f"pre-built {args.leases:,} signed, NIP-44 encrypted leases in {time.perf_counter() - t0:.1f} s")
+
+        lat: list[float] = []
+        res: dict[str, int] = {}
+
+        async def main() -> float:
+            t = time.perf_counter()
+            await asyncio.gather(*(_client(relay.url if hasattr(relay, "url") else f"ws://127.0.0.1:{port}",
+                                           s, by_user[s], args.window, lat, res) for s in secrets))
+            return time.perf_counter() - t
+
+        secs = asyncio.run(main())
+    finally:
+        relay.stop()
+        if not keep:
+            shutil.rmtree(work, ignore_errors=True)
+    accepted = res.pop("accepted", 0)
+    print(f"\nappliance bench leases: {args.leases:,} leases, {args.clients} authenticated clients x window "
+          f"{args.window}, sync_mode {args.sync_mode}, {os.cpu_count()} CPUs")
+    print(f"accepted   {accepted:,} in {secs:.2f} s = {accepted / secs:,.0f} leases/s")
+    print(f"OK latency p50 {percentile(lat, 50) * 1000:.1f} ms  p99 {percentile(lat, 99) * 1000:.1f} ms  "
+          f"max {max(lat) * 1000 if lat else float('nan'):.1f} ms")
+    if res:
+        print("rejected   " + ", ".join(f"{v}x {k}" for k, v in sorted(res.items())))
+    return 0 if accepted == args.leases else 1
