@@ -51,8 +51,10 @@ class Session:
         s = self.settings
         self.event_bucket = TokenBucket(s.event_rate, s.event_burst)
         self.req_bucket = TokenBucket(s.req_rate, s.req_burst)
-        # Garbage floods: every message costs a token here.
-        self.message_bucket = TokenBucket(max(s.event_rate, s.req_rate) * 4, s.event_burst + s.req_burst)
+        # Garbage floods: every message costs a token here. Twice the sum of the per-verb rates,
+        # so it only bites on messages that no per-verb bucket accounts for; off if either is off.
+        flood_rate = 0 if s.event_rate == 0 or s.req_rate == 0 else 2 * (s.event_rate + s.req_rate)
+        self.message_bucket = TokenBucket(flood_rate, s.event_burst + s.req_burst)
 
     # -- output ---------------------------------------------------------------------------------
 
