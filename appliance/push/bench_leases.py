@@ -32,13 +32,15 @@ public_url = "{ORIGIN}"
 app_profiles = [{{ id = "{PROFILE}", transport = "apns" }}]
 push_kinds = [9, 1059, 7]
 [push.limitation]
-max_leases_per_pubkey = 1000
+max_leases_per_pubkey = 16
 """
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--leases", type=int, default=20000, help="leases to publish (default 20000)")
-    p.add_argument("--clients", type=int, default=64, help="authenticated clients, one user each (default 64)")
+    p.add_argument("--clients", type=int, default=16, help="concurrent websocket clients (default 16)")
+    p.add_argument("--per-user", type=int, default=16,
+                   help="leases per user (default 16 = max_leases_per_pubkey); a client AUTHs as each user in turn")
     p.add_argument("--window", type=int, default=16, help="EVENTs in flight per client (default 16)")
     p.add_argument("--workers", type=int, default=os.cpu_count() or 2, help="processes pre-building leases")
     p.add_argument("--sync-mode", default="full", choices=("full", "normal"), help="SQLite durability (default full)")
@@ -71,7 +73,8 @@ def _build(task: tuple[str, str, str, int, int, int]) -> list[str]:
     return out
 
 
-async def _client(url: str, secret: str, raws: list[str], window: int, lat: list[float], res: dict) -> None:
+async def _client(url: str, users: list[tuple[str, list[str]]], window: int, lat: list[float], res: dict) -> None:
+    """One connection: for each user, AUTH (NIP-42) as them, then pipeline their leases."""
     import websockets
 
     from appliance.nostr.event import sign_event
@@ -83,36 +86,37 @@ async def _client(url: str, secret: str, raws: list[str], window: int, lat: list
             msg = orjson.loads(await ws.recv())
             if msg[0] == "AUTH":
                 challenge = msg[1]
-        auth = sign_event(secret, 22242, [["relay", ORIGIN], ["challenge", challenge]], "")
-        await ws.send(json.dumps(["AUTH", auth.to_dict()]))
-        while True:
-            msg = orjson.loads(await ws.recv())
-            if msg[0] == "OK" and msg[1] == auth.id:
-                if not msg[2]:
-                    raise RuntimeError(f"AUTH refused: {msg[3]}")
-                break
-        slots = asyncio.Semaphore(window)
-        sent: dict[str, float] = {}
-        remaining = len(raws)
+        for secret, raws in users:
+            auth = sign_event(secret, 22242, [["relay", ORIGIN], ["challenge", challenge]], "")
+            await ws.send(json.dumps(["AUTH", auth.to_dict()]))
+            while True:
+                msg = orjson.loads(await ws.recv())
+                if msg[0] == "OK" and msg[1] == auth.id:
+                    if not msg[2]:
+                        raise RuntimeError(f"AUTH refused: {msg[3]}")
+                    break
+            slots = asyncio.Semaphore(window)
+            sent: dict[str, float] = {}
+            remaining = len(raws)
 
-        async def reader() -> None:
-            nonlocal remaining
-            while remaining:
-                msg = orjson.loads(await asyncio.wait_for(ws.recv(), 60))
-                if msg[0] != "OK" or msg[1] not in sent:
-                    continue
-                lat.append(time.perf_counter() - sent.pop(msg[1]))
-                key = "accepted" if msg[2] else msg[3]
-                res[key] = res.get(key, 0) + 1
-                remaining -= 1
-                slots.release()
+            async def reader() -> None:
+                nonlocal remaining
+                while remaining:
+                    msg = orjson.loads(await asyncio.wait_for(ws.recv(), 60))
+                    if msg[0] != "OK" or msg[1] not in sent:
+                        continue
+                    lat.append(time.perf_counter() - sent.pop(msg[1]))
+                    key = "accepted" if msg[2] else msg[3]
+                    res[key] = res.get(key, 0) + 1
+                    remaining -= 1
+                    slots.release()
 
-        task = asyncio.create_task(reader())
-        for raw in raws:
-            await slots.acquire()
-            sent[raw[7:71]] = time.perf_counter()
-            await ws.send('["EVENT",' + raw + "]")
-        await task
+            task = asyncio.create_task(reader())
+            for raw in raws:
+                await slots.acquire()
+                sent[raw[7:71]] = time.perf_counter()
+                await ws.send('["EVENT",' + raw + "]")
+            await task
     finally:
         await ws.close()
 
@@ -121,7 +125,7 @@ def run(args: argparse.Namespace) -> int:
     from appliance.bench import appliance_process, free_port, info, percentile
     from appliance.nostr.keys import generate_secret
 
-    if args.leases < 1 or args.clients < 1 or args.window < 1:
+    if args.leases < 1 or args.clients < 1 or args.window < 1 or args.per_user < 1:
         print("appliance bench leases: --leases, --clients and --window must be at least 1", file=sys.stderr)
         return 2
     keep = args.data_dir is not None
@@ -137,27 +141,27 @@ def run(args: argparse.Namespace) -> int:
         doc = json.loads(urllib.request.urlopen(req, timeout=10).read())
         key = next(k for k in doc["push"]["keys"] if k.get("current"))
         now = int(time.time())
-        secrets = [generate_secret() for _ in range(args.clients)]
-        per = [args.leases // args.clients + (1 if i < args.leases % args.clients else 0) for i in range(args.clients)]
+        n_users = -(-args.leases // args.per_user)
+        secrets = [generate_secret() for _ in range(n_users)]
         tasks = []
-        for secret, n in zip(secrets, per):
-            for start in range(0, n, 500):
-                tasks.append((secret, key["id"], key["pubkey"], start, min(n, start + 500), now))
+        for u, secret in enumerate(secrets):
+            n = min(args.per_user, args.leases - u * args.per_user)
+            tasks.append((secret, key["id"], key["pubkey"], 0, n, now))
         t0 = time.perf_counter()
         with ProcessPoolExecutor(max(1, args.workers)) as pool:
-            batches = list(pool.map(_build, tasks))
-        by_user: dict[str, list[str]] = {s: [] for s in secrets}
-        for task, batch in zip(tasks, batches):
-            by_user[task[0]].extend(batch)
-        info(f"pre-built {args.leases:,} signed, NIP-44 encrypted leases in {time.perf_counter() - t0:.1f} s")
+            batches = list(pool.map(_build, tasks, chunksize=32))
+        users = [(task[0], batch) for task, batch in zip(tasks, batches)]
+        info(f"pre-built {args.leases:,} signed, NIP-44 encrypted leases for {n_users:,} users "
+             f"in {time.perf_counter() - t0:.1f} s")
 
         lat: list[float] = []
         res: dict[str, int] = {}
 
         async def main() -> float:
             t = time.perf_counter()
-            await asyncio.gather(*(_client(relay.url if hasattr(relay, "url") else f"ws://127.0.0.1:{port}",
-                                           s, by_user[s], args.window, lat, res) for s in secrets))
+            url = f"ws://127.0.0.1:{port}"
+            await asyncio.gather(*(_client(url, users[i::args.clients], args.window, lat, res)
+                                   for i in range(args.clients)))
             return time.perf_counter() - t
 
         secs = asyncio.run(main())
@@ -166,8 +170,8 @@ def run(args: argparse.Namespace) -> int:
         if not keep:
             shutil.rmtree(work, ignore_errors=True)
     accepted = res.pop("accepted", 0)
-    print(f"\nappliance bench leases: {args.leases:,} leases, {args.clients} authenticated clients x window "
-          f"{args.window}, sync_mode {args.sync_mode}, {os.cpu_count()} CPUs")
+    print(f"\nappliance bench leases: {args.leases:,} leases ({args.per_user} per user), {args.clients} clients "
+          f"(NIP-42 AUTH per user) x window {args.window}, sync_mode {args.sync_mode}, {os.cpu_count()} CPUs")
     print(f"accepted   {accepted:,} in {secs:.2f} s = {accepted / secs:,.0f} leases/s")
     print(f"OK latency p50 {percentile(lat, 50) * 1000:.1f} ms  p99 {percentile(lat, 99) * 1000:.1f} ms  "
           f"max {max(lat) * 1000 if lat else float('nan'):.1f} ms")

@@ -39,8 +39,17 @@ class OriginPush:
     rows: list[keystore.KeyRow]
     secrets: dict[str, tuple[str, keystore.KeyRow]]
 
+    _cached: tuple[Descriptor, int] | None = None
+
     def current_descriptor(self, now: int) -> Descriptor:
-        return replace(self.descriptor, keys=keystore.advertised(self.rows, now))
+        """The descriptor with the keys accepted at `now` (cached until a retiring window closes)."""
+        cached = self._cached
+        if cached is not None and now < cached[1]:
+            return cached[0]
+        desc = replace(self.descriptor, keys=keystore.advertised(self.rows, now))
+        ends = [k.accept_until for k in self.rows if k.state == "retiring" and k.accept_until and k.accept_until > now]
+        self._cached = (desc, min(ends, default=2**62))
+        return desc
 
 
 class Push:
@@ -147,7 +156,8 @@ class Push:
         op = self.origins.get(origin)
         if lease is None or op is None:
             raise Rejected.from_wire(reason_message("unknown_executor_key"))
-        state.check_stateful(conn, origin, lease, op.descriptor.limits, ctx.get("push_now", int(time.time())))
+        ctx["push_watermark"] = state.check_stateful(conn, origin, lease, op.descriptor.limits,
+                                                     ctx.get("push_now", int(time.time())))
 
     def stored(self, conn: apsw.Connection, origin: int, ev, ctx: dict) -> None:
         if ev.kind != LEASE_KIND:
@@ -156,4 +166,5 @@ class Push:
         op = self.origins.get(origin)
         if lease is None or op is None:  # cannot happen: the check hook refused it
             raise Rejected.from_wire(reason_message("unknown_executor_key"))
-        state.apply_lease(conn, origin, lease, op.descriptor.limits, ctx.get("push_now", int(time.time())))
+        state.apply_lease(conn, origin, lease, op.descriptor.limits, ctx.get("push_now", int(time.time())),
+                          ctx.get("push_watermark"))

@@ -7,9 +7,8 @@ stored event, the lease row and the watermark byte-for-byte unchanged.
 
 from __future__ import annotations
 
-import json
-
 import apsw
+import orjson
 
 from appliance.errors import Rejected
 
@@ -23,12 +22,11 @@ from .acceptance import (
 from .descriptor import LEASE_KIND, Limits
 from .errors import LeaseRejected
 
-SQL_ENDPOINT_CONFLICTS = (
-    "SELECT count(*) FROM leases INDEXED BY leases_endpoint WHERE origin = ? AND pubkey = ? AND app_profile = ? AND transport = ? "
-    "AND endpoint_hash = ? AND active = 1 AND expiration > ? AND d != ?"
-)
+# One pass over the author's unexpired active leases at other addresses (<= max_leases_per_pubkey rows):
+# (how many, how many hold the same (app_profile, transport, endpoint_hash)).
 SQL_OTHER_ACTIVE = (
-    "SELECT count(*) FROM leases WHERE origin = ? AND pubkey = ? AND active = 1 AND expiration > ? AND d != ?"
+    "SELECT count(*), coalesce(sum(app_profile = ? AND transport = ? AND endpoint_hash = ?), 0) FROM leases "
+    "WHERE origin = ? AND pubkey = ? AND active = 1 AND expiration > ? AND d != ?"
 )
 # Same shape as the store's address lookup (events_address index); at most one row per address.
 SQL_STORED_WINNER = "SELECT id, created_at FROM events WHERE origin = ? AND pubkey = ? AND kind = ? AND d = ?"
@@ -55,17 +53,21 @@ def _reject(exc: LeaseRejected) -> Rejected:
     return Rejected.from_wire(exc.message)
 
 
-def check_stateful(conn: apsw.Connection, origin: int, lease: AcceptedLease, limits: Limits, now: int) -> None:
-    """Step 7 (endpoint uniqueness, lease quota; active leases only) then step 8."""
+_NO_WATERMARK = object()
+
+
+def check_stateful(conn: apsw.Connection, origin: int, lease: AcceptedLease, limits: Limits, now: int):
+    """Step 7 (endpoint uniqueness, lease quota; active leases only) then step 8.
+
+    Returns the address's watermark row (or None) for `apply_lease` in the same transaction."""
     try:
         if lease.active:
             p = lease.plaintext
-            (conflicts,) = conn.execute(
-                SQL_ENDPOINT_CONFLICTS,
-                (origin, lease.pubkey, p.app_profile, p.transport, lease.endpoint_hash, now, lease.d),
+            others, conflicts = conn.execute(
+                SQL_OTHER_ACTIVE,
+                (p.app_profile, p.transport, lease.endpoint_hash, origin, lease.pubkey, now, lease.d),
             ).fetchone()
             check_endpoint_unique(conflicts)
-            (others,) = conn.execute(SQL_OTHER_ACTIVE, (origin, lease.pubkey, now, lease.d)).fetchone()
             check_lease_quota(others, limits)
         rows = conn.execute(SQL_STORED_WINNER, (origin, lease.pubkey, LEASE_KIND, lease.d)).fetchall()
         row = min(rows, key=lambda r: (-r[1], r[0])) if rows else None
@@ -74,6 +76,7 @@ def check_stateful(conn: apsw.Connection, origin: int, lease: AcceptedLease, lim
             row[1] if row else None, row[0] if row else None, wm[0] if wm else None,
             lease.created_at, lease.event_id, lease.generation,
         )
+        return wm
     except LeaseRejected as exc:
         raise _reject(exc) from None
 
@@ -87,7 +90,7 @@ def subscriptions_json(lease: AcceptedLease) -> str:
         if s.p_tags_max is not None:
             entry["p_tags_max"] = s.p_tags_max
         subs.append(entry)
-    return json.dumps(subs, separators=(",", ":"))
+    return orjson.dumps(subs).decode()
 
 
 def selectors(lease: AcceptedLease) -> set[tuple[str, str]]:
@@ -99,8 +102,11 @@ def selectors(lease: AcceptedLease) -> set[tuple[str, str]]:
     return out
 
 
-def apply_lease(conn: apsw.Connection, origin: int, lease: AcceptedLease, limits: Limits, now: int) -> None:
-    """Write effective state, watermark and match index for an accepted lease."""
+def apply_lease(conn: apsw.Connection, origin: int, lease: AcceptedLease, limits: Limits, now: int,
+                watermark=_NO_WATERMARK) -> None:
+    """Write effective state, watermark and match index for an accepted lease.
+
+    `watermark` is what `check_stateful` read in this transaction (saves a lookup)."""
     p = lease.plaintext
     conn.execute(
         SQL_UPSERT_LEASE,
@@ -110,7 +116,8 @@ def apply_lease(conn: apsw.Connection, origin: int, lease: AcceptedLease, limits
          p.endpoint if p.active else None, lease.endpoint_hash if p.active else None,
          subscriptions_json(lease) if p.active else "[]", lease.exec_key_id),
     )
-    old = conn.execute(SQL_WATERMARK, (origin, lease.pubkey, lease.d)).fetchone()
+    old = conn.execute(SQL_WATERMARK, (origin, lease.pubkey, lease.d)).fetchone() if watermark is _NO_WATERMARK \
+        else watermark
     last_active = old[1] if old else None
     tomb_at = old[2] if old else None
     if p.active:
@@ -119,7 +126,8 @@ def apply_lease(conn: apsw.Connection, origin: int, lease: AcceptedLease, limits
         tomb_at = now
     retain = watermark_retention_until(last_active, tomb_at, limits)
     conn.execute(SQL_UPSERT_WATERMARK, (origin, lease.pubkey, lease.d, p.generation, last_active, tomb_at, retain))
-    conn.execute(SQL_DELETE_SELECTORS, (origin, lease.pubkey, lease.d))
+    if old is not None:  # selectors exist only where a lease (and so a watermark) was stored before
+        conn.execute(SQL_DELETE_SELECTORS, (origin, lease.pubkey, lease.d))
     if p.active:
         conn.executemany(SQL_INSERT_SELECTOR, [(origin, t, v, lease.pubkey, lease.d) for t, v in selectors(lease)])
 

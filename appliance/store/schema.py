@@ -126,7 +126,6 @@ MIGRATIONS: tuple[str, ...] = (
         exec_key_id TEXT NOT NULL,
         PRIMARY KEY (origin, pubkey, d)
     ) WITHOUT ROWID;
-    CREATE INDEX leases_endpoint ON leases(origin, pubkey, app_profile, transport, endpoint_hash) WHERE active = 1;
     CREATE INDEX leases_expiration ON leases(expiration);
     CREATE INDEX leases_exec_key ON leases(origin, exec_key_id);
 
