@@ -130,3 +130,31 @@ async def test_kill9_restart_state_matches_req(make_server):
         ok, msg = await c.publish(lease(u, active(u, generation=2, endpoint="x3"), exec_id=kid, exec_pub=pub, d="a"))
         assert (ok, msg) == (False, "invalid: stale generation")
         await c.close()
+
+
+async def test_push_per_origin_and_disabled_origin(make_server, connect):
+    from tests.push.e2e_helpers import IOS
+
+    cfg = f"""
+public_url = "ws://plain.test"
+[[origins]]
+origin = "ws://push.test"
+hosts = ["push.test"]
+push = {{ app_profiles = [{{ id = "{IOS}", transport = "apns" }}], push_kinds = [9] }}
+"""
+    server = make_server(config=cfg)
+    plain = server.nip11("plain.test")
+    assert "push" not in plain and "nip-pl" not in plain.get("supported_extensions", [])
+    doc = server.nip11("push.test")
+    assert doc["push"]["origin"] == ORIGIN and doc["push"]["push_kinds"] == [9]
+    kid, pub = current_key(doc)
+    user = Installation()
+    # A lease at the push origin is accepted; the same lease at the plain origin is refused.
+    ev = lease(user, active(user, subscriptions=[{"filter": {"kinds": [9], "#p": [user.pubkey]},
+                                                  "class": "default"}]), exec_id=kid, exec_pub=pub)
+    c = await connect(server.url, host="push.test")
+    assert (await c.auth(user.secret, ORIGIN))[0]
+    assert await c.publish(ev) == (True, "")
+    p = await connect(server.url, host="plain.test")
+    assert (await p.auth(user.secret, "ws://plain.test"))[0]
+    assert await p.publish(ev) == (False, "invalid: unknown executor key")
