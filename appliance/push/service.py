@@ -82,7 +82,12 @@ class Push:
 
     def maintain(self, conn: apsw.Connection, now: int) -> int:
         """Purge-loop work (inside a write transaction): expire keys, erase secrets, GC state."""
-        return keystore.expire_and_erase(conn, now) + state.purge(conn, now)
+        n = keystore.expire_and_erase(conn, now) + state.purge(conn, now)
+        for op in list(self.origins.values()):
+            # Keys past their acceptance window never decrypt again: drop them from memory too.
+            if any(not row.accepts(now) for _secret, row in op.secrets.values()):
+                op.secrets = {kid: e for kid, e in op.secrets.items() if e[1].accepts(now)}
+        return n
 
     # -- NIP-11 ------------------------------------------------------------------------------------
 
