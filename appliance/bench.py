@@ -47,7 +47,7 @@ BENCHMARKS: dict[str, Benchmark] = {}
 
 
 def add_parser(parser: argparse.ArgumentParser) -> None:
-    sub = parser.add_subparsers(dest="bench_command", metavar="WHAT", required=True)
+    sub = parser.add_subparsers(dest="bench_command", required=True)
     for name, bench in BENCHMARKS.items():
         p = sub.add_parser(name, help=bench.help, description=bench.help)
         bench.add_args(p)
