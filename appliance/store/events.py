@@ -312,11 +312,16 @@ def build_query(origin: int, f: Filter, scope: ReadScope, now: int, limit: int, 
         params.extend(sub_params)
     where.append(_scope_sql(scope, now, params))
     clause = " AND ".join(where)
+    # Driving from the tag index, an event carrying several of the wanted values appears once per
+    # value: count distinct rows, and over-fetch so deduplication cannot starve the limit.
+    fanout = len(drive_tag[1]) if drive_tag is not None else 1
     if count:
-        return f"SELECT count(*) FROM {source} WHERE {clause}", params
-    params.append(limit)
+        what = "count(DISTINCT e.rowid)" if fanout > 1 else "count(*)"
+        return f"SELECT {what} FROM {source} WHERE {clause}", params
+    params.append(limit * fanout)
+    # Newest first; on equal created_at the lowest id first (NIP-01), sorted only within ties.
     return (
-        f"SELECT e.created_at, e.id, e.raw FROM {source} WHERE {clause} ORDER BY {time_col} DESC LIMIT ?",
+        f"SELECT e.created_at, e.id, e.raw FROM {source} WHERE {clause} ORDER BY {time_col} DESC, e.id LIMIT ?",
         params,
     )
 
@@ -348,8 +353,13 @@ def query_events(
             continue  # NIP-50 search is not supported: such a filter matches nothing here
         limit = min(f.limit if f.limit is not None else default_limit, max_limit)
         sql, params = build_query(origin, f, scope, now, limit)
+        taken: set[str] = set()
         for created_at, eid, raw in conn.execute(sql, params):
-            found[eid] = (created_at, raw)
+            if eid not in taken:
+                taken.add(eid)
+                found[eid] = (created_at, raw)
+                if len(taken) == limit:
+                    break
     ordered = sorted(found.items(), key=lambda kv: (-kv[1][0], kv[0]))
     return [raw for _eid, (_c, raw) in ordered]
 
@@ -365,6 +375,6 @@ def count_events(conn: apsw.Connection, origin: int, filters: list[Filter], scop
     ids: set[str] = set()
     for f in live:
         sql, params = build_query(origin, f, scope, now, 0, count=True)
-        sql = sql.replace("SELECT count(*)", "SELECT e.id", 1)
+        sql = sql.replace("SELECT count(DISTINCT e.rowid)", "SELECT e.id", 1).replace("SELECT count(*)", "SELECT e.id", 1)
         ids.update(row[0] for row in conn.execute(sql, params))
     return len(ids)

@@ -116,3 +116,21 @@ def test_req_equals_can_read_over_matching(store, events, private, membership, r
     assert got_ids == expected
     n = store.read_sync(lambda conn: count_events(conn, origin_id, parsed, scope, BASE + 100))
     assert n == len(expected)
+
+
+def test_event_matching_several_tag_values_counts_once(store):
+    origin_id = 999
+    store.write_sync(lambda conn: conn.execute("INSERT INTO origins (id, origin) VALUES (?, 'ws://dup.test')",
+                                               (origin_id,)))
+    origin = Origin(origin="ws://dup.test", id=origin_id)
+    both = sign_event(SECRETS[0], 1, [["p", PUBKEYS[1]], ["p", PUBKEYS[2]]], "both", BASE + 5)
+    older = sign_event(SECRETS[0], 1, [["p", PUBKEYS[1]]], "older", BASE + 1)
+    for ev in (both, older):
+        store.write_sync(lambda conn, ev=ev: store_event(conn, origin_id, ev, raw=ev.to_json(), expiration=None,
+                                                         now=BASE + 100))
+    f = Filter(tags={"p": frozenset(PUBKEYS[1:3])}, limit=2)
+    scope = read_scope(origin, None, GroupState())
+    assert store.read_sync(lambda conn: count_events(conn, origin_id, [f], scope, BASE + 100)) == 2
+    got = store.read_sync(lambda conn: query_events(conn, origin_id, [f], scope, BASE + 100,
+                                                    default_limit=10, max_limit=10))
+    assert [raw for raw in got] == [both.to_json(), older.to_json()]
