@@ -20,11 +20,13 @@ from starlette.staticfiles import StaticFiles
 from starlette.websockets import WebSocket
 
 from appliance import __version__
+from appliance.push.config import check_push_config
 from appliance.relay import nip11
-from appliance.relay.groups import Groups, GroupState, RelayKeys, config_generation
+from appliance.relay.groups import Groups, GroupState, RelayKeys
+from appliance.store.meta import config_generation
 from dataclasses import replace
 
-from appliance.relay.origins import Origin, OriginRegistry, UnknownOrigin, load_origins, save_origin, sync_origins
+from appliance.origins import Origin, OriginRegistry, UnknownOrigin, load_origins, save_origin, sync_origins
 from appliance.relay.relay import Relay
 from appliance.relay.session import Session
 from appliance.settings import Settings
@@ -58,6 +60,7 @@ def default_origin(settings: Settings) -> Origin:
             "push": settings.push,
         },
         where="public_url",
+        check_push=check_push_config,
     )
 
 
@@ -70,7 +73,7 @@ def prepare_origins(store: SqliteStore, settings: Settings, *, serving: bool = T
     """
     base = default_origin(settings)
     declared = [
-        (Origin.from_mapping(o, where=f"origins[{i}]"), "allow" in o, "block" in o)
+        (Origin.from_mapping(o, where=f"origins[{i}]", check_push=check_push_config), "allow" in o, "block" in o)
         for i, o in enumerate(settings.origins)
     ]
 
@@ -127,7 +130,7 @@ class Appliance:
         generation = await self.store.read(config_generation)
         if generation == self.generation:
             return False
-        from appliance.relay.origins import load_origins
+        from appliance.origins import load_origins
 
         origins = await self.store.read(load_origins)
         await self.store.read(self.groups.state.load)

@@ -596,7 +596,7 @@ BENCHMARKS["relay"] = Benchmark(
 )
 
 
-from appliance.push import bench_leases as _bench_leases  # noqa: E402 - registered like `relay`
+from appliance import bench_leases as _bench_leases  # noqa: E402 - registered like `relay`
 
 BENCHMARKS["leases"] = Benchmark(
     "Publish NIP-44 encrypted push leases from authenticated clients; print leases/s and OK latency.",

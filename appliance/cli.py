@@ -51,19 +51,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     origins = sub.add_parser("origins", help="List, add, edit or remove origins (communities).",
                              description="Manage the communities this process serves.")
-    from appliance.relay import origins_cli
+    from appliance.commands import origins as origins_cli
 
     origins_cli.add_parser(origins, _add_setting_flags)
 
     groups = sub.add_parser("groups", help="Create NIP-29 groups; manage admins and members.",
                             description="Manage the groups of an origin.")
-    from appliance.relay import groups_cli
+    from appliance.commands import groups as groups_cli
 
     groups_cli.add_parser(groups, _add_setting_flags)
 
     keys = sub.add_parser("keys", help="List or rotate NIP-PL executor encryption keys.",
                           description="Manage the push executor keys of an origin.")
-    from appliance.push import keys_cli
+    from appliance.commands import keys as keys_cli
 
     keys_cli.add_parser(keys, _add_setting_flags)
 
@@ -93,15 +93,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"{s.name} = {json.dumps(settings.values[s.name])}    # from {settings.sources[s.name]}")
             return 0
         if args.command == "origins":
-            from appliance.relay import origins_cli
+            from appliance.commands import origins as origins_cli
 
             return origins_cli.run(args, _settings(args))
         if args.command == "groups":
-            from appliance.relay import groups_cli
+            from appliance.commands import groups as groups_cli
 
             return groups_cli.run(args, _settings(args))
         if args.command == "keys":
-            from appliance.push import keys_cli
+            from appliance.commands import keys as keys_cli
 
             return keys_cli.run(args, _settings(args))
         if args.command == "bench":

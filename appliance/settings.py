@@ -3,7 +3,7 @@
 Every setting has the same name everywhere: `--max-subscriptions` on the command line,
 `APPLIANCE_MAX_SUBSCRIPTIONS` in the environment and `max_subscriptions` in the config file.
 Origins (communities) are not flat settings: they live in `[[origins]]` tables of the config file
-and in the database (see `appliance.relay.origins`).
+and in the database (see `appliance.origins`).
 """
 
 from __future__ import annotations

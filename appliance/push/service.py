@@ -18,7 +18,7 @@ import apsw
 
 from appliance.errors import Rejected
 from appliance.nostr import nip44
-from appliance.relay.origins import Origin
+from appliance.origins import Origin
 from appliance.store.keyfile import KeyFile
 from appliance.store.sqlite import SqliteStore
 

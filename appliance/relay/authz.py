@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from appliance.nostr.event import Event
-from appliance.relay.origins import Origin
+from appliance.origins import Origin
 from appliance.store.events import ReadScope
 
 # NIP-04 DMs and NIP-59 gift wraps: readable by the author and p-tagged recipients only.
@@ -67,8 +67,8 @@ def can_read(origin: Origin, reader: str | None, ev: Event, groups: GroupView) -
     """True when `reader` (an authenticated pubkey, or None) may read `ev` at `origin`."""
     if not may_enter(origin, reader):
         return False
-    if ev.kind in AUTHOR_ONLY_KINDS:
-        return reader is not None and reader == ev.pubkey
+    if ev.kind in AUTHOR_ONLY_KINDS and (reader is None or reader != ev.pubkey):
+        return False
     if ev.kind in GATED_KINDS:
         if reader is None:
             return False

@@ -63,8 +63,6 @@ SQL_GROUP_EVENT_ROWS = "SELECT rowid FROM events WHERE origin = ? AND grp = ?"
 SQL_GROUP_EVENT_BY_ID = "SELECT rowid FROM events WHERE origin = ? AND grp = ? AND id = ?"
 SQL_RELAY_KEY = "SELECT pubkey, wrapped FROM relay_keys WHERE origin = ?"
 SQL_SAVE_RELAY_KEY = "INSERT INTO relay_keys (origin, pubkey, wrapped) VALUES (?, ?, ?)"
-SQL_BUMP_GENERATION = "UPDATE meta SET value = CAST(value AS INTEGER) + 1 WHERE name = 'config_generation'"
-SQL_GENERATION = "SELECT value FROM meta WHERE name = 'config_generation'"
 
 
 def read_group(conn: apsw.Connection, origin: int, h: str) -> Group | None:
@@ -299,13 +297,3 @@ class Groups:
             store_event(conn, origin, ev, raw=ev.to_json(), expiration=None, now=now, grp=grp)
             out.append(ev)
         return out
-
-
-def bump_generation(conn: apsw.Connection) -> None:
-    """Tell a running appliance that origins or groups changed outside it (the CLI)."""
-    conn.execute(SQL_BUMP_GENERATION)
-
-
-def config_generation(conn: apsw.Connection) -> int:
-    row = conn.execute(SQL_GENERATION).fetchone()
-    return int(row[0]) if row else 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from appliance import __version__
-from appliance.relay.origins import Origin
+from appliance.origins import Origin
 from appliance.settings import Settings
 
 SUPPORTED_NIPS = [1, 9, 11, 29, 40, 42, 45]

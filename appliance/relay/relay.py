@@ -25,7 +25,7 @@ from appliance.errors import Rejected
 from appliance.nostr.event import Event, InvalidEvent, expiration as event_expiration, is_ephemeral, verify_event
 from appliance.nostr.filters import Filter
 from appliance.relay.authz import GroupView, NoGroups, can_read, read_scope
-from appliance.relay.origins import Origin, OriginRegistry
+from appliance.origins import Origin, OriginRegistry
 from appliance.relay.subscriptions import SubscriptionIndex
 from appliance.settings import Settings
 from appliance.store.events import WriteHooks, count_events, query_events, store_event

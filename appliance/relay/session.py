@@ -16,7 +16,7 @@ from appliance.nostr.filters import Filter, InvalidFilter, parse_filter
 from appliance.nostr.nip42 import AuthError, validate_auth_event
 from appliance.relay.authz import GATED_KINDS, AUTHOR_ONLY_KINDS, may_enter
 from appliance.relay.limits import TokenBucket
-from appliance.relay.origins import Origin
+from appliance.origins import Origin
 from appliance.relay.relay import Relay
 from appliance.relay.subscriptions import Subscription
 

@@ -19,7 +19,7 @@ from appliance.nostr.filters import Filter, matches
 from appliance.nostr.keys import generate_secret, public_key
 from appliance.relay.authz import can_read, read_scope
 from appliance.relay.groups import Group, GroupState
-from appliance.relay.origins import Origin
+from appliance.origins import Origin
 from appliance.store.events import count_events, query_events, store_event
 from appliance.store.sqlite import SqliteStore
 

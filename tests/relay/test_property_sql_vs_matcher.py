@@ -18,7 +18,7 @@ from appliance.nostr.event import Event, expiration as event_expiration, sign_ev
 from appliance.nostr.filters import matches, parse_filter
 from appliance.nostr.keys import generate_secret, public_key
 from appliance.relay.authz import NoGroups, can_read, read_scope
-from appliance.relay.origins import Origin
+from appliance.origins import Origin
 from appliance.store.events import count_events, query_events, store_event
 from appliance.store.sqlite import SqliteStore
 

@@ -8,7 +8,7 @@ from dataclasses import replace
 from typing import Callable
 
 from appliance.errors import ConfigError
-from appliance.relay.origins import Origin, load_origins, save_origin
+from appliance.origins import Origin, load_origins, save_origin
 from appliance.settings import Settings
 
 
@@ -96,7 +96,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
                 else:
                     updated = replace(current, block=current.block - keys)
                 return save_origin(conn, updated)
-        from appliance.relay.groups import bump_generation
+        from appliance.store.meta import bump_generation
 
         def op_and_bump(conn):
             saved = op(conn)

@@ -31,8 +31,8 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     from appliance.app import prepare_origins
     from appliance.push import keys as keystore
     from appliance.push.config import push_limits
-    from appliance.relay.groups import bump_generation
-    from appliance.relay.origins import OriginRegistry, UnknownOrigin
+    from appliance.store.meta import bump_generation
+    from appliance.origins import OriginRegistry, UnknownOrigin
     from appliance.store.keyfile import KeyFile
     from appliance.store.sqlite import SqliteStore
 

@@ -41,8 +41,9 @@ def add_parser(parser: argparse.ArgumentParser, add_setting_flags: Callable) -> 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
     from appliance.app import prepare_origins
-    from appliance.relay.groups import Groups, GroupState, RelayKeys, bump_generation, read_group
-    from appliance.relay.origins import OriginRegistry, UnknownOrigin
+    from appliance.relay.groups import Groups, GroupState, RelayKeys, read_group
+    from appliance.store.meta import bump_generation
+    from appliance.origins import OriginRegistry, UnknownOrigin
     from appliance.store.keyfile import KeyFile
     from appliance.store.sqlite import SqliteStore
 

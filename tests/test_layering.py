@@ -1,0 +1,70 @@
+"""Dependencies point one way: cli -> commands -> app -> relay | push -> origins -> store -> nostr.
+
+Peers never import each other (the relay and the push executor meet only in `app.py`); the pure
+protocol package imports nothing else of ours. A new import that breaks this fails here.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "appliance"
+
+# Which of our top-level parts each part may import (besides itself).
+ALLOWED = {
+    "nostr": set(),
+    "errors": set(),
+    "settings": {"errors"},
+    "store": {"nostr", "errors"},
+    "origins": {"errors", "store"},
+    "relay": {"nostr", "errors", "store", "origins", "settings", "__init__"},
+    "push": {"nostr", "errors", "store", "origins", "settings"},
+    "app": {"nostr", "errors", "store", "origins", "settings", "relay", "push", "__init__"},
+    "commands": {"nostr", "errors", "store", "origins", "settings", "relay", "push", "app"},
+    "bench": {"nostr", "errors", "store", "origins", "settings", "relay", "push", "app", "bench_leases"},
+    "bench_leases": {"nostr", "errors", "store", "origins", "settings", "relay", "push", "app", "bench"},
+    "cli": {"nostr", "errors", "store", "origins", "settings", "relay", "push", "app", "commands", "bench",
+            "bench_leases",
+            "__init__"},
+    "__main__": {"cli"},
+    "__init__": set(),
+}
+
+
+def part_of(path: Path) -> str:
+    rel = path.relative_to(PACKAGE)
+    return rel.parts[0] if len(rel.parts) > 1 else rel.stem
+
+
+def imported_parts(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    parts: set[str] = set()
+    for node in ast.walk(tree):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            if node.module != "appliance":
+                names = [node.module]
+            else:  # `from appliance import x`: a submodule, or a name of the package root
+                names = [f"appliance.{a.name}" if (PACKAGE / a.name).exists() or (PACKAGE / f"{a.name}.py").exists()
+                         else "appliance" for a in node.names]
+        for name in names:
+            bits = name.split(".")
+            if bits[0] == "appliance":
+                parts.add(bits[1] if len(bits) > 1 else "__init__")
+    return parts
+
+
+MODULES = sorted(PACKAGE.rglob("*.py"))
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_module_respects_layers(path):
+    part = part_of(path)
+    assert part in ALLOWED, f"new top-level part {part!r}: add it to ALLOWED with its permitted imports"
+    illegal = imported_parts(path) - ALLOWED[part] - {part}
+    assert not illegal, f"{path.relative_to(PACKAGE)} ({part}) imports {sorted(illegal)}"
