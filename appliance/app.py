@@ -179,7 +179,7 @@ def build(settings: Settings) -> Appliance:
     store.read_sync(state.load)
     groups = Groups(state, RelayKeys(keyfile))
     relay = Relay(settings=settings, store=store, origins=OriginRegistry(origins), groups=state)
-    relay.store_hooks.add_check(groups.check)
+    relay.store_hooks.add_check(groups.check, wants=groups.wants)
     app = Appliance(settings=settings, store=store, relay=relay, groups=groups, keyfile=keyfile)
     app.generation = store.read_sync(config_generation)
     ensure_relay_keys(store, groups, origins)

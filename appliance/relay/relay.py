@@ -28,7 +28,7 @@ from appliance.relay.authz import GroupView, NoGroups, can_read, read_scope
 from appliance.origins import Origin, OriginRegistry
 from appliance.relay.subscriptions import SubscriptionIndex
 from appliance.settings import Settings
-from appliance.store.events import WriteHooks, count_events, query_events, store_event
+from appliance.store.events import PendingEvent, WriteHooks, batchable, count_events, query_events
 from appliance.store.sqlite import SqliteStore
 
 log = logging.getLogger("appliance.relay")
@@ -166,12 +166,9 @@ class Relay:
             self.broadcast(origin, ev, ev.to_json())
             return ""
         raw = ev.to_json()
-        result = await self.store.write(
-            lambda conn: store_event(
-                conn, origin.id, ev, raw=raw, expiration=expiration, now=now,
-                hooks=self.store_hooks, context=context,
-            )
-        )
+        pending = PendingEvent(origin.id, ev, raw, expiration, now, self.store_hooks, context)
+        # Plain events are written a batch at a time; the rest one by one (same rules either way).
+        result = await self.store.write(pending if batchable(ev, self.store_hooks) else pending.__call__)
         self.stats["accepted"] += 1
         # Committed: apply in-memory state changes before anything else is broadcast.
         for apply in result.extra.get("after_commit", ()):

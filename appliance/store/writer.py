@@ -22,7 +22,9 @@ class Writer:
     """Infinite looping thread that protects the single write connection.
 
     Each submitted operation runs inside its own SAVEPOINT of a shared transaction, so a failing
-    operation rolls back alone while its neighbours in the batch still commit. Futures resolve only
+    operation rolls back alone while its neighbours in the batch still commit. Consecutive
+    operations that carry the same `run_batch` function are handed to it together (see
+    `_run_together`): that is how plain events are written a batch at a time. Futures resolve only
     after COMMIT returned: an `OK true` sent on that signal is durable.
     """
 
@@ -97,17 +99,19 @@ class Writer:
             log.error("writer could not begin a transaction: %s", exc)
             self._deliver([(fut, loop, None, exc) for _op, fut, loop in batch])
             return
-        for op, fut, loop in batch:
-            conn.execute("SAVEPOINT op")
-            try:
-                result = op(conn)
-            except BaseException as exc:  # noqa: BLE001 - handed to the waiter, not swallowed
-                conn.execute("ROLLBACK TO op")
-                conn.execute("RELEASE op")
-                outcomes.append((fut, loop, None, exc))
-            else:
-                conn.execute("RELEASE op")
-                outcomes.append((fut, loop, result, None))
+        i = 0
+        while i < len(batch):
+            run_fn = getattr(batch[i][0], "run_batch", None)
+            j = i + 1
+            if run_fn is not None:
+                while j < len(batch) and getattr(batch[j][0], "run_batch", None) is run_fn:
+                    j += 1
+            if j - i > 1 and self._run_together(conn, run_fn, batch[i:j], outcomes):
+                i = j
+                continue
+            for op, fut, loop in batch[i:j]:
+                self._run_one(conn, op, fut, loop, outcomes)
+            i = j
         try:
             conn.execute("COMMIT")
         except apsw.Error as exc:
@@ -121,6 +125,42 @@ class Writer:
             self.commits += 1
             self.writes += len(batch)
         self._deliver(outcomes)
+
+    @staticmethod
+    def _run_one(conn: apsw.Connection, op: WriteOp, fut, loop, outcomes: list) -> None:
+        conn.execute("SAVEPOINT op")
+        try:
+            result = op(conn)
+        except BaseException as exc:  # noqa: BLE001 - handed to the waiter, not swallowed
+            conn.execute("ROLLBACK TO op")
+            conn.execute("RELEASE op")
+            outcomes.append((fut, loop, None, exc))
+        else:
+            conn.execute("RELEASE op")
+            outcomes.append((fut, loop, result, None))
+
+    @staticmethod
+    def _run_together(conn: apsw.Connection, run_fn, run: list, outcomes: list) -> bool:
+        """Run consecutive ops sharing a `run_batch` function in one go.
+
+        `run_batch(conn, ops)` returns one result or exception per op and must leave the database
+        as running the ops one by one would (refusals it returns write nothing). If it raises,
+        its writes are rolled back and the caller runs the ops one by one instead.
+        """
+        conn.execute("SAVEPOINT together")
+        try:
+            results = run_fn(conn, [op for op, _f, _l in run])
+        except Exception:
+            conn.execute("ROLLBACK TO together")
+            conn.execute("RELEASE together")
+            return False
+        conn.execute("RELEASE together")
+        for (op, fut, loop), result in zip(run, results):
+            if isinstance(result, BaseException):
+                outcomes.append((fut, loop, None, result))
+            else:
+                outcomes.append((fut, loop, result, None))
+        return True
 
     @staticmethod
     def _deliver(outcomes: list) -> None:
