@@ -175,11 +175,10 @@ class Settings:
     #: the `[push]` table: NIP-PL push configuration of the default origin (empty = disabled)
     push: dict[str, Any] = field(default_factory=dict)
 
-    def __getattr__(self, name: str) -> Any:
-        try:
-            return self.__dict__["values"][name]
-        except KeyError:
-            raise AttributeError(name) from None
+    def __post_init__(self) -> None:
+        # Plain attributes: settings are read on hot paths (every EVENT checks its limits).
+        for name, value in self.values.items():
+            setattr(self, name, value)
 
     @property
     def data_path(self) -> Path:

@@ -26,6 +26,7 @@ JOIN_REQUEST, LEAVE_REQUEST = 9021, 9022
 MODERATION_KINDS = frozenset({PUT_USER, REMOVE_USER, EDIT_METADATA, DELETE_EVENT, DELETE_GROUP})
 METADATA, ADMINS, MEMBERS = 39000, 39001, 39002
 RELAY_SIGNED_KINDS = frozenset(range(39000, 39010))
+_GROUP_PROTOCOL_KINDS = RELAY_SIGNED_KINDS | MODERATION_KINDS | {CREATE_GROUP, JOIN_REQUEST, LEAVE_REQUEST}
 
 H_GRAMMARS: dict[str, Callable[[str], bool]] = {
     "uuid-v4-lowercase": re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}").fullmatch,
@@ -171,12 +172,7 @@ class Groups:
     @staticmethod
     def wants(ev: Event) -> bool:
         """The events `check` must see: group-scoped ones and the group protocol kinds."""
-        return (
-            ev.kind in RELAY_SIGNED_KINDS
-            or ev.kind in MODERATION_KINDS
-            or ev.kind in (CREATE_GROUP, JOIN_REQUEST, LEAVE_REQUEST)
-            or any(t and t[0] == "h" for t in ev.tags)
-        )
+        return ev.kind in _GROUP_PROTOCOL_KINDS or ev.first_tag("h") is not None
 
     def check(self, conn: apsw.Connection, origin: int, ev: Event, ctx: dict) -> None:
         if ev.kind in RELAY_SIGNED_KINDS:

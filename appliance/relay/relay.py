@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable
 
@@ -40,50 +39,21 @@ StoredCallback = Callable[[Origin, Event], Awaitable[None]]
 
 
 class Verifier:
-    """Checks event ids and BIP-340 signatures in batches on worker threads, off the event loop."""
+    """Checks event ids and BIP-340 signatures.
 
-    # Batches bigger than this are split so both cores get work.
-    CHUNK = 64
-
-    def __init__(self, threads: int = 2):
-        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="appliance-verify")
-        self._pending: list[tuple[Event, asyncio.Future]] = []
-        self._scheduled = False
-
-    def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
+    Measured on the 2-core reference box (`appliance bench relay`, 20,000 events, 8 clients):
+    verifying on the event loop gave 3,063 events/s; batches on a 2-thread pool 2,704/s; batches
+    in a worker process 2,599/s. libsecp256k1 releases the GIL, but the hand-offs (futures,
+    thread wake-ups, GIL ping-pong with the loop) cost more than the ~60 us check itself, so it
+    runs inline. It stays behind this async interface so an implementation that really runs
+    elsewhere (a native websocket front end, a sharded process) can replace it.
+    """
 
     async def verify(self, ev: Event) -> bool:
-        loop = asyncio.get_running_loop()
-        fut = loop.create_future()
-        self._pending.append((ev, fut))
-        if not self._scheduled:
-            self._scheduled = True
-            loop.call_soon(self._flush, loop)
-        return await fut
+        return verify_event(ev)
 
-    def _flush(self, loop: asyncio.AbstractEventLoop) -> None:
-        pending, self._pending, self._scheduled = self._pending, [], False
-        for start in range(0, len(pending), self.CHUNK):
-            chunk = pending[start : start + self.CHUNK]
-            job = loop.run_in_executor(self._pool, _verify_all, [ev for ev, _ in chunk])
-            job.add_done_callback(lambda done, chunk=chunk: _settle(done, chunk))
-
-
-def _verify_all(events: list[Event]) -> list[bool]:
-    return [verify_event(ev) for ev in events]
-
-
-def _settle(done: asyncio.Future, chunk: list) -> None:
-    exc = done.exception() if not done.cancelled() else asyncio.CancelledError()
-    results = None if exc else done.result()
-    for i, (_ev, fut) in enumerate(chunk):
-        if fut.done():
-            continue
-        if exc:
-            fut.set_exception(exc)
-        else:
-            fut.set_result(results[i])
+    def close(self) -> None:
+        pass
 
 
 @dataclass
@@ -120,7 +90,8 @@ class Relay:
         s = self.settings
         if len(ev.tags) > s.max_event_tags:
             raise Rejected("invalid", f"too many tags (max {s.max_event_tags})")
-        if len(ev.content) > s.max_content_length or len(ev.content.encode()) > s.max_content_length:
+        # A str of n characters is at most 4n UTF-8 bytes: only long contents need encoding.
+        if len(ev.content) * 4 > s.max_content_length and len(ev.content.encode()) > s.max_content_length:
             raise Rejected("invalid", f"content too long (max {s.max_content_length} bytes)")
         if s.created_at_future and ev.created_at > now + s.created_at_future:
             raise Rejected("invalid", "created_at is too far in the future")

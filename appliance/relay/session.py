@@ -46,7 +46,10 @@ class Session:
         self.subs: dict[str, Subscription] = {}
         self.out: asyncio.Queue[str | None] = asyncio.Queue()
         self.closed = False
-        self.inflight = asyncio.Semaphore(DEFAULT_MAX_INFLIGHT)
+        # EVENTs being verified or committed. At the cap, the receive loop stops reading: TCP
+        # backpressure instead of an unbounded queue (or an O(n) semaphore per event).
+        self.inflight = 0
+        self.drained = asyncio.Event()
         self.tasks: set[asyncio.Task] = set()
         s = self.settings
         self.event_bucket = TokenBucket(s.event_rate, s.event_burst)
@@ -97,6 +100,9 @@ class Session:
         self.send(_dumps(["AUTH", self.challenge]))
         try:
             while not self.closed:
+                if self.inflight >= DEFAULT_MAX_INFLIGHT:
+                    self.drained.clear()
+                    await self.drained.wait()
                 message = await self.ws.receive()
                 kind = message["type"]
                 if kind == "websocket.disconnect":
@@ -174,10 +180,11 @@ class Session:
         except InvalidEvent as exc:
             self.ok(event_id, False, f"invalid: {exc.reason}")
             return
+        self.inflight += 1  # counted before the task runs, so the receive loop sees it at once
         self.spawn(self._publish(ev))
 
     async def _publish(self, ev) -> None:
-        async with self.inflight:
+        try:
             try:
                 message = await self.relay.publish(self.origin, self.reader, ev)
             except Rejected as exc:
@@ -189,6 +196,10 @@ class Session:
                 self.ok(ev.id, False, "error: could not store the event, try again")
                 return
             self.ok(ev.id, True, message)
+        finally:
+            self.inflight -= 1
+            if self.inflight < DEFAULT_MAX_INFLIGHT:
+                self.drained.set()
 
     # -- REQ / COUNT / CLOSE --------------------------------------------------------------------
 

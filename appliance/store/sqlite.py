@@ -21,6 +21,10 @@ log = logging.getLogger("appliance.store")
 T = TypeVar("T")
 
 DB_FILENAME = "appliance.sqlite3"
+# Seconds between WAL checkpoints (copying committed pages into the database file).
+CHECKPOINT_INTERVAL = 1.0
+# WAL file size kept after a checkpoint; larger WALs are truncated back to this.
+WAL_SIZE_LIMIT = 64 * 1024 * 1024
 
 _bestpractice_applied = False
 
@@ -71,12 +75,34 @@ class SqliteStore:
         os.chmod(self.data_dir, 0o700)
         self._write_conn = connect(self.path, sync_mode=self.sync_mode)
         self.schema_version_found = migrate(self._write_conn)
+        # Checkpoints run on their own thread, not inside the writer's commits (where they would
+        # stall every waiting OK); the WAL is truncated back to this size after each one.
+        self._write_conn.execute("PRAGMA wal_autocheckpoint = 0")
+        self._write_conn.execute(f"PRAGMA journal_size_limit = {WAL_SIZE_LIMIT}")
         self._writer = Writer(self._write_conn, self.write_batch)
         self._writer.start()
+        self._stop_checkpoints = threading.Event()
+        self._checkpointer = threading.Thread(target=self._checkpoint_loop, name="appliance-checkpoint", daemon=True)
+        self._checkpointer.start()
         self._pool = ThreadPoolExecutor(self.reader_threads, thread_name_prefix="appliance-reader")
         return self
 
+    def _checkpoint_loop(self) -> None:
+        conn = connect(self.path, sync_mode=self.sync_mode)
+        try:
+            while not self._stop_checkpoints.wait(CHECKPOINT_INTERVAL):
+                try:
+                    conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
+                except apsw.Error as exc:  # busy or locked: the next round catches up
+                    log.debug("checkpoint skipped: %s", exc)
+        finally:
+            conn.close()
+
     def close(self) -> None:
+        if getattr(self, "_checkpointer", None) is not None:
+            self._stop_checkpoints.set()
+            self._checkpointer.join()
+            self._checkpointer = None
         if self._writer is not None:
             self._writer.stop()
             self._writer = None
