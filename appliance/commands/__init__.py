@@ -2,3 +2,29 @@
 
 Each module offers `add_parser(parser, add_setting_flags)` and `run(args, settings) -> int`.
 """
+
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator
+
+from appliance.errors import ConfigError
+from appliance.origins import Origin, OriginRegistry, UnknownOrigin
+from appliance.settings import Settings
+from appliance.store.sqlite import SqliteStore
+
+
+@contextlib.contextmanager
+def open_data(settings: Settings) -> Iterator[tuple[SqliteStore, OriginRegistry]]:
+    """The data directory's store and origins, for a command run beside (or without) the server."""
+    from appliance.app import prepare_origins
+
+    with SqliteStore(settings.data_path, sync_mode=settings.sync_mode) as store:
+        yield store, OriginRegistry(prepare_origins(store, settings, serving=False))
+
+
+def find_origin(registry: OriginRegistry, origin: str) -> Origin:
+    try:
+        return registry.by_origin(origin)
+    except UnknownOrigin:
+        raise ConfigError("origin", origin, "no such origin; `appliance origins list` shows them") from None

@@ -12,6 +12,7 @@ import uuid
 from typing import Callable
 
 from appliance.errors import ConfigError, Rejected
+from appliance.commands import find_origin, open_data
 from appliance.settings import Settings
 
 
@@ -40,19 +41,12 @@ def add_parser(parser: argparse.ArgumentParser, add_setting_flags: Callable) -> 
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
-    from appliance.app import prepare_origins
     from appliance.relay.groups import Groups, GroupState, RelayKeys, read_group
     from appliance.store.meta import bump_generation
-    from appliance.origins import OriginRegistry, UnknownOrigin
     from appliance.store.keyfile import KeyFile
-    from appliance.store.sqlite import SqliteStore
 
-    with SqliteStore(settings.data_path, sync_mode=settings.sync_mode) as store:
-        registry = OriginRegistry(prepare_origins(store, settings, serving=False))
-        try:
-            origin = registry.by_origin(args.origin)
-        except UnknownOrigin:
-            raise ConfigError("origin", args.origin, "no such origin; `appliance origins list` shows them") from None
+    with open_data(settings) as (store, registry):
+        origin = find_origin(registry, args.origin)
         state = GroupState()
         store.read_sync(state.load)
         if args.groups_command == "list":

@@ -11,6 +11,7 @@ import time
 from typing import Callable
 
 from appliance.errors import ConfigError
+from appliance.commands import find_origin, open_data
 from appliance.settings import Settings
 
 
@@ -28,20 +29,13 @@ def add_parser(parser: argparse.ArgumentParser, add_setting_flags: Callable) -> 
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
-    from appliance.app import prepare_origins
     from appliance.push import keys as keystore
     from appliance.push.config import push_limits
     from appliance.store.meta import bump_generation
-    from appliance.origins import OriginRegistry, UnknownOrigin
     from appliance.store.keyfile import KeyFile
-    from appliance.store.sqlite import SqliteStore
 
-    with SqliteStore(settings.data_path, sync_mode=settings.sync_mode) as store:
-        registry = OriginRegistry(prepare_origins(store, settings, serving=False))
-        try:
-            origin = registry.by_origin(args.origin)
-        except UnknownOrigin:
-            raise ConfigError("origin", args.origin, "no such origin; `appliance origins list` shows them") from None
+    with open_data(settings) as (store, registry):
+        origin = find_origin(registry, args.origin)
         if not origin.push:
             raise ConfigError("origin", args.origin, "push is not enabled for this origin (add a push table)")
         now = int(time.time())
