@@ -27,6 +27,7 @@ from appliance.store.meta import config_generation
 from dataclasses import replace
 
 from appliance.origins import Origin, OriginRegistry, UnknownOrigin, load_origins, save_origin, sync_origins
+from appliance.relay.frames import capture_raw_send
 from appliance.relay.relay import Relay
 from appliance.relay.session import Session
 from appliance.settings import Settings
@@ -219,7 +220,7 @@ def ensure_relay_keys(store: SqliteStore, groups: Groups, origins: list[Origin])
         store.write_sync(lambda conn, oid=o.id: groups.keys.get(conn, oid))
 
 
-def asgi(app: Appliance) -> Starlette:
+def asgi(app: Appliance):
     """The ASGI application: websocket relay and NIP-11 on every path of every routed host."""
 
     def resolve(scope_headers_host: str | None, path: str) -> Origin:
@@ -267,7 +268,7 @@ def asgi(app: Appliance) -> Starlette:
         WebSocketRoute("/{path:path}", ws_endpoint),
         Route("/{path:path}", http_endpoint, methods=["GET", "HEAD", "OPTIONS"]),
     ]
-    return Starlette(routes=routes, lifespan=lifespan)
+    return capture_raw_send(Starlette(routes=routes, lifespan=lifespan))
 
 
 # templates/ and static/ sit beside the package in the source tree (the fixed top-level layout).

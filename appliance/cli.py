@@ -139,6 +139,7 @@ def serve(settings: Settings, *, ready: Any = None) -> int:
         log_level=settings.log_level,
         # Frames up to twice the limit are read so the client gets a NOTICE; beyond that, close 1009.
         ws_max_size=settings.max_message_length * 2,
+        ws_per_message_deflate=settings.ws_compression,
         ws_ping_interval=30,
         ws_ping_timeout=30,
         lifespan="on",

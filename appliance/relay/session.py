@@ -14,6 +14,7 @@ from appliance.errors import Rejected
 from appliance.nostr.event import InvalidEvent, parse_event
 from appliance.nostr.filters import Filter, InvalidFilter, parse_filter
 from appliance.nostr.nip42 import AuthError, validate_auth_event
+from appliance.relay.frames import FrameWriter
 from appliance.relay.authz import GATED_KINDS, AUTHOR_ONLY_KINDS, may_enter
 from appliance.relay.limits import TokenBucket
 from appliance.origins import Origin
@@ -27,6 +28,8 @@ DEFAULT_MAX_QUEUED = 20_000
 # EVENTs one connection may have in flight (verifying or committing) at once.
 DEFAULT_MAX_INFLIGHT = 512
 MAX_SUB_ID_LENGTH = 64
+# Queued messages written together (one system call): a REQ's stored events, a burst of OKs.
+SEND_BATCH = 256
 
 
 def _dumps(obj) -> str:
@@ -84,12 +87,19 @@ class Session:
         self.send(_dumps(["CLOSED", sub_id, message]))
 
     async def _sender(self) -> None:
-        ws = self.ws
+        writer = FrameWriter(self.ws.scope, self.ws.send_text)
+        out = self.out
         while True:
-            text = await self.out.get()
-            if text is None:
+            texts = [await out.get()]
+            while not out.empty() and len(texts) < SEND_BATCH:
+                texts.append(out.get_nowait())
+            stop = None in texts
+            if stop:
+                texts = texts[: texts.index(None)]
+            if texts and not await writer.send_all(texts):
                 break
-            await ws.send_text(text)
+            if stop:
+                break
 
     # -- main loop ------------------------------------------------------------------------------
 

@@ -1,0 +1,62 @@
+"""Writing many websocket messages with one system call when the server allows it.
+
+A REQ answered with 50 events is 51 websocket messages. Through ASGI each message is one
+`transport.write`, and on a small VM the system calls dominate (measured: 51 writes took most of a
+6-7 ms REQ at 1M stored events). When the server is uvicorn's sans-I/O websockets protocol, the
+frames of all queued messages are built with its own connection object and written at once; any
+other server gets the plain ASGI path. The coupling is to three attributes of that one class and
+is checked, not assumed.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Awaitable, Callable
+
+RAW_SEND_KEY = "appliance.raw_send"
+
+
+def capture_raw_send(app: Callable) -> Callable:
+    """ASGI middleware: remember the server's own `send` for websocket connections."""
+
+    async def wrapper(scope, receive, send):
+        if scope["type"] == "websocket":
+            scope[RAW_SEND_KEY] = send
+        await app(scope, receive, send)
+
+    return wrapper
+
+
+class FrameWriter:
+    """Sends a list of text messages: one write when possible, one ASGI send each otherwise."""
+
+    def __init__(self, scope: dict, asgi_send_text: Callable[[str], Awaitable[None]]):
+        self._send_text = asgi_send_text
+        self._proto: Any = None
+        raw = scope.get(RAW_SEND_KEY)
+        proto = getattr(raw, "__self__", None)
+        if (
+            proto is not None
+            and type(proto).__name__ == "WebSocketsSansIOProtocol"
+            and all(hasattr(proto, a) for a in ("conn", "transport", "writable", "disconnected", "close_sent"))
+        ):
+            self._proto = proto
+
+    @property
+    def batched(self) -> bool:
+        return self._proto is not None
+
+    async def send_all(self, texts: list[str]) -> bool:
+        """Send `texts` in order; False once the peer is gone."""
+        proto = self._proto
+        if proto is None:
+            for text in texts:
+                await self._send_text(text)
+            return True
+        await proto.writable.wait()  # the server's own flow control
+        if proto.disconnected or proto.close_sent or proto.transport.is_closing():
+            return False
+        conn = proto.conn
+        for text in texts:
+            conn.send_text(text.encode())
+        proto.transport.write(b"".join(conn.data_to_send()))
+        return True
