@@ -22,7 +22,7 @@ from starlette.websockets import WebSocket
 from appliance import __version__
 from appliance.push.config import check_push_config
 from appliance.relay import nip11
-from appliance.relay.groups import Groups, GroupState, RelayKeys
+from appliance.relay.groups import DEFAULT_H_GRAMMAR, Groups, GroupState, RelayKeys
 from appliance.store.meta import config_generation
 from dataclasses import replace
 
@@ -178,8 +178,14 @@ def build(settings: Settings) -> Appliance:
     keyfile = KeyFile(settings.data_path)
     state = GroupState()
     store.read_sync(state.load)
-    groups = Groups(state, RelayKeys(keyfile))
-    relay = Relay(settings=settings, store=store, origins=OriginRegistry(origins), groups=state)
+    registry = OriginRegistry(origins)
+
+    def h_grammar(origin_id: int) -> str:
+        """The group-id grammar an origin advertises (its push descriptor's h_grammar)."""
+        return registry.by_id(origin_id).push.get("h_grammar", DEFAULT_H_GRAMMAR)
+
+    groups = Groups(state, RelayKeys(keyfile), h_grammar=h_grammar)
+    relay = Relay(settings=settings, store=store, origins=registry, groups=state)
     relay.store_hooks.add_check(groups.check, wants=groups.wants)
     app = Appliance(settings=settings, store=store, relay=relay, groups=groups, keyfile=keyfile)
     app.generation = store.read_sync(config_generation)

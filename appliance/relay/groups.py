@@ -250,7 +250,10 @@ class Groups:
     def create(self, conn: apsw.Connection, origin: int, h: str, *, creator: str | None, ctx: dict,
                name: str = "", private: bool = False, closed: bool = False) -> None:
         grammar = self.h_grammar(origin)
-        if not H_GRAMMARS[grammar](h):
+        valid = H_GRAMMARS.get(grammar)
+        if valid is None:
+            raise Rejected("error", f"this community's group id grammar {grammar!r} is not supported")
+        if not valid(h):
             raise Rejected("invalid", f"group id must be {grammar}")
         if conn.execute(SQL_GROUP, (origin, h)).fetchone() is not None:
             raise Rejected("duplicate", "group already exists")
