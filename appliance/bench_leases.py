@@ -102,7 +102,8 @@ async def _client(url: str, users: list[tuple[str, list[str]]], window: int, lat
             async def reader() -> None:
                 nonlocal remaining
                 while remaining:
-                    msg = orjson.loads(await asyncio.wait_for(ws.recv(), 60))
+                    async with asyncio.timeout(60):  # cheaper than wait_for (no task per message)
+                        msg = orjson.loads(await ws.recv())
                     if msg[0] != "OK" or msg[1] not in sent:
                         continue
                     lat.append(time.perf_counter() - sent.pop(msg[1]))
