@@ -298,7 +298,3 @@ def startup_banner(settings: Settings, app: Appliance) -> list[str]:
         lines.append(f"  relay  {origin.origin}   (NIP-11: {http} with Accept: {NOSTR_JSON})")
     lines.append(f"  listening on {settings.host}:{settings.port}")
     return lines
-
-
-def info(app: Appliance) -> dict[str, Any]:
-    return {"origins": [o.origin for o in app.relay.origins.origins]}
