@@ -200,7 +200,7 @@ def _wire_push(app: "Appliance", origins: list[Origin]) -> None:
     from appliance.push.descriptor import LEASE_KIND
     from appliance.push.service import Push
 
-    push = Push(app.store, app.keyfile)
+    push = Push(app.store, app.keyfile, workers=app.settings.lease_workers)
     try:
         push.load(origins)
     except Exception:
@@ -266,6 +266,8 @@ def asgi(app: Appliance):
             for task in app.background:
                 task.cancel()
             await asyncio.gather(*app.background, return_exceptions=True)
+            if app.push is not None:
+                app.push.close()
             app.relay.close()
             app.store.close()
 

@@ -158,6 +158,10 @@ SETTINGS: tuple[Setting, ...] = (
        "Threads answering REQ/COUNT queries, each with its own read connection.", minimum=1, maximum=64),
     _s("purge_interval", _int, 60,
        "Seconds between sweeps that delete expired (NIP-40) events.", minimum=1),
+    _s("lease_workers", _int, 1,
+       "Processes that check NIP-PL leases (signature, NIP-44, schema, filter grammar) beside the "
+       "event loop. 1 uses the second core of a small box; 0 checks them on the loop.",
+       minimum=0, maximum=64),
     _s("ws_compression", _bool, True,
        "Offer permessage-deflate to websocket clients. Saves bandwidth on metered links; costs CPU "
        "(about 2-3 ms per 50-event REQ on a small VM). Turn off on a CPU-bound box."),

@@ -19,12 +19,12 @@ import apsw
 from appliance.errors import Rejected
 from appliance.nostr import nip44
 from appliance.origins import Origin
+from appliance.push.workers import LeaseValidator
 from appliance.store.keyfile import KeyFile
 from appliance.store.sqlite import SqliteStore
 
 from . import keys as keystore
 from . import state
-from .acceptance import check_lease_stateless
 from .config import build_descriptor
 from .descriptor import LEASE_KIND, Descriptor, descriptor_to_json
 from .errors import LeaseRejected, reason_message
@@ -55,11 +55,15 @@ class OriginPush:
 class Push:
     CONV_CACHE = 65536
 
-    def __init__(self, store: SqliteStore, keyfile: KeyFile):
+    def __init__(self, store: SqliteStore, keyfile: KeyFile, *, workers: int = 1):
         self.store = store
         self.keyfile = keyfile
+        self.validator = LeaseValidator(workers)
         self.origins: dict[int, OriginPush] = {}
         self._conv: OrderedDict[tuple[str, str], bytes] = OrderedDict()
+
+    def close(self) -> None:
+        self.validator.close()
 
     # -- configuration ---------------------------------------------------------------------------
 
@@ -112,19 +116,6 @@ class Push:
                 self._conv.popitem(last=False)
         return ck
 
-    def _decrypter(self, op: OriginPush, author: str, now: int) -> Callable[[str, str], str]:
-        def decrypt(key_id: str, content: str) -> str:
-            entry = op.secrets.get(key_id)
-            if entry is None or not entry[1].accepts(now):
-                raise KeyError(key_id)
-            try:
-                ck = self._conversation_key(entry[0], author)
-                return nip44.decrypt(content, ck)
-            except nip44.Nip44Error as exc:
-                raise ValueError(str(exc)) from None
-
-        return decrypt
-
     async def admit(self, origin: Origin, authed: str | None, ev, verify: Callable[[Any], Awaitable[bool]]) -> dict:
         # 1. NIP-42 precedes 2. signature
         try:
@@ -134,21 +125,28 @@ class Push:
                 raise LeaseRejected("pubkey_mismatch")
         except LeaseRejected as exc:
             raise Rejected.from_wire(exc.message) from None
-        ok = await verify(ev)
         now = int(time.time())
         op = self.origins.get(origin.id)
         if op is None:
-            if not ok:
+            if not await verify(ev):
                 raise Rejected.from_wire(reason_message("bad_signature"))
             # Push disabled here: no executor key is advertised, so none is accepted.
             raise Rejected.from_wire(reason_message("unknown_executor_key"))
-        try:
-            lease = check_lease_stateless(
-                ev, authed_pubkey=authed, descriptor=op.current_descriptor(now),
-                decrypt=self._decrypter(op, ev.pubkey, now), now=now, verify=lambda _e: ok,
-            )
-        except LeaseRejected as exc:
-            raise Rejected.from_wire(exc.message) from None
+        # Steps 2-7 need no state: they run in the validator (a worker process by default). It
+        # gets the conversation key of the executor key the lease names, never a private key.
+        keys: dict[str, bytes] = {}
+        exec_ids = ev.tag_values("exec")
+        if len(exec_ids) == 1:
+            entry = op.secrets.get(exec_ids[0])
+            if entry is not None and entry[1].accepts(now):
+                try:
+                    keys[exec_ids[0]] = self._conversation_key(entry[0], ev.pubkey)
+                except Exception:  # not a valid pubkey: the signature check refuses it first
+                    pass
+        verdict, value = await self.validator.validate(ev, authed, op.current_descriptor(now), keys, now)
+        if verdict == "rejected":
+            raise Rejected.from_wire(value)
+        lease = value
         if lease.expiration <= now:
             # Inside the skew allowance but already past: NIP-40 forbids storing it; say so in NIP-PL words.
             raise Rejected.from_wire(reason_message("already_expired"))

@@ -272,3 +272,22 @@ def test_invalid_descriptor_refuses_to_start(tmp_path):
         server.start()
     server.stop()
     assert "urgent-subset" in str(exc.value) and ORIGIN in str(exc.value)
+
+
+@pytest.mark.parametrize("workers", ["0", "2"])
+async def test_lease_workers_setting(make_server, workers):
+    """Leases are checked the same on the event loop (0) and in worker processes (2)."""
+    server = make_server("--lease-workers", workers, config=push_config(limitation=LIMITS))
+    exec_id, exec_pub = current_key(server.nip11())
+    k = {"exec_pub": exec_pub, "exec_id": exec_id}
+    user = Installation()
+    c = await authed(server, user)
+    good = lease(user, active(user, generation=1), **k)
+    assert await c.publish(good) == (True, "")
+    ok, msg = await c.publish(lease(user, active(user, generation=2, color="red"), **k))
+    assert (ok, msg) == (False, "invalid: unknown field")
+    ok, msg = await c.publish(lease(user, active(user, generation=3), **{**k, "exec_id": "nope"}))
+    assert (ok, msg) == (False, "invalid: unknown executor key")
+    events, _ = await c.req("mine", {"kinds": [30350], "authors": [user.pubkey]})
+    assert [e["id"] for e in events] == [good["id"]]
+    await c.close()
