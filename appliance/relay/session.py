@@ -175,13 +175,20 @@ class Session:
 
     # -- EVENT ----------------------------------------------------------------------------------
 
-    def on_event(self, msg: list) -> None:
+    def _event_argument(self, msg: list, usage: str) -> tuple[dict, str] | None:
+        """The event object of an EVENT/AUTH message and the id to answer OK with (NOTICE if malformed)."""
         if len(msg) != 2 or not isinstance(msg[1], dict):
-            self.notice('invalid: EVENT takes exactly one event object: ["EVENT", {...}]')
-            return
+            self.notice(usage)
+            return None
         obj = msg[1]
         raw_id = obj.get("id")
-        event_id = raw_id if isinstance(raw_id, str) and len(raw_id) <= 64 else ""
+        return obj, raw_id if isinstance(raw_id, str) and len(raw_id) <= 64 else ""
+
+    def on_event(self, msg: list) -> None:
+        arg = self._event_argument(msg, 'invalid: EVENT takes exactly one event object: ["EVENT", {...}]')
+        if arg is None:
+            return
+        obj, event_id = arg
         if not self.event_bucket.take():
             self.ok(event_id, False, "rate-limited: publishing too fast")
             return
@@ -295,12 +302,10 @@ class Session:
     # -- AUTH -----------------------------------------------------------------------------------
 
     def on_auth(self, msg: list) -> None:
-        if len(msg) != 2 or not isinstance(msg[1], dict):
-            self.notice('invalid: AUTH takes one signed event: ["AUTH", {...}]')
+        arg = self._event_argument(msg, 'invalid: AUTH takes one signed event: ["AUTH", {...}]')
+        if arg is None:
             return
-        obj = msg[1]
-        raw_id = obj.get("id")
-        event_id = raw_id if isinstance(raw_id, str) and len(raw_id) <= 64 else ""
+        obj, event_id = arg
         try:
             ev = parse_event(obj)
             pubkey = validate_auth_event(
