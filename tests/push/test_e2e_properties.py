@@ -1,0 +1,151 @@
+"""The lease property tests again, through the real server: generated valid plaintexts,
+NIP-44-encrypted by nostr_sdk and published over a real websocket, are accepted; any single
+rule-breaking mutation of one is refused with that rule's exact OK message and leaves the stored
+event, the lease row and the watermark of the previously accepted lease unchanged.
+
+The generators and mutations are the ones of `test_properties.py` (which runs them through the
+pure pipeline with many more examples); here each example is a round trip, so fewer run."""
+
+from __future__ import annotations
+
+import copy
+import json
+import secrets
+import time
+
+import nostr_sdk as sdk
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from websockets.sync.client import connect as ws_connect
+
+from appliance.nostr.event import sign_event
+from appliance.push.errors import reason_message
+from tests.conftest import Server
+from tests.push.e2e_helpers import current_key, db_rows, lease_state
+from tests.push.helpers import AUTHOR, AUTHOR_HEX, DESCRIPTOR
+from tests.push.test_properties import ACTIVE_ONLY, ANY, active_lease, inactive_lease
+
+# The server advertises exactly the descriptor the pure tests validate against, with room for
+# every example's lease (each uses its own address and endpoint).
+CONFIG = f"""
+public_url = "{DESCRIPTOR.origin}"
+[push]
+app_profiles = [{{ id = "com.example.app/ios", transport = "apns" }}, {{ id = "com.example.app/android", transport = "fcm" }}]
+push_kinds = {list(DESCRIPTOR.push_kinds)}
+urgent_kinds = {list(DESCRIPTOR.urgent_kinds)}
+class_support = {{ apns = ["silent", "default", "time_sensitive", "urgent"], fcm = ["silent", "default", "time_sensitive"] }}
+[push.limitation]
+max_leases_per_pubkey = 100000
+"""
+
+E2E = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                      HealthCheck.function_scoped_fixture])
+
+
+class SyncClient:
+    """One authenticated websocket (as AUTHOR) for a whole module."""
+
+    def __init__(self, ws):
+        self.ws = ws
+        msg = json.loads(self.ws.recv(timeout=10))
+        assert msg[0] == "AUTH"
+        auth = sign_event(AUTHOR.secret_key().to_hex(), 22242,
+                          [["relay", DESCRIPTOR.origin], ["challenge", msg[1]]], "")
+        assert self.publish(auth.to_dict()) == (True, "")
+
+    def publish(self, ev: dict) -> tuple[bool, str]:
+        kind = "AUTH" if ev["kind"] == 22242 else "EVENT"
+        self.ws.send(json.dumps([kind, ev]))
+        while True:
+            msg = json.loads(self.ws.recv(timeout=10))
+            if msg[0] == "OK" and msg[1] == ev["id"]:
+                return msg[2], msg[3]
+
+    def req_ids(self, d: str) -> list[str]:
+        sub = secrets.token_hex(4)
+        self.ws.send(json.dumps(["REQ", sub, {"kinds": [30350], "authors": [AUTHOR_HEX], "#d": [d]}]))
+        ids = []
+        while True:
+            msg = json.loads(self.ws.recv(timeout=10))
+            if msg[0] == "EVENT" and msg[1] == sub:
+                ids.append(msg[2]["id"])
+            elif msg[0] in ("EOSE", "CLOSED") and msg[1] == sub:
+                self.ws.send(json.dumps(["CLOSE", sub]))
+                return ids
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    s = Server(tmp_path_factory.mktemp("push-props") / "data", config=CONFIG).start()
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    with ws_connect(server.url, max_size=None, open_timeout=10) as ws:
+        yield SyncClient(ws)
+
+
+@pytest.fixture(scope="module")
+def exec_key(server):
+    return current_key(server.nip11())
+
+
+def unique(pt: dict) -> dict:
+    """Give a generated plaintext an endpoint no earlier example used (endpoints are unique per
+    author across active leases), keeping the generated text inside it."""
+    if "endpoint" in pt and isinstance(pt["endpoint"], str):
+        pt["endpoint"] = secrets.token_hex(8) + pt["endpoint"]
+    return pt
+
+
+def signed(pt: dict | str, exec_key, d: str, created_at: int) -> dict:
+    kid, kpub = exec_key
+    text = pt if isinstance(pt, str) else json.dumps(pt)
+    content = sdk.nip44_encrypt(AUTHOR.secret_key(), sdk.PublicKey.parse(kpub), text, sdk.Nip44Version.V2)
+    tags = [["d", d], ["expiration", str(created_at + 86400)], ["exec", kid]]
+    ev = (sdk.EventBuilder(sdk.Kind(30350), content).tags([sdk.Tag.parse(t) for t in tags])
+          .custom_created_at(sdk.Timestamp.from_secs(created_at)).finalize(AUTHOR))
+    return json.loads(ev.as_json())
+
+
+def new_d() -> str:
+    return "prop-" + secrets.token_urlsafe(18)
+
+
+@E2E
+@given(pt=st.one_of(active_lease(), inactive_lease()))
+def test_generated_valid_lease_accepted(server, client, exec_key, pt):
+    d = new_d()
+    ev = signed(unique(pt), exec_key, d, int(time.time()))
+    assert client.publish(ev) == (True, "")
+    assert client.req_ids(d) == [ev["id"]]
+    rows = db_rows(server.data_dir, "SELECT event_id, generation, active, endpoint FROM leases WHERE pubkey = ? AND d = ?",
+                   (AUTHOR_HEX, d))
+    assert rows == [(ev["id"], pt["generation"], int(pt["active"]), pt.get("endpoint"))]
+    marks = db_rows(server.data_dir, "SELECT generation FROM lease_watermarks WHERE pubkey = ? AND d = ?", (AUTHOR_HEX, d))
+    assert marks == [(pt["generation"],)]
+
+
+@pytest.mark.parametrize("mutation", ANY + ACTIVE_ONLY, ids=lambda m: m.__name__)
+@settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                               HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_mutation_refused_with_exact_message_and_state_unchanged(server, client, exec_key, mutation, data):
+    active = mutation in ACTIVE_ONLY or data.draw(st.booleans())
+    pt = unique(data.draw(active_lease() if active else inactive_lease()))
+    d = new_d()
+    now = int(time.time())
+    base = signed(pt, exec_key, d, now - 10)
+    assert client.publish(base) == (True, "")
+    before = lease_state(server.data_dir, AUTHOR_HEX)
+
+    successor = copy.deepcopy(pt)
+    successor["generation"] = min(pt["generation"] + 1, 2**53 - 1)
+    mutated, code = mutation(successor, data.draw)
+    ok, msg = client.publish(signed(mutated, exec_key, d, now))
+    assert (ok, msg) == (False, reason_message(code)), mutation.__name__
+    assert client.req_ids(d) == [base["id"]]
+    assert lease_state(server.data_dir, AUTHOR_HEX) == before
