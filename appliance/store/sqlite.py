@@ -17,6 +17,7 @@ from appliance.store.schema import migrate
 from appliance.store.writer import Writer, WriteOp
 
 log = logging.getLogger("appliance.store")
+sqlite_log = logging.getLogger("appliance.sqlite")
 
 T = TypeVar("T")
 
@@ -29,10 +30,24 @@ WAL_SIZE_LIMIT = 64 * 1024 * 1024
 _bestpractice_applied = False
 
 
+def _sqlite_log(code: int, message: str) -> None:
+    """SQLite's error log, into the `appliance.sqlite` logger. A statement re-prepared after a
+    schema change (SQLITE_SCHEMA, routine at start while migrations run) is DEBUG, not news."""
+    primary = code & 0xFF
+    if code == apsw.SQLITE_SCHEMA:
+        level = logging.DEBUG
+    elif primary in (apsw.SQLITE_WARNING, apsw.SQLITE_NOTICE):
+        level = logging.WARNING
+    else:
+        level = logging.ERROR
+    sqlite_log.log(level, "%s (%s)", message, apsw.mapping_result_codes.get(primary, code))
+
+
 def _apply_bestpractice() -> None:
     global _bestpractice_applied
     if not _bestpractice_applied:
         apsw.bestpractice.apply(apsw.bestpractice.recommended)
+        apsw.config(apsw.SQLITE_CONFIG_LOG, _sqlite_log)  # replaces bestpractice's root-logger handler
         _bestpractice_applied = True
 
 

@@ -158,3 +158,37 @@ push = {{ app_profiles = [{{ id = "{IOS}", transport = "apns" }}], push_kinds = 
     p = await connect(server.url, host="plain.test")
     assert (await p.auth(user.secret, "ws://plain.test"))[0]
     assert await p.publish(ev) == (False, "invalid: unknown executor key")
+
+
+async def test_watermark_kept_for_retention_then_collected(make_server):
+    """The watermark outlives the lease by the spec's formula, is then garbage-collected, and a
+    replay after that fails the expiration lower bound."""
+    server = make_server("--purge-interval", "1",
+                         config=push_config(limitation={"max_lease_ttl": 3}, allowed_skew=1))
+    kid, pub = current_key(server.nip11())
+    k = {"exec_id": kid, "exec_pub": pub}
+    user = Installation()
+    c = await authed(server, user)
+    now = int(time.time())
+    first = lease(user, active(user, generation=1), **k, d="wm", ttl=2, created_at=now - 1)
+    assert await c.publish(first) == (True, "")
+    t_tomb = int(time.time())
+    assert await c.publish(lease(user, tombstone(generation=2), **k, d="wm", ttl=2, created_at=now)) == (True, "")
+    rows = db_rows(server.data_dir, "SELECT generation, last_active_expiration, tombstone_accepted_at, retain_until "
+                   "FROM lease_watermarks WHERE pubkey = ?", (user.pubkey,))
+    assert len(rows) == 1
+    gen, last_active, tomb_at, retain = rows[0]
+    first_exp = int(next(t[1] for t in first["tags"] if t[0] == "expiration"))
+    assert (gen, last_active) == (2, first_exp) and t_tomb <= tomb_at <= t_tomb + 1
+    # max(last_active_expiration, tombstone_accepted_at + max_lease_ttl) + allowed_skew
+    assert retain == max(last_active, tomb_at + 3) + 1
+    # Still held before retain_until: the old generation cannot come back.
+    assert await c.publish(lease(user, active(user, generation=2, endpoint="again"), **k, d="wm", ttl=2)) == \
+        (False, "invalid: stale generation")
+    await wait_for(lambda: not db_rows(server.data_dir, "SELECT 1 FROM lease_watermarks WHERE pubkey = ?",
+                                       (user.pubkey,)), timeout=15)
+    assert time.time() >= retain
+    assert db_rows(server.data_dir, "SELECT 1 FROM leases WHERE pubkey = ?", (user.pubkey,)) == []
+    # With the watermark gone, a replay of the first lease is refused by its own expiration.
+    assert await c.publish(first) == (False, "invalid: lease already expired")
+    await c.close()
