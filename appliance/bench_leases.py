@@ -45,6 +45,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workers", type=int, default=os.cpu_count() or 2, help="processes pre-building leases")
     p.add_argument("--sync-mode", default="full", choices=("full", "normal"), help="SQLite durability (default full)")
     p.add_argument("--data-dir", default=None, help="use (and keep) this directory")
+    p.add_argument("--server-arg", action="append", default=[], metavar="ARG",
+                   help="extra argument for `appliance serve` (repeatable), e.g. --server-arg=--lease-workers=0")
 
 
 def _build(task: tuple[str, str, str, int, int, int]) -> list[str]:
@@ -135,7 +137,7 @@ def run(args: argparse.Namespace) -> int:
     (work / "config.toml").write_text(CONFIG)
     port = free_port()
     relay = appliance_process(work / "appliance", port, work / "appliance.log", args.sync_mode,
-                              ["--config", str(work / "config.toml")])
+                              ["--config", str(work / "config.toml"), *args.server_arg])
     try:
         relay.start()
         req = urllib.request.Request(f"http://127.0.0.1:{port}/", headers={"Accept": "application/nostr+json"})
