@@ -152,6 +152,11 @@ MIGRATIONS: tuple[str, ...] = (
     ) WITHOUT ROWID;
     CREATE INDEX lease_selectors_address ON lease_selectors(origin, pubkey, d);
     """,
+    # 4: an endpoint index early development databases carry (the uniqueness check reads the author's
+    # few active leases through the primary key instead); every database ends with the same schema.
+    """
+    DROP INDEX IF EXISTS leases_endpoint;
+    """,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)
