@@ -187,6 +187,7 @@ def build(settings: Settings) -> Appliance:
     groups = Groups(state, RelayKeys(keyfile), h_grammar=h_grammar)
     relay = Relay(settings=settings, store=store, origins=registry, groups=state)
     relay.store_hooks.add_check(groups.check, wants=groups.wants)
+    relay.ephemeral_checks.append(groups.check_ephemeral)
     app = Appliance(settings=settings, store=store, relay=relay, groups=groups, keyfile=keyfile)
     app.generation = store.read_sync(config_generation)
     ensure_relay_keys(store, groups, origins)

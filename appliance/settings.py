@@ -130,6 +130,11 @@ SETTINGS: tuple[Setting, ...] = (
     _s("default_limit", _int, 500,
        "Events returned per filter when the client gives no `limit`. Bounds the cost of a careless REQ.",
        minimum=1, maximum=1_000_000),
+    _s("max_query_bytes", _int, 8 * 1024 * 1024,
+       "Most bytes of stored events one REQ answers with, shared evenly by its filters; each filter "
+       "returns its newest events up to its share (page older ones with `until`). Bounds the memory "
+       "one careless or hostile REQ costs: max_filters x max_limit events could be gigabytes.",
+       minimum=64 * 1024, maximum=1024 * 1024 * 1024),
     _s("max_filter_values", _int, 1000,
        "Values allowed in one filter list (ids, authors, kinds, a tag).", minimum=1, maximum=100000),
     _s("max_event_tags", _int, 2000, "Tags allowed on one event.", minimum=1, maximum=100000),

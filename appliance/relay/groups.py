@@ -211,6 +211,20 @@ class Groups:
             return
         self.changed(conn, origin, h, ctx)
 
+    def check_ephemeral(self, origin, ev: Event) -> None:
+        """The posting rule for events that are broadcast but never stored (ephemeral kinds), against
+        the committed in-memory state: a group's events come from its members only."""
+        hs = ev.tag_values("h")
+        if not hs:
+            return
+        if len(hs) > 1:
+            raise Rejected("invalid", "an event belongs to at most one group (one h tag)")
+        group = self.state.get(origin.id, hs[0])
+        if group is None:
+            raise Rejected("invalid", "group not found")
+        if ev.pubkey not in group.members:
+            raise Rejected("restricted", "not a member of this group")
+
     def _moderate(self, conn: apsw.Connection, origin: int, group: Group, ev: Event) -> None:
         h = group.h
         if ev.kind == PUT_USER:

@@ -9,6 +9,9 @@ plug in from `app.py` without the relay importing them.
   raises `Rejected`; the context dict it returns reaches the store's in-transaction hooks.
 - `store_hooks`: checks and "event stored" hooks run inside the writer transaction (see
   `appliance.store.events.WriteHooks`).
+- `ephemeral_checks`: `(origin, event) -> None` callables that may raise `Rejected` for an
+  ephemeral event, which never reaches the store and so never meets its in-transaction checks
+  (groups: only members may post into a group, stored or not).
 - `on_stored`: async callbacks after commit, with (origin, event).
 """
 
@@ -36,6 +39,7 @@ AUTH_KIND = 22242
 
 Admission = Callable[[Origin, "str | None", Event, Callable[[Event], Awaitable[bool]]], Awaitable[dict]]
 StoredCallback = Callable[[Origin, Event], Awaitable[None]]
+EphemeralCheck = Callable[[Origin, Event], None]
 
 
 class Verifier:
@@ -67,6 +71,7 @@ class Relay:
     admission: dict[int, Admission] = field(default_factory=dict)
     store_hooks: WriteHooks = field(default_factory=WriteHooks)
     on_stored: list[StoredCallback] = field(default_factory=list)
+    ephemeral_checks: list[EphemeralCheck] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.verifier = Verifier()
@@ -134,6 +139,8 @@ class Relay:
         if expiration is not None and expiration <= now:
             raise Rejected("invalid", "event has expired")
         if is_ephemeral(ev.kind):
+            for check in self.ephemeral_checks:
+                check(origin, ev)
             self.broadcast(origin, ev, ev.to_json())
             return ""
         raw = ev.to_json()
@@ -177,7 +184,8 @@ class Relay:
         s = self.settings
         return await self.store.read(
             lambda conn: query_events(
-                conn, origin.id, filters, scope, now, default_limit=s.default_limit, max_limit=s.max_limit
+                conn, origin.id, filters, scope, now, default_limit=s.default_limit, max_limit=s.max_limit,
+                max_bytes=s.max_query_bytes,
             )
         )
 

@@ -23,8 +23,10 @@ from appliance.relay.subscriptions import Subscription
 
 log = logging.getLogger("appliance.relay")
 
-# A reader this far behind is dropped rather than buffered without bound.
+# A reader this far behind is dropped rather than buffered without bound: so many messages, or
+# so many bytes (at least two full REQ answers, see the max_query_bytes setting), whichever first.
 DEFAULT_MAX_QUEUED = 20_000
+DEFAULT_MAX_QUEUED_BYTES = 32 * 1024 * 1024
 # EVENTs one connection may have in flight (verifying or committing) at once.
 DEFAULT_MAX_INFLIGHT = 512
 MAX_SUB_ID_LENGTH = 64
@@ -47,7 +49,12 @@ class Session:
         self.reader: str | None = None  # the NIP-42 authenticated pubkey
         self.challenge = secrets.token_hex(16)
         self.subs: dict[str, Subscription] = {}
+        # The stored-events query of each REQ still running, by subscription id: a CLOSE or a
+        # replacing REQ cancels it, and only the subscription it belongs to may send its answer.
+        self.queries: dict[str, asyncio.Task] = {}
         self.out: asyncio.Queue[str | None] = asyncio.Queue()
+        self.queued_bytes = 0
+        self.max_queued_bytes = max(DEFAULT_MAX_QUEUED_BYTES, 2 * relay.settings.max_query_bytes)
         self.closed = False
         # EVENTs being verified or committed. At the cap, the receive loop stops reading: TCP
         # backpressure instead of an unbounded queue (or an O(n) semaphore per event).
@@ -67,12 +74,24 @@ class Session:
     def send(self, text: str) -> None:
         if self.closed:
             return
-        if self.out.qsize() >= DEFAULT_MAX_QUEUED:
-            log.info("dropping slow connection origin=%s queued=%d", self.origin.origin, self.out.qsize())
-            self.closed = True
-            self.out.put_nowait(None)
+        self.queued_bytes += len(text)
+        if self.out.qsize() >= DEFAULT_MAX_QUEUED or self.queued_bytes > self.max_queued_bytes:
+            log.info("dropping slow connection origin=%s queued=%d queued_bytes=%d", self.origin.origin,
+                     self.out.qsize(), self.queued_bytes)
+            self.drop()
             return
         self.out.put_nowait(text)
+
+    def drop(self) -> None:
+        """Stop serving this connection: nothing more is queued and the sender closes it."""
+        self.closed = True
+        self.out.put_nowait(None)
+        self.cancel_queries()
+
+    def cancel_queries(self) -> None:
+        for task in self.queries.values():
+            task.cancel()
+        self.queries.clear()
 
     def send_event(self, sub_id: str, raw: str) -> None:
         self.send('["EVENT",' + _dumps(sub_id) + "," + raw + "]")
@@ -98,6 +117,7 @@ class Session:
                 texts = texts[: texts.index(None)]
             if texts and not await writer.send_all(texts):
                 break
+            self.queued_bytes -= sum(map(len, texts))
             if stop:
                 break
 
@@ -126,6 +146,7 @@ class Session:
             pass
         finally:
             self.closed = True
+            self.cancel_queries()
             for sub in self.subs.values():
                 self.relay.index_for(self.origin).remove(sub)
             self.subs.clear()
@@ -144,7 +165,7 @@ class Session:
             self.notice("rate-limited: too many messages, slow down")
             return
         if len(text) > s.max_message_length or len(text.encode()) > s.max_message_length:
-            self.notice(f"invalid: message too large (max {s.max_message_length} bytes)")
+            self.refuse_too_large(text)
             return
         try:
             msg = orjson.loads(text)
@@ -158,9 +179,9 @@ class Session:
         if verb == "EVENT":
             self.on_event(msg)
         elif verb == "REQ":
-            self.spawn(self.on_req(msg, count=False))
+            self.on_req(msg)
         elif verb == "COUNT":
-            self.spawn(self.on_req(msg, count=True))
+            self.on_count(msg)
         elif verb == "CLOSE":
             self.on_close(msg)
         elif verb == "AUTH":
@@ -168,10 +189,26 @@ class Session:
         else:
             self.notice(f"invalid: unknown message type {verb[:32]!r}")
 
-    def spawn(self, coro) -> None:
+    def refuse_too_large(self, text: str) -> None:
+        """An oversized EVENT still gets its OK (a client waits for one); anything else a NOTICE.
+        The server's frame limit (twice max_message_length) bounds what is parsed here."""
+        message = f"invalid: message too large (max {self.settings.max_message_length} bytes)"
+        try:
+            msg = orjson.loads(text)
+        except orjson.JSONDecodeError:
+            msg = None
+        if isinstance(msg, list) and len(msg) == 2 and msg[0] == "EVENT" and isinstance(msg[1], dict):
+            event_id = msg[1].get("id")
+            if isinstance(event_id, str) and len(event_id) <= 64:
+                self.ok(event_id, False, message)
+                return
+        self.notice(message)
+
+    def spawn(self, coro) -> asyncio.Task:
         task = asyncio.create_task(coro)
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
+        return task
 
     # -- EVENT ----------------------------------------------------------------------------------
 
@@ -243,61 +280,99 @@ class Session:
                     return "auth-required: direct messages, gift wraps and push leases need authentication"
         return None
 
-    async def on_req(self, msg: list, *, count: bool) -> None:
-        verb = "COUNT" if count else "REQ"
+    def _req_arguments(self, msg: list, verb: str) -> tuple[str, list[Filter] | None] | None:
+        """(subscription id, filters) of a REQ/COUNT; filters None once refused with CLOSED; None
+        when the message has no usable subscription id (NOTICE sent)."""
         if len(msg) < 2 or not isinstance(msg[1], str):
             self.notice(f'invalid: {verb} needs a subscription id: ["{verb}", "<id>", {{...}}]')
-            return
+            return None
         sub_id = msg[1]
         if not sub_id or len(sub_id) > MAX_SUB_ID_LENGTH:
             self.notice(f"invalid: subscription id must be 1 to {MAX_SUB_ID_LENGTH} characters")
-            return
+            return None
         if not self.req_bucket.take():
             self.closed_msg(sub_id, "rate-limited: too many requests, slow down")
-            return
+            return sub_id, None
         try:
             filters = self._parse_filters(msg[2:])
         except InvalidFilter as exc:
             self.closed_msg(sub_id, f"invalid: {exc.reason}")
-            return
+            return sub_id, None
         refusal = self._gate(filters)
         if refusal is not None:
             self.closed_msg(sub_id, refusal)
-            return
-        if count:
+            return sub_id, None
+        return sub_id, filters
+
+    def on_count(self, msg: list) -> None:
+        args = self._req_arguments(msg, "COUNT")
+        if args is not None and args[1] is not None:
+            self.spawn(self._answer_count(*args))
+
+    async def _answer_count(self, sub_id: str, filters: list[Filter]) -> None:
+        try:
             n = await self.relay.count(self.origin, self.reader, filters)
-            self.send(_dumps(["COUNT", sub_id, {"count": n}]))
+        except Exception:
+            log.exception("count failed")
+            self.closed_msg(sub_id, "error: count failed")
             return
-        index = self.relay.index_for(self.origin)
-        old = self.subs.pop(sub_id, None)
-        if old is not None:
-            index.remove(old)
-        elif len(self.subs) >= self.settings.max_subscriptions:
+        self.send(_dumps(["COUNT", sub_id, {"count": n}]))
+
+    def on_req(self, msg: list) -> None:
+        """Open (or replace) a subscription at once, in message order; its stored events follow.
+
+        Registration is synchronous so a CLOSE or another REQ with the same id that arrives next
+        always finds it, and nothing is registered once the connection is gone."""
+        args = self._req_arguments(msg, "REQ")
+        if args is None:
+            return
+        sub_id, filters = args
+        # A REQ replaces the subscription of the same id; a refused one (CLOSED sent) ends it.
+        self.end_subscription(sub_id)
+        if filters is None:
+            return
+        if len(self.subs) >= self.settings.max_subscriptions:
             self.closed_msg(sub_id, f"error: too many open subscriptions (max {self.settings.max_subscriptions})")
             return
         # Register before querying so nothing committed meanwhile is missed (duplicates are fine).
         sub = Subscription(self, sub_id, filters)
         self.subs[sub_id] = sub
-        index.add(sub)
+        self.relay.index_for(self.origin).add(sub)
+        self.queries[sub_id] = self.spawn(self._answer_req(sub))
+
+    async def _answer_req(self, sub: Subscription) -> None:
+        sub_id = sub.sub_id
         try:
-            stored = await self.relay.query(self.origin, self.reader, filters)
+            stored = await self.relay.query(self.origin, self.reader, sub.filters)
+        except asyncio.CancelledError:
+            return  # closed or replaced meanwhile: its answer is not wanted
         except Exception:
             log.exception("query failed")
-            self.subs.pop(sub_id, None)
-            index.remove(sub)
-            self.closed_msg(sub_id, "error: query failed")
+            if self.subs.get(sub_id) is sub:
+                self.end_subscription(sub_id)
+                self.closed_msg(sub_id, "error: query failed")
             return
+        if self.subs.get(sub_id) is not sub:
+            return
+        del self.queries[sub_id]
         for raw in stored:
             self.send_event(sub_id, raw)
         self.send(_dumps(["EOSE", sub_id]))
+
+    def end_subscription(self, sub_id: str) -> None:
+        """Forget a subscription: out of the index, its pending query cancelled."""
+        sub = self.subs.pop(sub_id, None)
+        if sub is not None:
+            self.relay.index_for(self.origin).remove(sub)
+        task = self.queries.pop(sub_id, None)
+        if task is not None:
+            task.cancel()
 
     def on_close(self, msg: list) -> None:
         if len(msg) != 2 or not isinstance(msg[1], str):
             self.notice('invalid: CLOSE takes a subscription id: ["CLOSE", "<id>"]')
             return
-        sub = self.subs.pop(msg[1], None)
-        if sub is not None:
-            self.relay.index_for(self.origin).remove(sub)
+        self.end_subscription(msg[1])
 
     # -- AUTH -----------------------------------------------------------------------------------
 

@@ -20,8 +20,6 @@ from appliance.nostr.filters import Filter
 UNDELETABLE_KINDS = frozenset({30350})
 DELETION_KIND = 5
 
-# The most (name, value) rows indexed per event: bounds the write cost of tag-stuffed events.
-MAX_INDEXED_TAGS = 512
 
 
 @dataclass(frozen=True)
@@ -190,14 +188,15 @@ def store_event(
 
 
 def _tag_rows(rowid: int, origin: int, ev: Event) -> Iterable[tuple]:
+    """One index row per distinct single-letter (name, value): every one, or `#x` queries and the
+    recipient check of gated kinds would disagree with live matching. The relay bounds the count
+    (max_event_tags) before an event gets here."""
     seen: set[tuple[str, str]] = set()
     for tag in ev.tags:
         if len(tag) >= 2 and len(tag[0]) == 1:
             key = (tag[0], tag[1])
             if key not in seen:
                 seen.add(key)
-                if len(seen) > MAX_INDEXED_TAGS:
-                    break
                 yield (rowid, origin, tag[0], tag[1], ev.created_at)
 
 
@@ -448,17 +447,27 @@ def query_events(
     *,
     default_limit: int,
     max_limit: int,
+    max_bytes: int | None = None,
 ) -> list[str]:
-    """Raw JSON of events matching any filter, newest first (ties: lowest id first), deduplicated."""
+    """Raw JSON of events matching any filter, newest first (ties: lowest id first), deduplicated.
+
+    With `max_bytes`, each filter answers with its newest events up to its even share of it (at
+    least one event), so memory stays bounded and a client can page on with `until`."""
     found: dict[str, tuple[int, str]] = {}
-    for f in filters:
-        if _matches_nothing(f) or f.search is not None or f.limit == 0:
-            continue  # NIP-50 search is not supported: such a filter matches nothing here
+    live = [f for f in filters if not (_matches_nothing(f) or f.search is not None or f.limit == 0)]
+    # (NIP-50 search is not supported: such a filter matches nothing here.)
+    share = max_bytes // len(live) if max_bytes is not None and live else None
+    for f in live:
         limit = min(f.limit if f.limit is not None else default_limit, max_limit)
         sql, params = build_query(origin, f, scope, now, limit)
         taken: set[str] = set()
+        size = 0
         for created_at, eid, raw in conn.execute(sql, params):
             if eid not in taken:
+                if share is not None:
+                    size += len(raw)
+                    if size > share and taken:
+                        break
                 taken.add(eid)
                 found[eid] = (created_at, raw)
                 if len(taken) == limit:

@@ -229,3 +229,23 @@ async def test_cli_group_admin_live(server, connect, alice, bob):
     await asyncio.sleep(1.5)
     events, _ = await cb.req("y", {"#h": [h]})
     assert [e["content"] for e in events if e["kind"] == 9] == ["cli-made group"]
+
+
+async def test_ephemeral_group_events_members_only(server, connect, alice, bob):
+    """Ephemeral events are never stored, yet a group's rule still holds for them: only members
+    post into a group, and only existing groups take posts."""
+    ca = await connect(server.url)
+    assert (await ca.auth(alice.secret, server.url))[0]
+    h = await make_group(ca, alice, private=True, closed=True)
+    await ca.req("live", {"#h": [h]})
+    cb = await connect(server.url)
+    outsider = bob.sign(20009, [["h", h]], "injected into private group")
+    assert await cb.publish(outsider) == (False, "restricted: not a member of this group")
+    assert await cb.publish(bob.sign(20009, [["h", str(uuid.uuid4())]], "")) == (False, "invalid: group not found")
+    assert await cb.publish(bob.sign(20009, [["h", h], ["h", h]], "")) == \
+        (False, "invalid: an event belongs to at most one group (one h tag)")
+    member = alice.sign(20009, [["h", h]], "typing...")
+    assert await ca.publish(member) == (True, "")
+    got = await ca.expect(lambda m: m[0] == "EVENT" and m[1] == "live")
+    assert got[2]["id"] == member.id
+    assert not [m for m in ca.backlog if m[0] == "EVENT" and m[2]["id"] == outsider.id]

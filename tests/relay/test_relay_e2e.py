@@ -235,10 +235,15 @@ async def test_bad_input_keeps_connection_usable(server, alice, connect):
     assert closed[2].startswith("invalid:")
     _, closed = await c.req("bad3", *([{"kinds": [1]}] * 17))
     assert closed[2].startswith("invalid:")
-    # Oversized frame: a NOTICE, the connection survives.
-    await c.send(json.dumps(["EVENT", alice.sign(1, [], "x" * 140_000).to_dict()]))
+    # Oversized EVENT: its OK (a client waits for one); other oversized messages: a NOTICE. The
+    # connection survives both.
+    big = alice.sign(1, [], "x" * 140_000)
+    await c.send(json.dumps(["EVENT", big.to_dict()]))
+    msg = await c.expect(lambda m: m[0] == "OK")
+    assert msg[1:] == [big.id, False, "invalid: message too large (max 131072 bytes)"]
+    await c.send(json.dumps(["REQ", "big", {"#t": ["x" * 140_000]}]))
     msg = await c.expect(lambda m: m[0] == "NOTICE")
-    assert "too large" in msg[1]
+    assert msg[1] == "invalid: message too large (max 131072 bytes)"
     # Malformed events: OK false with invalid:
     ev = alice.sign(1, [], "y").to_dict()
     for broken in (dict(ev, kind="1"), dict(ev, tags="no"), {k: v for k, v in ev.items() if k != "sig"},
@@ -306,3 +311,21 @@ async def test_concurrent_publishers_all_acknowledged_and_stored(server, connect
     await asyncio.gather(*(worker(n) for n in range(6)))
     c = await connect(server.url)
     assert (await c.count("n", {"#t": ["load"]}))[2] == {"count": 300}
+
+
+async def test_every_tag_is_indexed(server, alice, bob, connect):
+    """A tag far down a long tag list is found by `#x` queries and grants a DM recipient access,
+    as live matching does (no indexing cap below max_event_tags)."""
+    c = await connect(server.url)
+    filler = [["t", f"filler-{i}"] for i in range(600)]
+    needle = alice.sign(1, filler + [["t", "needle-600"]], "deep tag")
+    assert await c.publish(needle) == (True, "")
+    events, _ = await c.req("n", {"#t": ["needle-600"]})
+    assert [e["id"] for e in events] == [needle.id]
+    dm = alice.sign(4, filler + [["p", bob.pubkey]], "ciphertext")
+    assert await c.publish(dm) == (True, "")
+    cb = await connect(server.url)
+    assert (await cb.auth(bob.secret, server.url))[0]
+    events, _ = await cb.req("dm", {"kinds": [4]})
+    assert dm.id in [e["id"] for e in events]
+    assert (await cb.count("dmc", {"ids": [dm.id]}))[2] == {"count": 1}

@@ -1,0 +1,119 @@
+"""A subscription's life over a real websocket: CLOSE, replacement and refusal end it at once,
+even while its stored-events query is still running; one REQ's answer is bounded in bytes; a
+reader that stops reading is dropped instead of buffered without bound."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+pytestmark = pytest.mark.anyio
+
+
+async def probe(c, event_id: str) -> list[list]:
+    """Everything `c` received up to the EOSE of a REQ sent now (messages are answered in order)."""
+    seen = list(c.backlog)
+    c.backlog.clear()
+    await c.send(["REQ", "probe", {"ids": [event_id]}])
+    while True:
+        msg = await c.recv()
+        seen.append(msg)
+        if msg[0] == "EOSE" and msg[1] == "probe":
+            await c.send(["CLOSE", "probe"])
+            return seen
+
+
+async def test_close_right_after_req_ends_the_subscription(server, alice, bob, connect):
+    c = await connect(server.url)
+    other = await connect(server.url)
+    await c.send(["REQ", "s", {"kinds": [1]}])
+    await c.send(["CLOSE", "s"])
+    ev = bob.sign(1, [], "after close")
+    assert await other.publish(ev) == (True, "")  # broadcast happens before this OK
+    seen = await probe(c, ev.id)
+    assert not [m for m in seen if m[0] == "EVENT" and m[1] == "s"], seen
+
+
+async def test_refused_req_ends_the_subscription_it_named(server, alice, bob, connect):
+    c = await connect(server.url)
+    other = await connect(server.url)
+    events, closed = await c.req("t", {"kinds": [1], "authors": [bob.pubkey]})
+    assert closed is None
+    _, closed = await c.req("t", {"kinds": ["x"]})
+    assert closed[2].startswith("invalid:")
+    ev = bob.sign(1, [], "after refusal")
+    assert await other.publish(ev) == (True, "")
+    seen = await probe(c, ev.id)
+    assert not [m for m in seen if m[0] == "EVENT" and m[1] == "t"], seen
+    # The refused id no longer counts as open: it can be opened again.
+    events, closed = await c.req("t", {"ids": [ev.id]})
+    assert closed is None and [e["id"] for e in events] == [ev.id]
+
+
+async def test_replaced_req_answers_once_for_each_filter(server, alice, connect):
+    c = await connect(server.url)
+    tag = f"replace-{time.time_ns()}"
+    for i in range(3):
+        assert (await c.publish(alice.sign(1, [["t", tag]], f"e{i}")))[0]
+    marker = alice.sign(1, [], "marker")
+    assert (await c.publish(marker))[0]
+    for _ in range(20):
+        await c.send(["REQ", "s", {"#t": [tag], "limit": 3}])
+        await c.send(["REQ", "s", {"ids": ["0" * 64]}])
+        kinds: list[str] = []
+        while not kinds or kinds[-1] != "EOSE" or kinds.count("EOSE") < 1 + ("EVENT" in kinds):
+            msg = await c.recv()
+            if msg[1] == "s":
+                kinds.append(msg[0])
+        # Queries run concurrently: one more round trip gives a stray late answer time to show.
+        kinds += [m[0] for m in await probe(c, marker.id) if m[1] == "s"]
+        # Either the first answer was complete before the replacement arrived, or it was dropped:
+        # never a replaced filter's events after (or without) its own EOSE.
+        assert kinds in (["EOSE"], ["EVENT"] * 3 + ["EOSE", "EOSE"]), kinds
+        await c.send(["CLOSE", "s"])
+
+
+async def test_one_answer_is_bounded_in_bytes(make_server, alice, connect):
+    server = make_server("--max-query-bytes", "65536")
+    c = await connect(server.url)
+    now = int(time.time())
+    published = []
+    for i in range(8):
+        ev = alice.sign(1, [["t", "big"]], f"{i:02d}" + "x" * 20_000, created_at=now - 100 + i)
+        assert (await c.publish(ev))[0]
+        published.append(ev)
+    events, _ = await c.req("big", {"kinds": [1], "authors": [alice.pubkey]})
+    newest_first = [e.id for e in reversed(published)]
+    assert [e["id"] for e in events] == newest_first[:3]  # 3 x ~20 KB fit in 64 KiB, the 4th would not
+    # Two filters share the budget evenly; each still returns its newest events (at least one).
+    events, _ = await c.req("two", {"kinds": [1], "authors": [alice.pubkey]}, {"#t": ["big"]})
+    assert [e["id"] for e in events] == newest_first[:1]
+    # A filter whose single newest event exceeds its share still gets that event.
+    events, _ = await c.req("many", *([{"kinds": [1], "authors": [alice.pubkey]}] * 16))
+    assert [e["id"] for e in events] == newest_first[:1]
+
+
+async def test_reader_that_stops_reading_is_dropped(make_server, alice, connect):
+    server = make_server("--log-level", "info")
+    writer = await connect(server.url)
+    for i in range(40):
+        assert (await writer.publish(alice.sign(1, [["t", "bulk"]], f"{i:02d}" + "y" * 60_000)))[0]
+    lazy = await connect(server.url)
+    # 30 answers of ~2.4 MB each, never read: far past the per-connection budget of 32 MiB.
+    for i in range(30):
+        await lazy.send(["REQ", f"r{i}", {"#t": ["bulk"]}])
+    deadline = time.monotonic() + 60
+    while b"dropping slow connection" not in server.log_path.read_bytes():
+        assert time.monotonic() < deadline, "the slow reader was never dropped"
+        await asyncio.sleep(0.1)
+    eose = 0
+    with pytest.raises(Exception):
+        while True:
+            msg = await lazy.recv(timeout=10)
+            eose += msg[0] == "EOSE"
+    assert eose < 30
+    # The relay itself is unharmed.
+    events, _ = await writer.req("after", {"#t": ["bulk"], "limit": 1})
+    assert len(events) == 1
