@@ -183,8 +183,8 @@ async def test_watermark_kept_for_retention_then_collected(make_server):
     # max(last_active_expiration, tombstone_accepted_at + max_lease_ttl) + allowed_skew
     assert retain == max(last_active, tomb_at + 3) + 1
     # Still held before retain_until: the old generation cannot come back.
-    assert await c.publish(lease(user, active(user, generation=2, endpoint="again"), **k, d="wm", ttl=2)) == \
-        (False, "invalid: stale generation")
+    assert await c.publish(lease(user, active(user, generation=2, endpoint="again"), **k, d="wm", ttl=2,
+                                 created_at=now + 1)) == (False, "invalid: stale generation")
     await wait_for(lambda: not db_rows(server.data_dir, "SELECT 1 FROM lease_watermarks WHERE pubkey = ?",
                                        (user.pubkey,)), timeout=15)
     assert time.time() >= retain
