@@ -229,6 +229,11 @@ def sign_event(
     return Event(id_, pubkey, created_at, kind, tags, content, sig)
 
 
+def is_event_id(value: object) -> bool:
+    """Whether `value` is an event id as NIP-01 writes it: 64 lowercase hex characters."""
+    return type(value) is str and _HEX64.fullmatch(value) is not None
+
+
 def is_regular(kind: int) -> bool:
     return not (is_replaceable(kind) or is_ephemeral(kind) or is_addressable(kind))
 

@@ -143,7 +143,11 @@ class Push:
                     keys[exec_ids[0]] = self._conversation_key(entry[0], ev.pubkey)
                 except Exception:  # not a valid pubkey: the signature check refuses it first
                     pass
-        verdict, value = await self.validator.validate(ev, authed, op.current_descriptor(now), keys, now)
+        try:
+            verdict, value = await self.validator.validate(ev, authed, op.current_descriptor(now), keys, now)
+        except Exception:
+            log.exception("lease validation failed for event %s", ev.id)
+            raise Rejected("error", "could not check the lease, try again") from None
         if verdict == "rejected":
             raise Rejected.from_wire(value)
         lease = value

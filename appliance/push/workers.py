@@ -10,11 +10,13 @@ gets back the accepted lease or the refusal. Private keys never leave the main p
 from __future__ import annotations
 
 import asyncio
+import logging
 import multiprocessing
 import os
 import threading
 import time
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import replace
 from typing import Any
 
@@ -22,6 +24,8 @@ from appliance.nostr import nip44
 from appliance.nostr.event import verify_event
 from appliance.push.acceptance import check_lease_stateless
 from appliance.push.errors import LeaseRejected
+
+log = logging.getLogger("appliance.push")
 
 # Leases handed to the worker in one message: amortises the pickling round trip.
 BATCH = 64
@@ -92,23 +96,61 @@ class LeaseValidator:
 
     def _flush(self, loop: asyncio.AbstractEventLoop) -> None:
         pending, self._pending, self._scheduled = self._pending, [], False
+        for start in range(0, len(pending), BATCH):
+            self._submit(loop, pending[start : start + BATCH], retries=1)
+
+    def _current_pool(self) -> ProcessPoolExecutor:
         if self._pool is None:
             # spawn: the parent has threads (writer, readers), which fork would copy mid-state.
             self._pool = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"),
                                              initializer=_watch_parent, initargs=(os.getpid(),))
-        for start in range(0, len(pending), BATCH):
-            chunk = pending[start : start + BATCH]
-            job = loop.run_in_executor(self._pool, _validate_batch, [j for j, _ in chunk])
-            job.add_done_callback(lambda done, chunk=chunk: _settle(done, chunk))
+        return self._pool
+
+    def _discard(self, pool: ProcessPoolExecutor) -> None:
+        """Forget a broken pool (a worker died: OOM killer, a signal); the next batch starts a new one."""
+        if self._pool is pool:
+            self._pool = None
+        pool.shutdown(wait=False, cancel_futures=True)
+
+    def _submit(self, loop: asyncio.AbstractEventLoop, chunk: list, retries: int) -> None:
+        """Hand one batch to the pool. A batch caught by a dying worker is retried once on a fresh
+        pool, then refused (its leases get an `error:` OK): every lease gets an answer."""
+        pool = self._current_pool()
+        try:
+            job = loop.run_in_executor(pool, _validate_batch, [j for j, _ in chunk])
+        except BrokenProcessPool as exc:
+            self._discard(pool)
+            if retries:
+                log.warning("lease worker pool was broken; starting a new one")
+                self._submit(loop, chunk, retries - 1)
+            else:
+                _fail(chunk, exc)
+            return
+
+        def settle(done: asyncio.Future) -> None:
+            if not done.cancelled() and isinstance(done.exception(), BrokenProcessPool):
+                self._discard(pool)
+                if retries:
+                    log.warning("a lease worker died; retrying its batch of %d on a new one", len(chunk))
+                    self._submit(loop, chunk, retries - 1)
+                    return
+            _settle(done, chunk)
+
+        job.add_done_callback(settle)
+
+
+def _fail(chunk: list, exc: BaseException) -> None:
+    for _job, fut in chunk:
+        if not fut.done():
+            fut.set_exception(exc)
 
 
 def _settle(done: asyncio.Future, chunk: list) -> None:
     exc = asyncio.CancelledError() if done.cancelled() else done.exception()
-    results = None if exc else done.result()
+    if exc is not None:
+        _fail(chunk, exc)
+        return
+    results = done.result()
     for i, (_job, fut) in enumerate(chunk):
-        if fut.done():
-            continue
-        if exc is not None:
-            fut.set_exception(exc)
-        else:
+        if not fut.done():
             fut.set_result(results[i])

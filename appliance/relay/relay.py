@@ -122,13 +122,16 @@ class Relay:
     async def publish(self, origin: Origin, authed: str | None, ev: Event) -> str:
         """Admit, store and fan out one event; return the OK message or raise Rejected."""
         now = int(time.time())
-        self.check_envelope(ev, now)
-        self.check_write_access(origin, authed, ev)
         admit = self.admission.get(ev.kind)
         if admit is not None:
-            # The kind's own ordered rules decide its first failure (NIP-PL: auth before signature).
+            # The kind's own ordered rules decide its first failure (NIP-PL: authentication, then
+            # the signature, ...); the relay-wide limits and policies apply after them.
             context = await admit(origin, authed, ev, self.verifier.verify)
+            self.check_envelope(ev, now)
+            self.check_write_access(origin, authed, ev)
         else:
+            self.check_envelope(ev, now)
+            self.check_write_access(origin, authed, ev)
             if not await self.verifier.verify(ev):
                 raise Rejected("invalid", "bad signature")
             context = {}

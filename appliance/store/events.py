@@ -13,7 +13,7 @@ import apsw
 import orjson
 
 from appliance.errors import Rejected
-from appliance.nostr.event import Event, is_addressable, is_replaceable
+from appliance.nostr.event import Event, is_addressable, is_event_id, is_replaceable
 from appliance.nostr.filters import Filter
 
 # NIP-PL, Lease and Key Lifecycle: "relays MUST ignore deletion requests targeting this kind".
@@ -140,17 +140,22 @@ def store_event(
     Hooks may leave `after_commit` callables and `broadcast` events in the context; the caller
     runs/sends them once the transaction committed (`result.extra` is that context).
     """
-    if conn.execute(SQL_EXISTS_ID, (origin, ev.id)).fetchone():
+    # A kind with its own ordered acceptance rules (a keyed check hook: NIP-PL leases) decides what
+    # an identical resend is told (NIP-PL step 8: `stale replacement`); the duplicate check then
+    # follows its hooks instead of preceding them.
+    own_rules = hooks is not None and ev.kind in hooks.check
+    if not own_rules and conn.execute(SQL_EXISTS_ID, (origin, ev.id)).fetchone():
         raise Rejected("duplicate", "already have this event")
     if expiration is not None and expiration <= now:
         raise Rejected("invalid", "event has expired")
-    if conn.execute(SQL_DELETED_ID, (origin, ev.id, ev.pubkey)).fetchone():
-        raise Rejected("blocked", "this event was deleted by its author")
     d = address_key(ev)
-    if d is not None and conn.execute(
-        SQL_DELETED_ADDR, (origin, coordinate(ev.kind, ev.pubkey, d), ev.pubkey, ev.created_at)
-    ).fetchone():
-        raise Rejected("blocked", "this address was deleted by its author")
+    if ev.kind not in UNDELETABLE_KINDS:  # deletion requests are ignored for these, recorded or not
+        if conn.execute(SQL_DELETED_ID, (origin, ev.id, ev.pubkey)).fetchone():
+            raise Rejected("blocked", "this event was deleted by its author")
+        if d is not None and conn.execute(
+            SQL_DELETED_ADDR, (origin, coordinate(ev.kind, ev.pubkey, d), ev.pubkey, ev.created_at)
+        ).fetchone():
+            raise Rejected("blocked", "this address was deleted by its author")
 
     ctx = {} if context is None else context
     if hooks is not None:
@@ -158,6 +163,8 @@ def store_event(
             hook(conn, origin, ev, ctx)
         for hook in hooks.check.get(ev.kind, ()):
             hook(conn, origin, ev, ctx)
+    if own_rules and conn.execute(SQL_EXISTS_ID, (origin, ev.id)).fetchone():
+        raise Rejected("duplicate", "already have this event")
 
     result = StoreResult()
     if d is not None:
@@ -208,6 +215,8 @@ def _apply_deletion(conn: apsw.Connection, origin: int, ev: Event) -> list[str]:
             continue
         if tag[0] == "e":
             target = tag[1]
+            if not is_event_id(target):
+                continue  # an `e` tag names an event id; coordinates belong in `a` tags
             row = conn.execute(SQL_ROW_BY_ID, (origin, target)).fetchone()
             if row is not None:
                 rowid, pubkey, kind = row

@@ -4,6 +4,8 @@ previously accepted lease (stored event, lease row, watermark) is unchanged."""
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import time
 
 import pytest
@@ -291,3 +293,110 @@ async def test_lease_workers_setting(make_server, workers):
     events, _ = await c.req("mine", {"kinds": [30350], "authors": [user.pubkey]})
     assert [e["id"] for e in events] == [good["id"]]
     await c.close()
+
+
+def _worker_pids(parent: int) -> list[int]:
+    """Lease worker processes of the appliance `parent` (multiprocessing spawn children)."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmdline = f.read()
+        except OSError:
+            continue
+        if ppid == parent and b"spawn_main" in cmdline:
+            pids.append(int(entry))
+    return pids
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="finds the worker process through /proc (Linux)")
+async def test_dead_lease_worker_is_replaced(make_server):
+    """A worker killed from outside (OOM killer, a signal): later leases are still answered and
+    accepted on a new worker, and the appliance still stops on SIGTERM."""
+    server = make_server("--lease-workers", "1", config=push_config(limitation=LIMITS))
+    exec_id, exec_pub = current_key(server.nip11())
+    k = {"exec_pub": exec_pub, "exec_id": exec_id}
+    user = Installation()
+    c = await authed(server, user)
+    assert await c.publish(lease(user, active(user, generation=1), **k, d="w-1")) == (True, "")
+    (worker,) = _worker_pids(server.proc.pid)
+    os.kill(worker, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while worker in _worker_pids(server.proc.pid):
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.05)
+    after = lease(user, active(user, generation=1, endpoint="after-kill"), **k, d="w-2")
+    assert await c.publish(after) == (True, "")
+    assert _worker_pids(server.proc.pid) not in ([], [worker])
+    events, _ = await c.req("mine", {"kinds": [30350], "authors": [user.pubkey]})
+    assert after["id"] in [e["id"] for e in events]
+    await c.close()
+    server.proc.send_signal(signal.SIGTERM)
+    assert server.proc.wait(timeout=15) is not None
+
+
+async def test_deletion_requests_never_touch_leases(push_server, exec_key):
+    """NIP-PL, Lifecycle: deletion requests targeting kind 30350 are ignored, whatever they name
+    and however they name it; so they can neither block a revocation nor change a reason."""
+    from appliance.nostr.event import sign_event
+
+    user = Installation()
+    kid, kpub = exec_key
+    k = {"exec_id": kid, "exec_pub": kpub}
+    me = await authed(push_server, user)
+    now = int(time.time())
+    d = pad_d("del-test")
+    first = lease(user, active(user, generation=1, endpoint="del-ep"), **k, d=d, created_at=now - 50)
+    assert await me.publish(first) == (True, "")
+    second = lease(user, active(user, generation=2, endpoint="del-ep"), **k, d=d, created_at=now - 40)
+    assert await me.publish(second) == (True, "")
+    coordinate = f"30350:{user.pubkey}:{d}"
+    for tags in ([["e", coordinate]], [["a", coordinate]], [["e", first["id"]]], [["e", second["id"]]],
+                 [["a", "0" + coordinate]]):
+        ok, msg = await me.publish(sign_event(user.secret, 5, tags, "", now - 30))
+        assert ok, msg
+    # The replaced lease replays into step 8, not into a deletion record.
+    assert await me.publish(first) == (False, "invalid: stale replacement")
+    # Revocation is never blocked.
+    tomb = lease(user, tombstone(generation=3), **k, d=d, created_at=now - 20)
+    assert await me.publish(tomb) == (True, "")
+    rows, marks, raws = lease_state(push_server.data_dir, user.pubkey)
+    assert [(r[3], r[7]) for r in rows] == [(tomb["id"], 0)] and marks[0][3] == 3
+    await me.close()
+
+
+async def test_identical_resend_is_a_stale_replacement(push_server, exec_key):
+    """NIP-PL step 8: the event must win over the stored one, and an identical id never does."""
+    user = Installation()
+    kid, kpub = exec_key
+    me = await authed(push_server, user)
+    ev = lease(user, active(user), exec_id=kid, exec_pub=kpub, d="resend")
+    assert await me.publish(ev) == (True, "")
+    before = lease_state(push_server.data_dir, user.pubkey)
+    assert await me.publish(ev) == (False, "invalid: stale replacement")
+    assert lease_state(push_server.data_dir, user.pubkey) == before
+    await me.close()
+
+
+async def test_lease_rules_decide_before_relay_limits(push_server, exec_key):
+    """NIP-PL acceptance steps are evaluated in order and the first failure decides, before the
+    relay's own limits (created_at bounds, content length) have their say."""
+    user = Installation()
+    kid, kpub = exec_key
+    k = {"exec_id": kid, "exec_pub": kpub}
+    anon = await Client.connect(push_server.url)
+    future = lease(user, active(user), **k, d="order-1", created_at=int(time.time()) + 100_000)
+    assert await anon.publish(future) == (False, "auth-required: push lease requires authentication")
+    ancient = lease(user, active(user), **k, d="order-2", created_at=int(time.time()) - 4 * 365 * 86400)
+    assert await anon.publish(ancient) == (False, "auth-required: push lease requires authentication")
+    await anon.close()
+    me = await authed(push_server, user)
+    huge = lease(user, active(user), **k, d="order-3", content="A" * 70_000)
+    assert await me.publish(huge) == (False, "invalid: content too long")
+    # Past the lease rules, the relay's own bounds still hold.
+    assert await me.publish(future) == (False, "invalid: created_at is too far in the future")
+    await me.close()

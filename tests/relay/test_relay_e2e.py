@@ -97,6 +97,13 @@ async def test_deletion_by_e_and_a(server, alice, bob, connect):
     assert not ok and msg.startswith("blocked:")
     # A newer version of the address after the deletion is allowed.
     assert (await c.publish(alice.sign(30023, [["d", "post"]], "new", deletion.created_at + 1)))[0]
+    # An `e` tag names an event id: a coordinate written there deletes (and blocks) nothing.
+    draft = alice.sign(30023, [["d", "draft"]], "draft", deletion.created_at - 5)
+    assert (await c.publish(draft))[0]
+    assert (await c.publish(alice.sign(5, [["e", f"30023:{alice.pubkey}:draft"]], "")))[0]
+    events, _ = await c.req("d", {"kinds": [30023], "#d": ["draft"]})
+    assert [e["id"] for e in events] == [draft.id]
+    assert (await c.publish(alice.sign(30023, [["d", "draft"]], "v2", deletion.created_at - 4)))[0]
     await c.close()
 
 
