@@ -136,6 +136,7 @@ class Appliance:
         origins = await self.store.read(load_origins)
         await self.store.read(self.groups.state.load)
         self.relay.origins.origins = origins
+        self.relay.origins_changed()
         await asyncio.to_thread(ensure_relay_keys, self.store, self.groups, origins)
         if self.push is not None:
             await asyncio.to_thread(self.push.load, origins)
@@ -227,15 +228,25 @@ def ensure_relay_keys(store: SqliteStore, groups: Groups, origins: list[Origin])
         store.write_sync(lambda conn, oid=o.id: groups.keys.get(conn, oid))
 
 
+class AmbiguousHost(ValueError):
+    """A request naming its host more than once."""
+
+
 def asgi(app: Appliance):
     """The ASGI application: websocket relay and NIP-11 on every path of every routed host."""
 
-    def resolve(scope_headers_host: str | None, path: str) -> Origin:
-        return app.relay.origins.resolve(scope_headers_host, path)
+    def resolve(headers, path: str) -> Origin:
+        hosts = headers.getlist("host")
+        if len(hosts) > 1:
+            # RFC 9112 3.2: a proxy in front might route by another of them than we would.
+            raise AmbiguousHost("more than one Host header")
+        return app.relay.origins.resolve(hosts[0] if hosts else None, path)
 
     async def http_endpoint(request: Request) -> Response:
         try:
-            origin = resolve(request.headers.get("host"), request.url.path)
+            origin = resolve(request.headers, request.url.path)
+        except AmbiguousHost as exc:
+            return PlainTextResponse(f"bad request: {exc}\n", status_code=400)
         except UnknownOrigin as exc:
             return PlainTextResponse(f"unknown host: {exc}\n", status_code=421)
         if request.method == "OPTIONS":
@@ -247,9 +258,11 @@ def asgi(app: Appliance):
 
     async def ws_endpoint(websocket: WebSocket) -> None:
         try:
-            origin = resolve(websocket.headers.get("host"), websocket.url.path)
-        except UnknownOrigin as exc:
-            response = PlainTextResponse(f"unknown host: {exc}\n", status_code=421)
+            origin = resolve(websocket.headers, websocket.url.path)
+        except (AmbiguousHost, UnknownOrigin) as exc:
+            bad = isinstance(exc, AmbiguousHost)
+            response = PlainTextResponse(f"{'bad request' if bad else 'unknown host'}: {exc}\n",
+                                         status_code=400 if bad else 421)
             try:
                 await websocket.send_denial_response(response)
             except RuntimeError:
@@ -287,8 +300,8 @@ TEMPLATES = Environment(loader=FileSystemLoader(ROOT / "templates"), autoescape=
 
 def _landing(origin: Origin, settings: Settings) -> str:
     return TEMPLATES.get_template("index.html").render(
-        name=origin.name or settings.relay_name,
-        description=origin.description or settings.relay_description,
+        name=origin.name or origin.origin,
+        description=origin.description,
         url=origin.origin,
         version=__version__,
     )

@@ -157,6 +157,8 @@ class OriginRegistry:
             hostname = hostname[1:].split("]", 1)[0]
         else:
             hostname = hostname.rsplit(":", 1)[0] if hostname.count(":") == 1 else hostname
+            if hostname.endswith(".") and not hostname.endswith(".."):
+                hostname = hostname[:-1]  # the fully qualified form names the same host
         best: Origin | None = None
         for o in self.origins:
             if hostname in o.hosts and _path_under(path, o.path):
@@ -194,11 +196,18 @@ def sync_origins(conn: apsw.Connection, declared: Iterable[Origin]) -> list[Orig
     for o in declared:
         save_origin(conn, o)
     origins = load_origins(conn)
+    check_routes(origins)
+    return origins
+
+
+def check_routes(origins: list[Origin]) -> None:
+    """Refuse two origins claiming the same host and path (the appliance could not tell them apart)."""
+    if len(origins) < 2:
+        return
     seen: dict[str, str] = {}
     for o in origins:
         for host in o.hosts:
             key = f"{host}{o.path}"
-            if key in seen and len(origins) > 1:
+            if key in seen:
                 raise ConfigError("origins.hosts", host, f"routed to both {seen[key]} and {o.origin}")
             seen[key] = o.origin
-    return origins

@@ -8,7 +8,7 @@ from dataclasses import replace
 from typing import Callable
 
 from appliance.errors import ConfigError
-from appliance.origins import Origin, load_origins, save_origin
+from appliance.origins import Origin, check_routes, load_origins, save_origin
 from appliance.settings import Settings
 
 
@@ -100,6 +100,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
 
         def op_and_bump(conn):
             saved = op(conn)
+            check_routes(load_origins(conn))  # refused here, not at the next start
             bump_generation(conn)  # a running appliance reloads origins within a second
             return saved
 

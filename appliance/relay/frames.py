@@ -45,6 +45,15 @@ class FrameWriter:
     def batched(self) -> bool:
         return self._proto is not None
 
+    aborted = False
+
+    def abort(self) -> None:
+        """Cut the connection now, dropping whatever is buffered (a peer that stopped reading).
+        Without the server's protocol object at hand, the caller's close frame has to do."""
+        if self._proto is not None:
+            self.aborted = True
+            self._proto.transport.abort()
+
     async def send_all(self, texts: list[str]) -> bool:
         """Send `texts` in order; False once the peer is gone."""
         proto = self._proto

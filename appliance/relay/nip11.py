@@ -17,8 +17,9 @@ Extension = Callable[[Origin, dict[str, Any]], None]
 def document(origin: Origin, settings: Settings, extensions: list[Extension] = ()) -> dict[str, Any]:
     s = settings
     doc: dict[str, Any] = {
-        "name": origin.name or s.relay_name,
-        "description": origin.description or s.relay_description,
+        # Each origin's own (the default origin's come from relay_name / relay_description).
+        "name": origin.name,
+        "description": origin.description,
         "software": "appliance",
         "version": __version__,
         "supported_nips": SUPPORTED_NIPS,

@@ -27,7 +27,7 @@ from appliance.errors import Rejected
 from appliance.nostr.event import Event, InvalidEvent, expiration as event_expiration, is_ephemeral, verify_event
 from appliance.nostr.filters import Filter
 from appliance.relay.authz import GroupView, NoGroups, can_read, read_scope
-from appliance.origins import Origin, OriginRegistry
+from appliance.origins import Origin, OriginRegistry, UnknownOrigin
 from appliance.relay.subscriptions import SubscriptionIndex
 from appliance.settings import Settings
 from appliance.store.events import PendingEvent, WriteHooks, batchable, count_events, query_events
@@ -87,6 +87,15 @@ class Relay:
 
     def close(self) -> None:
         self.verifier.close()
+
+    def origins_changed(self) -> None:
+        """After the operator edited origins: open connections follow their origin's new rules."""
+        for session in list(self.sessions):
+            try:
+                origin = self.origins.by_id(session.origin.id)
+            except UnknownOrigin:
+                origin = None
+            session.origin_changed(origin)
 
     # -- writing --------------------------------------------------------------------------------
 

@@ -53,6 +53,9 @@ class Session:
         # replacing REQ cancels it, and only the subscription it belongs to may send its answer.
         self.queries: dict[str, asyncio.Task] = {}
         self.out: asyncio.Queue[str | None] = asyncio.Queue()
+        self.writer = FrameWriter(ws.scope, ws.send_text)
+        self.close_code: int | None = None  # set when the relay ends the connection
+        self.close_reason = ""
         self.queued_bytes = 0
         self.max_queued_bytes = max(DEFAULT_MAX_QUEUED_BYTES, 2 * relay.settings.max_query_bytes)
         self.closed = False
@@ -78,15 +81,36 @@ class Session:
         if self.out.qsize() >= DEFAULT_MAX_QUEUED or self.queued_bytes > self.max_queued_bytes:
             log.info("dropping slow connection origin=%s queued=%d queued_bytes=%d", self.origin.origin,
                      self.out.qsize(), self.queued_bytes)
-            self.drop()
+            # It is not reading: a close frame would wait behind everything queued. Cut it.
+            self.drop(1008, "slow consumer", abort=True)
             return
         self.out.put_nowait(text)
 
-    def drop(self) -> None:
-        """Stop serving this connection: nothing more is queued and the sender closes it."""
+    def drop(self, code: int, reason: str, *, notice: str | None = None, abort: bool = False) -> None:
+        """End this connection from the relay's side: nothing more is queued; what is queued (and
+        `notice`) is sent, then a close frame, unless `abort` cuts the connection at once."""
+        if self.closed:
+            return
+        if notice is not None:
+            self.out.put_nowait(_dumps(["NOTICE", notice]))
         self.closed = True
+        self.close_code = code
+        self.close_reason = reason
         self.out.put_nowait(None)
         self.cancel_queries()
+        if abort:
+            self.writer.abort()
+
+    def origin_changed(self, origin: Origin | None) -> None:
+        """The operator edited this connection's origin: its new policy applies from now on, and a
+        connection it no longer admits is closed (the client reconnects under the new rules)."""
+        if origin is None:
+            self.drop(1008, "community removed", notice="error: this community is no longer served here")
+            return
+        self.origin = origin
+        if not may_enter(origin, self.reader) or (self.reader is not None and self.reader in origin.block):
+            self.drop(1008, "access policy changed",
+                      notice="restricted: this community's access rules changed; reconnect")
 
     def cancel_queries(self) -> None:
         for task in self.queries.values():
@@ -106,7 +130,7 @@ class Session:
         self.send(_dumps(["CLOSED", sub_id, message]))
 
     async def _sender(self) -> None:
-        writer = FrameWriter(self.ws.scope, self.ws.send_text)
+        writer = self.writer
         out = self.out
         while True:
             texts = [await out.get()]
@@ -119,6 +143,11 @@ class Session:
                 break
             self.queued_bytes -= sum(map(len, texts))
             if stop:
+                if self.close_code is not None and not writer.aborted:
+                    try:
+                        await self.ws.close(code=self.close_code, reason=self.close_reason)
+                    except Exception:  # the peer is gone already
+                        pass
                 break
 
     # -- main loop ------------------------------------------------------------------------------

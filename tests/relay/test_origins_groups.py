@@ -249,3 +249,72 @@ async def test_ephemeral_group_events_members_only(server, connect, alice, bob):
     got = await ca.expect(lambda m: m[0] == "EVENT" and m[1] == "live")
     assert got[2]["id"] == member.id
     assert not [m for m in ca.backlog if m[0] == "EVENT" and m[2]["id"] == outsider.id]
+
+
+async def wait_closed(client, timeout: float = 10) -> int:
+    """The close code once the server ends `client`'s connection (messages meanwhile are kept)."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    try:
+        while True:
+            client.backlog.append(await client.recv(max(0.01, deadline - asyncio.get_running_loop().time())))
+    except websockets.exceptions.ConnectionClosed as exc:
+        return exc.rcvd.code if exc.rcvd else -1
+
+
+async def test_policy_edits_reach_open_connections(make_server, connect, alice, bob):
+    """An operator's edit applies to connections already open: ones the new rules no longer
+    admit are closed (with a NOTICE saying why), the others carry on under the new rules."""
+    server = make_server()
+    anon = await connect(server.url)
+    await anon.req("live", {"kinds": [1]})
+    member = await connect(server.url)
+    assert (await member.auth(alice.secret, server.url))[0]
+    outsider = await connect(server.url)
+    assert (await outsider.auth(bob.secret, server.url))[0]
+    data = ["--data-dir", str(server.data_dir)]
+    run_cli("origins", "allow", server.url, alice.pubkey, *data)
+    run_cli("origins", "set", server.url, "--policy", "members", *data)
+    assert await wait_closed(anon) == 1008
+    assert ["NOTICE", "restricted: this community's access rules changed; reconnect"] in anon.backlog
+    assert await wait_closed(outsider) == 1008
+    ev = alice.sign(1, [], "members only now")
+    assert await member.publish(ev) == (True, "")
+    events, closed = await member.req("q", {"ids": [ev.id]})
+    assert closed is None and len(events) == 1
+    run_cli("origins", "block", server.url, alice.pubkey, *data)
+    assert await wait_closed(member) == 1008
+    fresh = await connect(server.url)
+    assert (await fresh.auth(alice.secret, server.url)) == (False, "blocked: this pubkey is blocked here")
+
+
+async def test_route_conflicts_refused_by_the_cli(make_server, connect):
+    server = make_server(config=TWO_ORIGINS)
+    cfg = server.data_dir.parent / f"config-{server.port}.toml"
+    out = subprocess.run([sys.executable, "-m", "appliance", "origins", "add", "ws://c.test", "--route-host", "b.test",
+                          "--data-dir", str(server.data_dir), "--config", str(cfg)],
+                         capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 2
+    assert "routed to both ws://b.test and ws://c.test" in out.stderr
+    assert "ws://c.test" not in run_cli("origins", "list", "--data-dir", str(server.data_dir), "--config", str(cfg))
+    server.stop()
+    server.start()  # still starts: nothing conflicting was saved
+    assert server.nip11("b.test")["name"] == "B community"
+
+
+async def test_host_header_edge_cases(make_server):
+    server = make_server(config=TWO_ORIGINS + '[[origins]]\norigin = "ws://c.test"\nhosts = ["c.test"]\n')
+    # An origin without a name has none (the default origin's name is not borrowed).
+    assert server.nip11("c.test")["name"] == ""
+    assert server.nip11("b.test.")["name"] == "B community"  # fully qualified form
+    for first, second in (("a.test", "b.test"), ("b.test", "a.test")):
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        writer.write(f"GET / HTTP/1.1\r\nHost: {first}\r\nHost: {second}\r\n"
+                     "Accept: application/nostr+json\r\nConnection: close\r\n\r\n".encode())
+        await writer.drain()
+        status = (await reader.readline()).decode()
+        writer.close()
+        assert status.split()[1] == "400", status
+    with pytest.raises(websockets.exceptions.InvalidStatus) as info:
+        async with websockets.connect(server.url, additional_headers=[("Host", "b.test")]):
+            pass
+    assert info.value.response.status_code == 400
