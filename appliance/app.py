@@ -173,10 +173,10 @@ def build(settings: Settings) -> Appliance:
     ).open()
     try:
         origins = prepare_origins(store, settings)
+        keyfile = KeyFile.for_store(settings.data_path, store)
     except Exception:
         store.close()
         raise
-    keyfile = KeyFile(settings.data_path)
     state = GroupState()
     store.read_sync(state.load)
     registry = OriginRegistry(origins)

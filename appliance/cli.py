@@ -72,13 +72,27 @@ def build_parser() -> argparse.ArgumentParser:
     from appliance import bench as bench_mod
 
     bench_mod.add_parser(bench)
+    _add_version(parser)
     return parser
+
+
+def _add_version(parser: argparse.ArgumentParser) -> None:
+    """`--version` on every (sub)command, as `--help` is."""
+    if not any("--version" in a.option_strings for a in parser._actions):
+        parser.add_argument("--version", action="version", version=f"appliance {__version__}")
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                _add_version(sub)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version"):
+    if "--version" in argv:  # wherever it stands, like --help
+        print(f"appliance {__version__}")
+        return 0
+    if not argv or argv[0].startswith("-") and argv[0] not in ("-h", "--help"):
         argv = ["serve", *argv]
     args = parser.parse_args(argv)
     try:

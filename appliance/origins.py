@@ -72,6 +72,8 @@ class Origin:
         parts = urlsplit(origin) if isinstance(origin, str) else None
         if parts is None or parts.scheme not in ("ws", "wss") or not parts.hostname:
             raise ConfigError(f"{where}.origin", origin, "expected a ws:// or wss:// URL such as wss://chat.example.org")
+        if parts.query or parts.fragment or parts.username or parts.password:
+            raise ConfigError(f"{where}.origin", origin, "an origin has no query, fragment or user part")
         hosts = data.get("hosts") or [parts.hostname]
         if isinstance(hosts, str) or not all(isinstance(h, str) and h for h in hosts):
             raise ConfigError(f"{where}.hosts", hosts, "expected a list of host names")

@@ -228,6 +228,10 @@ def load(
             raise ConfigError("config", str(path), "the config file does not exist") from None
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError("config", str(path), f"not valid TOML: {exc}") from None
+        except UnicodeDecodeError:
+            raise ConfigError("config", str(path), "not valid TOML: the file is not UTF-8 text") from None
+        except OSError as exc:
+            raise ConfigError("config", str(path), f"cannot read the config file: {exc.strerror}") from None
         origins = file_values.pop("origins", [])
         if not isinstance(origins, list) or not all(isinstance(o, dict) for o in origins):
             raise ConfigError("origins", origins, "use [[origins]] tables")
@@ -259,7 +263,8 @@ def load(
 
 def _check_cross(values: dict[str, Any]) -> None:
     if values["default_limit"] > values["max_limit"]:
-        raise ConfigError("default_limit", values["default_limit"], "must not exceed max_limit")
+        raise ConfigError("default_limit", values["default_limit"],
+                          f"must not exceed max_limit ({values['max_limit']}); lower default_limit too")
     pk = values["relay_pubkey"]
     if pk and (len(pk) != 64 or any(c not in "0123456789abcdef" for c in pk)):
         raise ConfigError("relay_pubkey", pk, "expected 64 lowercase hex characters (a pubkey, not an npub)")

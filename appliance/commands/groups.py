@@ -54,7 +54,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
                 print(json.dumps({"id": g.h, "name": g.name, "private": g.private, "closed": g.closed,
                                   "members": g.members}))
             return 0
-        groups = Groups(state, RelayKeys(KeyFile(settings.data_path)))
+        groups = Groups(state, RelayKeys(KeyFile.for_store(settings.data_path, store)))
         cmd = args.groups_command
 
         def op(conn):

@@ -43,7 +43,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
             for k in store.read_sync(lambda conn: keystore.list_keys(conn, origin.id)):
                 print(json.dumps(k.to_json()))
             return 0
-        keyfile = KeyFile(settings.data_path)
+        keyfile = KeyFile.for_store(settings.data_path, store)
         limits = push_limits(origin.push)
 
         def op(conn):

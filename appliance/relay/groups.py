@@ -16,7 +16,7 @@ from typing import Callable, Iterable
 import apsw
 
 from appliance.errors import Rejected
-from appliance.nostr.event import Event, sign_event
+from appliance.nostr.event import Event, is_event_id as is_pubkey, sign_event
 from appliance.nostr.keys import generate_secret, public_key
 from appliance.store.events import SQL_ADDRESS, store_event
 from appliance.store.keyfile import KeyFile
@@ -278,9 +278,14 @@ class Groups:
 
     def set_member(self, conn: apsw.Connection, origin: int, h: str, pubkey: str, role: str | None, ctx: dict) -> None:
         """Add (role '' or 'admin') or remove (role None) a member; for the CLI."""
-        if read_group(conn, origin, h) is None:
+        if not is_pubkey(pubkey):
+            raise Rejected("invalid", f"{pubkey!r} is not a pubkey (64 lowercase hex characters)")
+        group = read_group(conn, origin, h)
+        if group is None:
             raise Rejected("invalid", "group not found")
         if role is None:
+            if pubkey not in group.members:
+                raise Rejected("invalid", "not a member of this group")
             conn.execute(SQL_REMOVE, (origin, h, pubkey))
         else:
             conn.execute(SQL_PUT, (origin, h, pubkey, role))

@@ -6,6 +6,7 @@ secret of any user. Back up both together (or neither).
 
 from __future__ import annotations
 
+import logging
 import os
 import secrets
 from pathlib import Path
@@ -14,6 +15,8 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from appliance.errors import StoreError
 
+log = logging.getLogger("appliance.store")
+
 KEYFILE_NAME = "appliance.key"
 _VERSION = b"\x01"
 
@@ -21,27 +24,51 @@ _VERSION = b"\x01"
 class KeyFile:
     """AES-256-GCM wrapping under a 32-byte master key stored in `<data_dir>/appliance.key`."""
 
-    def __init__(self, data_dir: Path):
+    def __init__(self, data_dir: Path, *, holds_wrapped_keys: bool = False):
+        """Load the key file, or create it when nothing needs it yet. `holds_wrapped_keys` says the
+        database already has keys wrapped by a key file: then a missing one is an error, never
+        replaced (a new key could not unwrap them, and keys wrapped under it would mix masters)."""
         self.path = Path(data_dir) / KEYFILE_NAME
-        self._key = self._load_or_create()
+        self._key = self._load_or_create(holds_wrapped_keys)
 
-    def _load_or_create(self) -> bytes:
+    @classmethod
+    def for_store(cls, data_dir: Path, store) -> "KeyFile":
+        """The key file of an open store (whose database says whether it holds wrapped keys)."""
+        return cls(data_dir, holds_wrapped_keys=store.read_sync(holds_wrapped_keys))
+
+    def _load_or_create(self, holds_wrapped_keys: bool) -> bytes:
         try:
             data = self.path.read_bytes()
         except FileNotFoundError:
-            key = secrets.token_bytes(32)
-            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(key)
-                fh.flush()
-                os.fsync(fh.fileno())
-            return key
+            if holds_wrapped_keys:
+                raise StoreError(
+                    f"the key file {self.path} is missing, but the database holds private keys wrapped by it: "
+                    "restore appliance.key from the backup made with this database (a new key file cannot "
+                    "unwrap them)"
+                ) from None
+            return self._create()
+        except OSError as exc:
+            raise StoreError(f"cannot read the key file {self.path}: {exc.strerror or exc}") from None
         if len(data) != 32:
             raise StoreError(f"{self.path} is not a valid key file (expected 32 bytes)")
         mode = self.path.stat().st_mode & 0o777
         if mode & 0o077:
-            os.chmod(self.path, 0o600)  # tighten rather than refuse: the secret is ours to protect
+            # Tighten rather than refuse: the secret is ours to protect. Said once, at start.
+            log.warning("key file %s was readable by others (mode %o); set it to 0600", self.path, mode)
+            os.chmod(self.path, 0o600)
         return data
+
+    def _create(self) -> bytes:
+        key = secrets.token_bytes(32)
+        try:
+            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except OSError as exc:
+            raise StoreError(f"cannot create the key file {self.path}: {exc.strerror or exc}") from None
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(key)
+            fh.flush()
+            os.fsync(fh.fileno())
+        return key
 
     def wrap(self, secret: bytes, *, label: str) -> bytes:
         """Encrypt `secret`; `label` (e.g. "executor-key:2026-06") is bound as associated data."""
@@ -55,3 +82,10 @@ class KeyFile:
             return AESGCM(self._key).decrypt(blob[1:13], blob[13:], label.encode())
         except Exception:
             raise StoreError(f"cannot unwrap {label}: wrong key file for this database?") from None
+
+
+def holds_wrapped_keys(conn) -> bool:
+    """Whether the database holds any private key wrapped by a key file."""
+    return bool(conn.execute(
+        "SELECT EXISTS (SELECT 1 FROM relay_keys) OR EXISTS (SELECT 1 FROM executor_keys WHERE wrapped IS NOT NULL)"
+    ).fetchone()[0])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import apsw
 
-from appliance.errors import SchemaTooNew
+from appliance.errors import SchemaTooNew, StoreError
 
 # Each entry migrates from version i to i+1. Never edit a shipped step: append a new one.
 MIGRATIONS: tuple[str, ...] = (
@@ -165,6 +165,9 @@ SCHEMA_VERSION = len(MIGRATIONS)
 def migrate(conn: apsw.Connection) -> int:
     """Bring the database to SCHEMA_VERSION; return the version found before."""
     found = conn.execute("PRAGMA user_version").fetchone()[0]
+    if found == 0 and conn.execute("SELECT count(*) FROM sqlite_schema WHERE type = 'table'").fetchone()[0]:
+        raise StoreError("the database file holds tables this appliance did not create: "
+                         "point --data-dir at a new directory (or at one the appliance made)")
     if found > SCHEMA_VERSION:
         raise SchemaTooNew(
             f"the database has schema version {found} but this appliance knows up to {SCHEMA_VERSION}: "

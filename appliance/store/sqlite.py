@@ -13,6 +13,7 @@ from typing import Any, Callable, TypeVar
 import apsw
 import apsw.bestpractice
 
+from appliance.errors import StoreError
 from appliance.store.schema import migrate
 from appliance.store.writer import Writer, WriteOp
 
@@ -86,10 +87,19 @@ class SqliteStore:
     # -- lifecycle ------------------------------------------------------------------------------
 
     def open(self) -> "SqliteStore":
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        os.chmod(self.data_dir, 0o700)
-        self._write_conn = connect(self.path, sync_mode=self.sync_mode)
-        self.schema_version_found = migrate(self._write_conn)
+        try:
+            self.data_dir.mkdir(parents=True, exist_ok=True)
+            os.chmod(self.data_dir, 0o700)
+        except OSError as exc:
+            raise StoreError(f"cannot use the data directory {self.data_dir}: {exc.strerror or exc}") from None
+        try:
+            self._write_conn = connect(self.path, sync_mode=self.sync_mode)
+            self.schema_version_found = migrate(self._write_conn)
+        except (apsw.NotADBError, apsw.CorruptError) as exc:
+            raise StoreError(f"{self.path} is not a usable SQLite database ({exc}): restore it from a backup, "
+                             "or point --data-dir at another directory") from None
+        except apsw.CantOpenError as exc:
+            raise StoreError(f"cannot open {self.path} ({exc}): check the path and its permissions") from None
         # Checkpoints run on their own thread, not inside the writer's commits (where they would
         # stall every waiting OK); the WAL is truncated back to this size after each one.
         self._write_conn.execute("PRAGMA wal_autocheckpoint = 0")

@@ -10,6 +10,8 @@ from typing import Any, Callable, TypeVar
 
 import apsw
 
+from appliance.errors import StoreError
+
 log = logging.getLogger("appliance.store")
 
 T = TypeVar("T")
@@ -35,6 +37,7 @@ class Writer:
         self._thread = threading.Thread(target=self._run, name="appliance-writer", daemon=True)
         self.commits = 0
         self.writes = 0
+        self._dead = False
 
     def start(self) -> None:
         self._thread.start()
@@ -43,6 +46,9 @@ class Writer:
         """Queue `op(conn)`; the returned future resolves with its result once committed."""
         loop = asyncio.get_running_loop()
         fut = loop.create_future()
+        if self._dead:
+            fut.set_exception(StoreError("the database writer has stopped"))
+            return fut
         self._queue.put((op, fut, loop))
         return fut
 
@@ -55,6 +61,8 @@ class Writer:
             box.append((result, exc))
             done.set()
 
+        if self._dead:
+            raise StoreError("the database writer has stopped")
         self._queue.put((op, setter, None))
         done.wait()
         result, exc = box[0]
@@ -70,6 +78,20 @@ class Writer:
     # -- the thread -------------------------------------------------------------------------
 
     def _run(self) -> None:
+        try:
+            self._serve()
+        except BaseException:  # a bug here must not leave every later write waiting forever
+            log.critical("the writer thread failed; writes are refused until restart", exc_info=True)
+            self._dead = True
+            while True:
+                try:
+                    item = self._queue.get_nowait()
+                except queue.Empty:
+                    return
+                if item is not _STOP:
+                    self._deliver([(item[1], item[2], None, StoreError("the database writer has stopped"))])
+
+    def _serve(self) -> None:
         q = self._queue
         while True:
             item = q.get()
@@ -86,7 +108,16 @@ class Writer:
                     stopping = True
                     break
                 batch.append(nxt)
-            self._commit_batch(batch)
+            try:
+                self._commit_batch(batch)
+            except Exception as exc:  # unexpected: fail this batch, keep serving
+                log.exception("write batch failed")
+                if self._conn.in_transaction:
+                    try:
+                        self._conn.execute("ROLLBACK")
+                    except apsw.Error:
+                        pass
+                self._deliver([(fut, loop, None, exc) for _op, fut, loop in batch])
             if stopping:
                 return
 
@@ -100,18 +131,30 @@ class Writer:
             self._deliver([(fut, loop, None, exc) for _op, fut, loop in batch])
             return
         i = 0
-        while i < len(batch):
-            run_fn = getattr(batch[i][0], "run_batch", None)
-            j = i + 1
-            if run_fn is not None:
-                while j < len(batch) and getattr(batch[j][0], "run_batch", None) is run_fn:
-                    j += 1
-            if j - i > 1 and self._run_together(conn, run_fn, batch[i:j], outcomes):
+        try:
+            while i < len(batch):
+                run_fn = getattr(batch[i][0], "run_batch", None)
+                j = i + 1
+                if run_fn is not None:
+                    while j < len(batch) and getattr(batch[j][0], "run_batch", None) is run_fn:
+                        j += 1
+                if j - i > 1 and self._run_together(conn, run_fn, batch[i:j], outcomes):
+                    i = j
+                    continue
+                for op, fut, loop in batch[i:j]:
+                    self._run_one(conn, op, fut, loop, outcomes)
                 i = j
-                continue
-            for op, fut, loop in batch[i:j]:
-                self._run_one(conn, op, fut, loop, outcomes)
-            i = j
+        except TransactionLost as lost:
+            # SQLite rolled the whole transaction back (disk full, I/O error): nothing of this
+            # batch was written, so every waiter hears so, with the error that did it.
+            log.error("transaction rolled back by SQLite, %d writes lost: %s", len(batch), lost.cause)
+            if conn.in_transaction:
+                try:
+                    conn.execute("ROLLBACK")
+                except apsw.Error:
+                    pass
+            self._deliver([(fut, loop, None, lost.cause) for _op, fut, loop in batch])
+            return
         try:
             conn.execute("COMMIT")
         except apsw.Error as exc:
@@ -132,8 +175,7 @@ class Writer:
         try:
             result = op(conn)
         except BaseException as exc:  # noqa: BLE001 - handed to the waiter, not swallowed
-            conn.execute("ROLLBACK TO op")
-            conn.execute("RELEASE op")
+            _undo(conn, "op", exc)
             outcomes.append((fut, loop, None, exc))
         else:
             conn.execute("RELEASE op")
@@ -150,9 +192,8 @@ class Writer:
         conn.execute("SAVEPOINT together")
         try:
             results = run_fn(conn, [op for op, _f, _l in run])
-        except Exception:
-            conn.execute("ROLLBACK TO together")
-            conn.execute("RELEASE together")
+        except Exception as exc:
+            _undo(conn, "together", exc)
             return False
         conn.execute("RELEASE together")
         for (op, fut, loop), result in zip(run, results):
@@ -186,3 +227,20 @@ def _resolve_all(items: list) -> None:
             fut.set_exception(exc)
         else:
             fut.set_result(result)
+
+
+class TransactionLost(Exception):
+    """The savepoint to undo one op is gone: SQLite already rolled the transaction back."""
+
+    def __init__(self, cause: BaseException):
+        super().__init__(str(cause))
+        self.cause = cause
+
+
+def _undo(conn: apsw.Connection, savepoint: str, cause: BaseException) -> None:
+    """Roll back to `savepoint` and release it; TransactionLost if SQLite dropped the transaction."""
+    try:
+        conn.execute(f"ROLLBACK TO {savepoint}")
+        conn.execute(f"RELEASE {savepoint}")
+    except apsw.Error:
+        raise TransactionLost(cause) from cause

@@ -105,15 +105,18 @@ async def test_reader_that_stops_reading_is_dropped(make_server, alice, connect)
     # 30 answers of ~2.4 MB each, never read: far past the per-connection budget of 32 MiB.
     for i in range(30):
         await lazy.send(["REQ", f"r{i}", {"#t": ["bulk"]}])
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 30
     while b"dropping slow connection" not in server.log_path.read_bytes():
-        assert time.monotonic() < deadline, "the slow reader was never dropped"
+        tail = server.log_path.read_bytes()[-2000:].decode(errors="replace")
+        assert time.monotonic() < deadline, f"the slow reader was never dropped; server log ends:\n{tail}"
         await asyncio.sleep(0.1)
     eose = 0
-    with pytest.raises(websockets.exceptions.ConnectionClosed):  # cut, not merely silent
+    try:
         while True:
             msg = await lazy.recv(timeout=10)
             eose += msg[0] == "EOSE"
+    except websockets.exceptions.ConnectionClosed:
+        pass  # cut, not merely silent (a timeout would fail the test here)
     assert eose < 30
     # The relay itself is unharmed.
     events, _ = await writer.req("after", {"#t": ["bulk"], "limit": 1})
