@@ -20,6 +20,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.websockets import WebSocket
 
 from appliance import __version__
+from appliance.errors import ApplianceError
 from appliance.push.config import check_push_config
 from appliance.relay import nip11
 from appliance.relay.groups import DEFAULT_H_GRAMMAR, Groups, GroupState, RelayKeys
@@ -134,12 +135,18 @@ class Appliance:
         from appliance.origins import load_origins
 
         origins = await self.store.read(load_origins)
+        if self.push is not None:
+            # First, as it can refuse the new configuration: then nothing of it is applied.
+            try:
+                await asyncio.to_thread(self.push.load, origins)
+            except ApplianceError as exc:
+                self.generation = generation  # said once; the next edit is tried afresh
+                log.error("configuration edit not applied, still serving the previous one: %s", exc)
+                return False
         await self.store.read(self.groups.state.load)
         self.relay.origins.origins = origins
         self.relay.origins_changed()
         await asyncio.to_thread(ensure_relay_keys, self.store, self.groups, origins)
-        if self.push is not None:
-            await asyncio.to_thread(self.push.load, origins)
         self.generation = generation
         log.info("reloaded origins and groups generation=%d", generation)
         return True
@@ -152,13 +159,19 @@ class Appliance:
             except Exception:
                 log.exception("expired-event purge failed")
 
+    # Erased key material waits in the WAL until a scrub succeeds (readers can keep it busy).
+    wal_scrub_pending: bool = False
+
     async def purge_once(self) -> int:
         total = 0
         while True:
             n = await self.store.write(lambda conn: purge_expired(conn, int(time.time())))
             total += n
             if n == 0 and self.push is not None:
-                await self.store.write(lambda conn: self.push.maintain(conn, int(time.time())))
+                erased = await self.store.write(lambda conn: self.push.maintain(conn, int(time.time())))
+                self.wal_scrub_pending = self.wal_scrub_pending or erased > 0
+                if self.wal_scrub_pending:
+                    self.wal_scrub_pending = not await asyncio.to_thread(self.store.scrub_wal)
             if n == 0:
                 return total
 
@@ -202,7 +215,8 @@ def _wire_push(app: "Appliance", origins: list[Origin]) -> None:
     from appliance.push.descriptor import LEASE_KIND
     from appliance.push.service import Push
 
-    push = Push(app.store, app.keyfile, workers=app.settings.lease_workers)
+    push = Push(app.store, app.keyfile, workers=app.settings.lease_workers,
+                relay_max_content_length=app.settings.max_content_length)
     try:
         push.load(origins)
     except Exception:

@@ -110,18 +110,18 @@ class Origin:
             auth_required=auth_required or policy == "members",
             allow=lists["allow"],
             block=lists["block"],
-            push=_push_config(data.get("push"), where, check_push),
+            push=_push_config(data.get("push"), where, check_push, origin),
             id=id,
         )
 
 
-def _push_config(push: Any, where: str, check_push: Callable[[Any, str], dict] | None) -> dict:
+def _push_config(push: Any, where: str, check_push: Callable[..., dict] | None, origin: str) -> dict:
     """The push table: checked in depth by the executor's rules when the caller supplies them."""
     if push is None:
         return {}
     if not isinstance(push, dict):
         raise ConfigError(f"{where}.push", push, "expected a [push] table")
-    return check_push(push, where) if check_push is not None else dict(push)
+    return check_push(push, where, origin) if check_push is not None else dict(push)
 
 
 class UnknownOrigin(LookupError):

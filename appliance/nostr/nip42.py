@@ -19,20 +19,27 @@ class AuthError(ValueError):
         self.reason = reason
 
 
-def normalize_relay_url(url: str) -> str:
-    """Lowercase scheme and host, drop one trailing slash; path and query are kept as given.
+_DEFAULT_PORTS = {"ws": 80, "wss": 443}
 
-    Clients disagree on "wss://host" vs "wss://host/" and on host case; both
-    are the same relay, nothing else is folded.
+
+def normalize_relay_url(url: str) -> str:
+    """Lowercase scheme and host, drop the scheme's default port and one trailing slash of the
+    path; path, query and fragment are otherwise kept as given.
+
+    Clients disagree on "wss://host" vs "wss://host/" vs "wss://host:443" and on host case; all
+    name the same relay (as URL parsers in browsers and nostr libraries agree); nothing else is folded.
     """
     try:
         parts = urlsplit(url.strip())
+        port = parts.port
     except ValueError:
         return url
-    out = urlunsplit((parts.scheme.lower(), parts.netloc.lower(), parts.path, parts.query, parts.fragment))
-    if out.endswith("/"):
-        out = out[:-1]
-    return out
+    scheme = parts.scheme.lower()
+    netloc = parts.netloc.lower()
+    if port is not None and port == _DEFAULT_PORTS.get(scheme):
+        netloc = netloc.rsplit(":", 1)[0]
+    path = parts.path[:-1] if parts.path.endswith("/") else parts.path
+    return urlunsplit((scheme, netloc, path, parts.query, parts.fragment))
 
 
 def validate_auth_event(

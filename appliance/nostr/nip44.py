@@ -195,6 +195,10 @@ def decrypt(
         data = base64.b64decode(payload, validate=True)
     except (binascii.Error, ValueError):
         raise Nip44Error("invalid base64") from None
+    # RFC 4648 canonical form only: Python also accepts extra "=" and non-zero unused bits, which
+    # would let several contents decrypt to one plaintext (and other implementations refuse them).
+    if base64.b64encode(data).decode("ascii") != payload:
+        raise Nip44Error("invalid base64")
     dlen = len(data)
     if dlen < _MIN_DATA_LEN:
         raise Nip44Error("invalid data size")

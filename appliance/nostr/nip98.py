@@ -55,6 +55,10 @@ def verify_http_auth(
         raw = base64.b64decode(token + "=" * (-len(token) % 4), validate=True)
     except (binascii.Error, ValueError):
         raise HttpAuthError("authorization header is not valid base64") from None
+    # Canonical form only (padding optional): one event, one token, should a replay cache ever
+    # key on it.
+    if base64.b64encode(raw).decode("ascii").rstrip("=") != token.rstrip("="):
+        raise HttpAuthError("authorization header is not valid base64")
     try:
         obj = orjson.loads(raw)
     except orjson.JSONDecodeError:

@@ -36,7 +36,7 @@ def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-def check_push_config(push: Any, where: str) -> dict:
+def check_push_config(push: Any, where: str, origin: str = "wss://config.check") -> dict:
     """Shape-check a push table; return it as a plain dict (JSON/TOML round-trippable)."""
     if push is None:
         return {}
@@ -80,7 +80,14 @@ def check_push_config(push: Any, where: str) -> dict:
     ep = push.get("endpoint")
     if ep is not None and not isinstance(ep, str):
         raise ConfigError(f"{where}.push.endpoint", ep, "expected an https:// URL")
+    # Every descriptor rule that does not depend on the executor keys, now: an origin saved with a
+    # descriptor the appliance would refuse to serve could stop the next start (or a reload).
+    build_descriptor(origin, push, [ExecutorKey("config-check", _PROBE_PUBKEY, current=True)])
     return dict(push)
+
+
+# Any valid x-only public key will do for the key-independent checks (this is the generator's).
+_PROBE_PUBKEY = "79be667ef9dcbbac55a06295ce870b07029bfcdb2dce28d959f2815b16f81798"
 
 
 def push_limits(push: dict) -> Limits:

@@ -57,6 +57,13 @@ def is_never_push_eligible(kind: int) -> bool:
     return 20000 <= kind <= 29999 or 39000 <= kind <= 39009 or kind == LEASE_KIND
 
 
+# Upper bounds on configured limits. The spec asks only for positive integers; these keep every
+# time computation (now + max_lease_ttl + allowed_skew, watermark retention) inside SQLite's 64-bit
+# integers with centuries to spare, and refuse values that could only be typos.
+MAX_LIMIT = 2**31 - 1
+LIMIT_BOUNDS = {"max_lease_ttl": 10 * 366 * 86400, "allowed_skew": 86400}
+
+
 @dataclass(frozen=True)
 class Limits:
     max_lease_ttl: int = 2592000
@@ -159,7 +166,7 @@ def validate_descriptor(d: Descriptor) -> None:
     """Raise :class:`DescriptorError` unless ``d`` is a valid push descriptor.
 
     Rules (``DescriptorError.rule``):
-    origin, limits-positive, keys-shape, one-current-key, unique-key-ids,
+    origin, limits-positive, limits-range, keys-shape, one-current-key, unique-key-ids,
     app-profiles-shape, unique-app-profile-ids, app-profile-transport,
     kinds-shape, never-push-eligible, urgent-subset, class-support-transport,
     class-support-registry, h-grammar, endpoint-https.
@@ -171,6 +178,9 @@ def validate_descriptor(d: Descriptor) -> None:
         v = getattr(lim, f.name)
         if not _is_int(v) or v <= 0:
             raise DescriptorError("limits-positive", f"{f.name} must be a positive integer")
+        bound = LIMIT_BOUNDS.get(f.name, MAX_LIMIT)
+        if v > bound:
+            raise DescriptorError("limits-range", f"{f.name} must be at most {bound}")
 
     if not isinstance(d.origin, str) or not d.origin:
         raise DescriptorError("origin", "origin must be a non-empty string")

@@ -95,12 +95,13 @@ def rotate(conn: apsw.Connection, keyfile: KeyFile, origin: int, limits: Limits,
     return create_current(conn, keyfile, origin, now)
 
 
-def expire_and_erase(conn: apsw.Connection, now: int) -> int:
-    """Close retiring keys' acceptance windows; erase expired secrets no active lease uses."""
+def expire_and_erase(conn: apsw.Connection, now: int) -> tuple[int, int]:
+    """Close retiring keys' acceptance windows; erase expired secrets no active lease uses.
+    Returns (keys expired, secrets erased)."""
     conn.execute(SQL_EXPIRE, (now,))
-    n = conn.changes()
+    expired = conn.changes()
     conn.execute(SQL_ERASE, (now,))
-    return n + conn.changes()
+    return expired, conn.changes()
 
 
 def advertised(rows: list[KeyRow], now: int) -> tuple[ExecutorKey, ...]:

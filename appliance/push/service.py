@@ -16,7 +16,7 @@ from typing import Any, Awaitable, Callable
 
 import apsw
 
-from appliance.errors import Rejected
+from appliance.errors import ConfigError, Rejected
 from appliance.nostr import nip44
 from appliance.origins import Origin
 from appliance.push.workers import LeaseValidator
@@ -25,7 +25,7 @@ from appliance.store.sqlite import SqliteStore
 
 from . import keys as keystore
 from . import state
-from .config import build_descriptor
+from .config import build_descriptor, push_limits
 from .descriptor import LEASE_KIND, Descriptor, descriptor_to_json
 from .errors import LeaseRejected, reason_message
 
@@ -55,9 +55,12 @@ class OriginPush:
 class Push:
     CONV_CACHE = 65536
 
-    def __init__(self, store: SqliteStore, keyfile: KeyFile, *, workers: int = 1):
+    def __init__(self, store: SqliteStore, keyfile: KeyFile, *, workers: int = 1,
+                 relay_max_content_length: int | None = None):
         self.store = store
         self.keyfile = keyfile
+        # The relay's own content bound: a descriptor may not advertise more than it accepts.
+        self.relay_max_content_length = relay_max_content_length
         self.validator = LeaseValidator(workers)
         self.origins: dict[int, OriginPush] = {}
         self._conv: OrderedDict[tuple[str, str], bytes] = OrderedDict()
@@ -79,19 +82,26 @@ class Push:
                 keystore.ensure_current(conn, self.keyfile, oid, now)
                 return keystore.list_keys(conn, oid), keystore.load_secrets(conn, self.keyfile, oid)
 
+            limit = push_limits(o.push).max_content_len
+            if self.relay_max_content_length is not None and limit > self.relay_max_content_length:
+                raise ConfigError(f"origins[{o.origin}].push.limitation.max_content_len", limit,
+                                  f"more than the relay accepts (max_content_length = "
+                                  f"{self.relay_max_content_length}); lower it or raise max_content_length")
             rows, secrets = self.store.write_sync(op)
             desc = build_descriptor(o.origin, o.push, keystore.advertised(rows, now))
             loaded[o.id] = OriginPush(o.id, desc, rows, secrets)
         self.origins = loaded
 
     def maintain(self, conn: apsw.Connection, now: int) -> int:
-        """Purge-loop work (inside a write transaction): expire keys, erase secrets, GC state."""
-        n = keystore.expire_and_erase(conn, now) + state.purge(conn, now)
+        """Purge-loop work (inside a write transaction): expire keys, erase secrets, GC state.
+        Returns how many secrets were erased (the caller then scrubs the WAL of them)."""
+        _expired, erased = keystore.expire_and_erase(conn, now)
+        state.purge(conn, now)
         for op in list(self.origins.values()):
             # Keys past their acceptance window never decrypt again: drop them from memory too.
             if any(not row.accepts(now) for _secret, row in op.secrets.values()):
                 op.secrets = {kid: e for kid, e in op.secrets.items() if e[1].accepts(now)}
-        return n
+        return erased
 
     # -- NIP-11 ------------------------------------------------------------------------------------
 

@@ -60,6 +60,9 @@ def connect(path: Path, *, sync_mode: str = "full", readonly: bool = False) -> a
     conn.setbusytimeout(10_000)
     if not readonly:
         conn.execute("PRAGMA journal_mode = WAL")
+        # Deleted content (erased key material, a tombstoned lease's endpoint) is zeroed in the
+        # pages being written anyway; FAST costs no extra I/O. The WAL is scrubbed separately.
+        conn.execute("PRAGMA secure_delete = FAST")
     conn.execute(f"PRAGMA synchronous = {'FULL' if sync_mode == 'full' else 'NORMAL'}")
     conn.execute("PRAGMA foreign_keys = ON")
     conn.execute("PRAGMA cache_size = -65536")  # 64 MiB page cache per connection
@@ -120,6 +123,19 @@ class SqliteStore:
                     conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
                 except apsw.Error as exc:  # busy or locked: the next round catches up
                     log.debug("checkpoint skipped: %s", exc)
+        finally:
+            conn.close()
+
+    def scrub_wal(self) -> bool:
+        """Checkpoint everything and truncate the WAL to zero bytes, so page images written before
+        (say, a private key since erased) are gone from it; False if readers kept it busy."""
+        conn = connect(self.path, sync_mode=self.sync_mode)
+        try:
+            busy, _log, _done = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+            return busy == 0
+        except apsw.Error as exc:
+            log.debug("WAL scrub deferred: %s", exc)
+            return False
         finally:
             conn.close()
 

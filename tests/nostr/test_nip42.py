@@ -90,3 +90,13 @@ def test_invalid_signature():
     tampered = Event(good.id, good.pubkey, good.created_at, good.kind,
                      [["relay", RELAY], ["challenge", "c-123"], ["x", "y"]], good.content, good.sig)
     assert _reason(tampered) == "invalid signature"
+
+
+def test_relay_url_default_port_and_query_slash():
+    from appliance.nostr.nip42 import normalize_relay_url as n
+
+    assert n("wss://Relay.Example.com:443") == n("wss://relay.example.com/") == "wss://relay.example.com"
+    assert n("ws://h:80/x/") == "ws://h/x"
+    assert n("wss://h:8443") == "wss://h:8443"
+    assert n("wss://h/?a=/") != n("wss://h/?a=")
+    assert n("wss://h/#/") != n("wss://h/#")

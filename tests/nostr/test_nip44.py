@@ -244,3 +244,24 @@ def test_random_nonce_and_unicode_roundtrip():
     b = nip44.encrypt(text, CK)
     assert a != b
     assert nip44.decrypt(a, CK) == nip44.decrypt(b, CK) == text
+
+
+def test_only_canonical_base64_is_decrypted():
+    """Extra padding or non-zero unused bits decode in Python's base64 but are not RFC 4648
+    canonical: refused, as other implementations do (else one plaintext has many contents)."""
+    from appliance.nostr import nip44 as n44
+    from appliance.nostr.keys import public_key
+
+    ck = n44.get_conversation_key("1" * 64, public_key("2" * 64))
+    p = n44.encrypt("hello", ck, nonce=bytes(32))
+    assert n44.decrypt(p, ck) == "hello"
+    for bad in (p + "=", p + "==="):
+        with pytest.raises(n44.Nip44Error):
+            n44.decrypt(bad, ck)
+    q = n44.encrypt("y" * 40, ck, nonce=bytes(32))
+    assert q.endswith("=")
+    last = q.rstrip("=")[-1]
+    alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
+    tweaked = q.rstrip("=")[:-1] + alphabet[alphabet.index(last) ^ 1] + "=" * (len(q) - len(q.rstrip("=")))
+    with pytest.raises(n44.Nip44Error):
+        n44.decrypt(tweaked, ck)

@@ -56,6 +56,7 @@ async def test_rotation_while_serving(make_server):
     server = make_server("--purge-interval", "1",
                          config=push_config(limitation={"max_lease_ttl": 3}, allowed_skew=1))
     old_id, old_pub = current_key(server.nip11())
+    ((old_wrapped,),) = db_rows(server.data_dir, "SELECT wrapped FROM executor_keys WHERE key_id = ?", (old_id,))
     user = Installation()
     c = await authed(server, user)
     assert await c.publish(lease(user, active(user), exec_id=old_id, exec_pub=old_pub, d="before", ttl=3)) == (True, "")
@@ -85,6 +86,13 @@ async def test_rotation_while_serving(make_server):
         return old["state"] == "expired" and not old["private_key_held"]
 
     await wait_for(erased, timeout=10)
+
+    # Erased means gone from the files too: the row is zeroed in place and the WAL scrubbed.
+    def nowhere_on_disk():
+        files = [server.data_dir / n for n in ("appliance.sqlite3", "appliance.sqlite3-wal")]
+        return not any(f.exists() and old_wrapped in f.read_bytes() for f in files)
+
+    await wait_for(nowhere_on_disk, timeout=10)
     await c.close()
 
 

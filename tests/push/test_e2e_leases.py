@@ -276,6 +276,38 @@ def test_invalid_descriptor_refuses_to_start(tmp_path):
     assert "urgent-subset" in str(exc.value) and ORIGIN in str(exc.value)
 
 
+@pytest.mark.parametrize("limitation, expect", [
+    ({"max_lease_ttl": 9223372036854775000}, "limits-range"),
+    ({"max_content_len": 120000}, "more than the relay accepts (max_content_length = 65536)"),
+])
+def test_limits_the_appliance_cannot_honour_refuse_to_start(tmp_path, limitation, expect):
+    server = Server(tmp_path / "data", config=push_config(limitation=limitation))
+    with pytest.raises(RuntimeError) as exc:
+        server.start()
+    server.stop()
+    assert expect in str(exc.value)
+
+
+def test_cli_refuses_an_origin_whose_descriptor_is_invalid(tmp_path):
+    """A command run with a config declaring a bad [[origins]] push table saves nothing (it used to
+    save the origin, which then broke every reload and the next start)."""
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    cfg = tmp_path / "bad.toml"
+    cfg.write_text(push_config() + '[[origins]]\norigin = "wss://b.example"\n[origins.push]\n'
+                   'app_profiles = [{ id = "a", transport = "apns" }]\nurgent_kinds = [46010]\n')
+    data = tmp_path / "data"
+    out = subprocess.run([sys.executable, "-m", "appliance", "keys", "rotate", ORIGIN, "--data-dir", str(data),
+                          "--config", str(cfg)], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert out.returncode == 2 and "urgent-subset" in out.stderr and "wss://b.example" in out.stderr, out.stderr
+    listed = subprocess.run([sys.executable, "-m", "appliance", "origins", "list", "--data-dir", str(data)],
+                            capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert "b.example" not in listed.stdout
+
+
 @pytest.mark.parametrize("workers", ["0", "2"])
 async def test_lease_workers_setting(make_server, workers):
     """Leases are checked the same on the event loop (0) and in worker processes (2)."""
