@@ -185,7 +185,7 @@ class Relay:
             if ok is None:
                 ok = readable[reader] = can_read(origin, reader, ev, self.groups)
             if ok:
-                sub.owner.send_event(sub.sub_id, raw)
+                sub.owner.live_event(sub, ev.id, raw)
                 self.stats["broadcast"] += 1
 
     # -- reading --------------------------------------------------------------------------------

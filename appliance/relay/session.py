@@ -38,6 +38,13 @@ def _dumps(obj) -> str:
     return orjson.dumps(obj).decode()
 
 
+def _raw_id(raw: str) -> str:
+    """The id of a stored event's JSON (written id first by `Event.to_json`; parsed otherwise)."""
+    if raw.startswith('{"id":"') and raw[71:72] == '"':
+        return raw[7:71]
+    return orjson.loads(raw)["id"]
+
+
 class Session:
     """State of one client connection: its origin, authenticated pubkey, subscriptions."""
 
@@ -119,6 +126,16 @@ class Session:
 
     def send_event(self, sub_id: str, raw: str) -> None:
         self.send('["EVENT",' + _dumps(sub_id) + "," + raw + "]")
+
+    def live_event(self, sub: Subscription, event_id: str, raw: str) -> None:
+        """A new event matching `sub`: sent now, or held until its stored answer and EOSE are out
+        (NIP-01: what precedes EOSE is the stored answer, newest first, within its limits)."""
+        if sub.held is None:
+            self.send_event(sub.sub_id, raw)
+        elif len(sub.held) < DEFAULT_MAX_QUEUED:
+            sub.held.append((event_id, raw))
+        else:
+            self.drop(1008, "slow consumer", abort=True)
 
     def notice(self, message: str) -> None:
         self.send(_dumps(["NOTICE", message]))
@@ -364,7 +381,7 @@ class Session:
             self.closed_msg(sub_id, f"error: too many open subscriptions (max {self.settings.max_subscriptions})")
             return
         # Register before querying so nothing committed meanwhile is missed (duplicates are fine).
-        sub = Subscription(self, sub_id, filters)
+        sub = Subscription(self, sub_id, filters, held=[])
         self.subs[sub_id] = sub
         self.relay.index_for(self.origin).add(sub)
         self.queries[sub_id] = self.spawn(self._answer_req(sub))
@@ -387,6 +404,13 @@ class Session:
         for raw in stored:
             self.send_event(sub_id, raw)
         self.send(_dumps(["EOSE", sub_id]))
+        held, sub.held = sub.held or [], None
+        if held:
+            # Held events the stored answer already carried are not sent twice.
+            answered = {_raw_id(raw) for raw in stored}
+            for event_id, raw in held:
+                if event_id not in answered:
+                    self.send_event(sub_id, raw)
 
     def end_subscription(self, sub_id: str) -> None:
         """Forget a subscription: out of the index, its pending query cancelled."""

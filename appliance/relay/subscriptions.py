@@ -18,6 +18,9 @@ class Subscription:
     sub_id: str
     filters: list[Filter]
     keys: list[tuple[str, Any]] = field(default_factory=list)  # index entries, for removal
+    # Live events that arrived while the stored answer was being read: (id, raw), sent after EOSE
+    # minus those the stored answer holds. None once the stored answer is out.
+    held: list[tuple[str, str]] | None = None
 
 
 def _index_keys(f: Filter) -> list[tuple[str, Any]]:

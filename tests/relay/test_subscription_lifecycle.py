@@ -127,3 +127,47 @@ async def test_reader_that_stops_reading_is_dropped(make_server, alice, connect)
     # The relay itself is unharmed.
     events, _ = await writer.req("after", {"#t": ["bulk"], "limit": 1})
     assert len(events) == 1
+
+
+async def test_stored_answer_stays_clean_during_ingest(server, alice, connect):
+    """Events arriving while a REQ's stored answer is read are held until after its EOSE: before
+    EOSE only the stored answer (newest first, within the limit), and no event twice."""
+    publisher = await connect(server.url)
+    reader = await connect(server.url)
+    tag = f"flow-{time.time_ns()}"
+    events = [alice.sign(1, [["t", tag]], f"e{i}") for i in range(900)]
+
+    async def publish_all():
+        for ev in events:
+            await publisher.send(["EVENT", ev.to_dict()])
+
+    pub = asyncio.create_task(publish_all())
+    try:
+        for n in range(25):
+            sub = f"r{n}"
+            await reader.send(["REQ", sub, {"#t": [tag], "limit": 2}])
+            before, after, seen = [], [], set()
+            while True:
+                msg = await reader.recv()
+                if msg[1] != sub:
+                    continue
+                if msg[0] == "EOSE":
+                    break
+                before.append(msg[2])
+            assert len(before) <= 2
+            assert [e["created_at"] for e in before] == sorted((e["created_at"] for e in before), reverse=True)
+            seen.update(e["id"] for e in before)
+            await reader.send(["REQ", "barrier", {"ids": [events[0].id]}])
+            while True:
+                msg = await reader.recv()
+                if msg[0] == "EOSE" and msg[1] == "barrier":
+                    break
+                if msg[1] == sub and msg[0] == "EVENT":
+                    after.append(msg[2]["id"])
+            assert not (set(after) & seen) and len(after) == len(set(after))
+            await reader.send(["CLOSE", sub])
+    finally:
+        await pub
+        oks = 0
+        while oks < len(events):  # read the publisher's answers, so its connection closes cleanly
+            oks += (await publisher.recv())[0] == "OK"
