@@ -42,6 +42,21 @@ def _int(value: Any) -> int:
         raise ValueError("expected a whole number") from None
 
 
+def _float(value: Any) -> float:
+    if isinstance(value, bool):
+        raise ValueError("expected a number")
+    if isinstance(value, (int, float)):
+        out = float(value)
+    else:
+        try:
+            out = float(str(value).strip())
+        except ValueError:
+            raise ValueError("expected a number, such as 2.5") from None
+    if out != out or out in (float("inf"), float("-inf")):
+        raise ValueError("expected a finite number")
+    return out
+
+
 def _str(value: Any) -> str:
     if not isinstance(value, (str, int, float)) or isinstance(value, bool):
         raise ValueError("expected text")
@@ -135,6 +150,10 @@ SETTINGS: tuple[Setting, ...] = (
        "returns its newest events up to its share (page older ones with `until`). Bounds the memory "
        "one careless or hostile REQ costs: max_filters x max_limit events could be gigabytes.",
        minimum=64 * 1024, maximum=1024 * 1024 * 1024),
+    _s("query_timeout", _float, 3.0,
+       "Seconds one REQ or COUNT may spend in the database before it is abandoned (CLOSED "
+       "`error:`). Keeps one expensive filter from holding a reader thread for everyone. 0 disables.",
+       minimum=0, maximum=3600),
     _s("max_filter_values", _int, 1000,
        "Values allowed in one filter list (ids, authors, kinds, a tag).", minimum=1, maximum=100000),
     _s("max_event_tags", _int, 2000, "Tags allowed on one event.", minimum=1, maximum=100000),
@@ -273,8 +292,8 @@ def _check_cross(values: dict[str, Any]) -> None:
 def _toml_literal(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
-    if isinstance(value, int):
-        return str(value)
+    if isinstance(value, (int, float)):
+        return repr(value)
     escaped = str(value).replace("\\", "\\\\").replace('"', '\\"')
     return f'"{escaped}"'
 

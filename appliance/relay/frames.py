@@ -10,9 +10,13 @@ is checked, not assumed.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any, Awaitable, Callable
 
 RAW_SEND_KEY = "appliance.raw_send"
+# A peer that lets this long pass without taking any of what is buffered for it is cut off: its
+# unsent messages would otherwise stay in memory for as long as it keeps the connection open.
+DEFAULT_WRITE_STALL_SECONDS = 60.0
 
 
 def capture_raw_send(app: Callable) -> Callable:
@@ -29,8 +33,10 @@ def capture_raw_send(app: Callable) -> Callable:
 class FrameWriter:
     """Sends a list of text messages: one write when possible, one ASGI send each otherwise."""
 
-    def __init__(self, scope: dict, asgi_send_text: Callable[[str], Awaitable[None]]):
+    def __init__(self, scope: dict, asgi_send_text: Callable[[str], Awaitable[None]],
+                 stall_seconds: float = DEFAULT_WRITE_STALL_SECONDS):
         self._send_text = asgi_send_text
+        self.stall_seconds = stall_seconds
         self._proto: Any = None
         raw = scope.get(RAW_SEND_KEY)
         proto = getattr(raw, "__self__", None)
@@ -59,9 +65,13 @@ class FrameWriter:
         proto = self._proto
         if proto is None:
             for text in texts:
-                await self._send_text(text)
+                await asyncio.wait_for(self._send_text(text), self.stall_seconds)
             return True
-        await proto.writable.wait()  # the server's own flow control
+        try:
+            await asyncio.wait_for(proto.writable.wait(), self.stall_seconds)  # the server's flow control
+        except asyncio.TimeoutError:
+            self.abort()
+            return False
         if proto.disconnected or proto.close_sent or proto.transport.is_closing():
             return False
         conn = proto.conn

@@ -77,6 +77,7 @@ class Relay:
         self.verifier = Verifier()
         self.indexes: dict[int, SubscriptionIndex] = {}
         self.sessions: set = set()
+        self.queued_bytes = 0  # unsent output of all sessions (see Session.send)
         self.stats = {"accepted": 0, "rejected": 0, "broadcast": 0}
 
     def index_for(self, origin: Origin) -> SubscriptionIndex:
@@ -198,10 +199,12 @@ class Relay:
             lambda conn: query_events(
                 conn, origin.id, filters, scope, now, default_limit=s.default_limit, max_limit=s.max_limit,
                 max_bytes=s.max_query_bytes,
-            )
+            ),
+            timeout=s.query_timeout,
         )
 
     async def count(self, origin: Origin, reader: str | None, filters: list[Filter]) -> int:
         scope = read_scope(origin, reader, self.groups)
         now = int(time.time())
-        return await self.store.read(lambda conn: count_events(conn, origin.id, filters, scope, now))
+        return await self.store.read(lambda conn: count_events(conn, origin.id, filters, scope, now),
+                                     timeout=self.settings.query_timeout)

@@ -20,6 +20,7 @@ from appliance.relay.limits import TokenBucket
 from appliance.origins import Origin
 from appliance.relay.relay import Relay
 from appliance.relay.subscriptions import Subscription
+from appliance.store.sqlite import QueryTimeout
 
 log = logging.getLogger("appliance.relay")
 
@@ -27,11 +28,23 @@ log = logging.getLogger("appliance.relay")
 # so many bytes (at least two full REQ answers, see the max_query_bytes setting), whichever first.
 DEFAULT_MAX_QUEUED = 20_000
 DEFAULT_MAX_QUEUED_BYTES = 32 * 1024 * 1024
+# All connections together: past this, any connection holding more than its fair share of unsent
+# bytes is dropped (many slow readers, each under its own budget, must not exhaust the machine).
+DEFAULT_MAX_QUEUED_TOTAL = 512 * 1024 * 1024
+DEFAULT_FAIR_SHARE = 1024 * 1024
 # EVENTs one connection may have in flight (verifying or committing) at once.
 DEFAULT_MAX_INFLIGHT = 512
 MAX_SUB_ID_LENGTH = 64
+# REQ/COUNT queries one connection may have in the database at once; the rest wait their turn on
+# that connection, so one client cannot occupy every reader thread.
+DEFAULT_QUERIES_IN_FLIGHT = 2
+# Rate-limited messages a connection may send before it is closed: past this it is flooding.
+DEFAULT_MAX_REFUSALS = 1000
 # Queued messages written together (one system call): a REQ's stored events, a burst of OKs.
 SEND_BATCH = 256
+
+
+QUERY_TIMEOUT_MESSAGE = "error: this query takes too long here; narrow its filters or lower its limit"
 
 
 def _dumps(obj) -> str:
@@ -59,6 +72,9 @@ class Session:
         # The stored-events query of each REQ still running, by subscription id: a CLOSE or a
         # replacing REQ cancels it, and only the subscription it belongs to may send its answer.
         self.queries: dict[str, asyncio.Task] = {}
+        self.counts: set[asyncio.Task] = set()
+        self.query_slots = asyncio.Semaphore(DEFAULT_QUERIES_IN_FLIGHT)
+        self.refusals = 0
         self.out: asyncio.Queue[str | None] = asyncio.Queue()
         self.writer = FrameWriter(ws.scope, ws.send_text)
         self.close_code: int | None = None  # set when the relay ends the connection
@@ -84,8 +100,12 @@ class Session:
     def send(self, text: str) -> None:
         if self.closed:
             return
-        self.queued_bytes += len(text)
-        if self.out.qsize() >= DEFAULT_MAX_QUEUED or self.queued_bytes > self.max_queued_bytes:
+        n = len(text)
+        self.queued_bytes += n
+        relay = self.relay
+        relay.queued_bytes += n
+        if (self.out.qsize() >= DEFAULT_MAX_QUEUED or self.queued_bytes > self.max_queued_bytes
+                or (relay.queued_bytes > DEFAULT_MAX_QUEUED_TOTAL and self.queued_bytes > DEFAULT_FAIR_SHARE)):
             log.info("dropping slow connection origin=%s queued=%d queued_bytes=%d", self.origin.origin,
                      self.out.qsize(), self.queued_bytes)
             # It is not reading: a close frame would wait behind everything queued. Cut it.
@@ -120,9 +140,16 @@ class Session:
                       notice="restricted: this community's access rules changed; reconnect")
 
     def cancel_queries(self) -> None:
-        for task in self.queries.values():
+        for task in [*self.queries.values(), *self.counts]:
             task.cancel()
         self.queries.clear()
+        self.counts.clear()
+
+    def refused(self) -> None:
+        """Count a rate-limited message; a connection that keeps sending them is closed."""
+        self.refusals += 1
+        if self.refusals > DEFAULT_MAX_REFUSALS:
+            self.drop(1008, "flooding", notice="rate-limited: too many refused messages; closing")
 
     def send_event(self, sub_id: str, raw: str) -> None:
         self.send('["EVENT",' + _dumps(sub_id) + "," + raw + "]")
@@ -158,7 +185,9 @@ class Session:
                 texts = texts[: texts.index(None)]
             if texts and not await writer.send_all(texts):
                 break
-            self.queued_bytes -= sum(map(len, texts))
+            sent = sum(map(len, texts))
+            self.queued_bytes -= sent
+            self.relay.queued_bytes -= sent
             if stop:
                 if self.close_code is not None and not writer.aborted:
                     try:
@@ -202,6 +231,8 @@ class Session:
                 await sender
             except Exception:  # the peer is gone; nothing left to tell it
                 pass
+            self.relay.queued_bytes -= self.queued_bytes  # what was never sent leaves with it
+            self.queued_bytes = 0
             if self.tasks:
                 await asyncio.gather(*self.tasks, return_exceptions=True)
 
@@ -209,6 +240,7 @@ class Session:
         s = self.settings
         if not self.message_bucket.take():
             self.notice("rate-limited: too many messages, slow down")
+            self.refused()
             return
         if len(text) > s.max_message_length or len(text.encode()) > s.max_message_length:
             self.refuse_too_large(text)
@@ -274,6 +306,7 @@ class Session:
         obj, event_id = arg
         if not self.event_bucket.take():
             self.ok(event_id, False, "rate-limited: publishing too fast")
+            self.refused()
             return
         try:
             ev = parse_event(obj)
@@ -338,6 +371,7 @@ class Session:
             return None
         if not self.req_bucket.take():
             self.closed_msg(sub_id, "rate-limited: too many requests, slow down")
+            self.refused()
             return sub_id, None
         try:
             filters = self._parse_filters(msg[2:])
@@ -353,11 +387,19 @@ class Session:
     def on_count(self, msg: list) -> None:
         args = self._req_arguments(msg, "COUNT")
         if args is not None and args[1] is not None:
-            self.spawn(self._answer_count(*args))
+            task = self.spawn(self._answer_count(*args))
+            self.counts.add(task)
+            task.add_done_callback(self.counts.discard)
 
     async def _answer_count(self, sub_id: str, filters: list[Filter]) -> None:
         try:
-            n = await self.relay.count(self.origin, self.reader, filters)
+            async with self.query_slots:
+                n = await self.relay.count(self.origin, self.reader, filters)
+        except asyncio.CancelledError:
+            return  # the connection is gone
+        except QueryTimeout:
+            self.closed_msg(sub_id, QUERY_TIMEOUT_MESSAGE)
+            return
         except Exception:
             log.exception("count failed")
             self.closed_msg(sub_id, "error: count failed")
@@ -389,14 +431,17 @@ class Session:
     async def _answer_req(self, sub: Subscription) -> None:
         sub_id = sub.sub_id
         try:
-            stored = await self.relay.query(self.origin, self.reader, sub.filters)
+            async with self.query_slots:
+                stored = await self.relay.query(self.origin, self.reader, sub.filters)
         except asyncio.CancelledError:
             return  # closed or replaced meanwhile: its answer is not wanted
-        except Exception:
-            log.exception("query failed")
+        except Exception as exc:
+            timed_out = isinstance(exc, QueryTimeout)
+            if not timed_out:
+                log.exception("query failed")
             if self.subs.get(sub_id) is sub:
                 self.end_subscription(sub_id)
-                self.closed_msg(sub_id, "error: query failed")
+                self.closed_msg(sub_id, QUERY_TIMEOUT_MESSAGE if timed_out else "error: query failed")
             return
         if self.subs.get(sub_id) is not sub:
             return

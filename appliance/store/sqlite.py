@@ -6,6 +6,7 @@ import asyncio
 import logging
 import os
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable, TypeVar
@@ -25,6 +26,14 @@ T = TypeVar("T")
 DB_FILENAME = "appliance.sqlite3"
 # Seconds between WAL checkpoints (copying committed pages into the database file).
 CHECKPOINT_INTERVAL = 1.0
+# SQLite VM steps between checks of a read's deadline: a few microseconds of work each.
+PROGRESS_STEPS = 10_000
+
+
+class QueryTimeout(StoreError):
+    """A read ran past its time budget and was abandoned."""
+
+
 # WAL file size kept after a checkpoint; larger WALs are truncated back to this.
 WAL_SIZE_LIMIT = 64 * 1024 * 1024
 
@@ -196,14 +205,25 @@ class SqliteStore:
                 self._reader_conns.append(conn)
         return conn
 
-    def read_sync(self, fn: Callable[[apsw.Connection], T]) -> T:
-        """Run `fn(conn)` on this thread's reader connection, in one read transaction."""
+    def read_sync(self, fn: Callable[[apsw.Connection], T], timeout: float | None = None) -> T:
+        """Run `fn(conn)` on this thread's reader connection, in one read transaction. With
+        `timeout` (seconds), SQLite abandons it past that time: QueryTimeout."""
         conn = self._reader()
-        with conn:
-            return fn(conn)
+        if not timeout:
+            with conn:
+                return fn(conn)
+        deadline = time.monotonic() + timeout
+        conn.set_progress_handler(lambda: time.monotonic() > deadline, PROGRESS_STEPS, id="timeout")
+        try:
+            with conn:
+                return fn(conn)
+        except apsw.InterruptError:
+            raise QueryTimeout(f"query took longer than {timeout:g} s") from None
+        finally:
+            conn.set_progress_handler(None, id="timeout")
 
-    async def read(self, fn: Callable[[apsw.Connection], T]) -> T:
+    async def read(self, fn: Callable[[apsw.Connection], T], timeout: float | None = None) -> T:
         """Run `fn(conn)` on a reader thread (a consistent snapshot) without blocking the loop."""
         assert self._pool is not None, "store is not open"
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._pool, self.read_sync, fn)
+        return await loop.run_in_executor(self._pool, self.read_sync, fn, timeout)

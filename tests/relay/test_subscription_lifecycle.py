@@ -171,3 +171,32 @@ async def test_stored_answer_stays_clean_during_ingest(server, alice, connect):
         oks = 0
         while oks < len(events):  # read the publisher's answers, so its connection closes cleanly
             oks += (await publisher.recv())[0] == "OK"
+
+
+async def test_expensive_query_is_abandoned_with_closed(make_server, alice, connect):
+    server = make_server("--query-timeout", "0.000001", "--event-rate", "0")
+    c = await connect(server.url)
+    for i in range(0, 3000, 500):
+        for j in range(500):
+            await c.send(["EVENT", alice.sign(1, [], f"{i + j}").to_dict()])
+        for _ in range(500):
+            await c.expect(lambda m: m[0] == "OK")
+    filters = [{"kinds": [1], "since": k} for k in range(16)]
+    events, closed = await c.req("slow", *filters)
+    assert closed == ["CLOSED", "slow", "error: this query takes too long here; narrow its filters or lower its limit"]
+    count = await c.count("slowc", *filters)
+    assert count[0] == "CLOSED" and count[2].startswith("error: this query takes too long")
+    # The connection (and the subscription slot) stay usable.
+    events, closed = await c.req("ok", {"ids": ["0" * 64]})
+    assert closed is None
+
+
+async def test_flooding_connection_is_closed(server, connect):
+    c = await connect(server.url)
+    for _ in range(4000):
+        await c.send("[]")
+    deadline = asyncio.get_running_loop().time() + 20
+    with pytest.raises(websockets.exceptions.ConnectionClosed) as info:
+        while True:
+            await c.recv(max(0.01, deadline - asyncio.get_running_loop().time()))
+    assert info.value.rcvd is not None and info.value.rcvd.code == 1008

@@ -90,3 +90,15 @@ def test_version_on_every_subcommand():
     for args in (["--version"], ["serve", "--version"], ["origins", "add", "--version"], ["--port", "1", "--version"]):
         out = run(*args)
         assert out.returncode == 0 and out.stdout.startswith("appliance "), (args, out.stderr)
+
+
+def test_read_past_its_time_budget_is_abandoned(tmp_path):
+    from appliance.store.sqlite import QueryTimeout
+
+    endless = "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n) SELECT count(*) FROM n"
+    with SqliteStore(tmp_path / "data") as store:
+        with pytest.raises(QueryTimeout):
+            store.read_sync(lambda conn: conn.execute(endless).fetchone(), timeout=0.05)
+        # The reader connection is fine afterwards, with and without a budget.
+        assert store.read_sync(lambda conn: conn.execute("SELECT 1").fetchone(), timeout=1) == (1,)
+        assert store.read_sync(lambda conn: conn.execute("SELECT 2").fetchone()) == (2,)
