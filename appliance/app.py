@@ -21,7 +21,7 @@ from starlette.websockets import WebSocket
 
 from appliance import __version__
 from appliance.errors import ApplianceError
-from appliance.push.config import check_push_config
+from appliance.push.config import check_push_config, check_push_fits_relay
 from appliance.relay import nip11
 from appliance.relay.groups import DEFAULT_H_GRAMMAR, Groups, GroupState, RelayKeys
 from appliance.store.meta import config_generation
@@ -78,6 +78,11 @@ def prepare_origins(store: SqliteStore, settings: Settings, *, serving: bool = T
         (Origin.from_mapping(o, where=f"origins[{i}]", check_push=check_push_config), "allow" in o, "block" in o)
         for i, o in enumerate(settings.origins)
     ]
+    # Refused before anything is saved, by every command (a saved origin the server would refuse
+    # stalls its reloads and its next start).
+    check_push_fits_relay(base.push, "push", settings.max_content_length)
+    for i, (o, _allow, _block) in enumerate(declared):
+        check_push_fits_relay(o.push, f"origins[{i}]", settings.max_content_length)
 
     def op(conn):
         stored = {o.origin: o for o in load_origins(conn)}

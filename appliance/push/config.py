@@ -118,3 +118,14 @@ def build_descriptor(origin: str, push: dict, keys: Sequence[ExecutorKey]) -> De
     except DescriptorError as exc:
         raise ConfigError(f"push descriptor of {origin}", exc.rule, exc.detail or exc.rule) from None
     return desc
+
+
+def check_push_fits_relay(push: dict, where: str, max_content_length: int) -> None:
+    """A descriptor may not advertise more than the relay accepts (its `max_content_length`)."""
+    if not push:
+        return
+    limit = push_limits(push).max_content_len
+    if limit > max_content_length:
+        raise ConfigError(f"{where}.push.limitation.max_content_len", limit,
+                          f"more than the relay accepts (max_content_length = {max_content_length}); "
+                          "lower it or raise max_content_length")

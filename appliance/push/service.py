@@ -16,7 +16,7 @@ from typing import Any, Awaitable, Callable
 
 import apsw
 
-from appliance.errors import ConfigError, Rejected
+from appliance.errors import Rejected
 from appliance.nostr import nip44
 from appliance.origins import Origin
 from appliance.push.workers import LeaseValidator
@@ -25,7 +25,7 @@ from appliance.store.sqlite import SqliteStore
 
 from . import keys as keystore
 from . import state
-from .config import build_descriptor, push_limits
+from .config import build_descriptor, check_push_fits_relay
 from .descriptor import LEASE_KIND, Descriptor, descriptor_to_json
 from .errors import LeaseRejected, reason_message
 
@@ -82,11 +82,8 @@ class Push:
                 keystore.ensure_current(conn, self.keyfile, oid, now)
                 return keystore.list_keys(conn, oid), keystore.load_secrets(conn, self.keyfile, oid)
 
-            limit = push_limits(o.push).max_content_len
-            if self.relay_max_content_length is not None and limit > self.relay_max_content_length:
-                raise ConfigError(f"origins[{o.origin}].push.limitation.max_content_len", limit,
-                                  f"more than the relay accepts (max_content_length = "
-                                  f"{self.relay_max_content_length}); lower it or raise max_content_length")
+            if self.relay_max_content_length is not None:
+                check_push_fits_relay(o.push, f"origins[{o.origin}]", self.relay_max_content_length)
             rows, secrets = self.store.write_sync(op)
             desc = build_descriptor(o.origin, o.push, keystore.advertised(rows, now))
             loaded[o.id] = OriginPush(o.id, desc, rows, secrets)

@@ -77,8 +77,10 @@ class LeaseValidator:
         self._pool: ProcessPoolExecutor | None = None
         self._pending: list[tuple[tuple, asyncio.Future]] = []
         self._scheduled = False
+        self._closed = False
 
     def close(self) -> None:
+        self._closed = True
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
@@ -100,6 +102,8 @@ class LeaseValidator:
             self._submit(loop, pending[start : start + BATCH], retries=1)
 
     def _current_pool(self) -> ProcessPoolExecutor:
+        if self._closed:
+            raise RuntimeError("the lease validator is shut down")
         if self._pool is None:
             # spawn: the parent has threads (writer, readers), which fork would copy mid-state.
             self._pool = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"),
@@ -115,7 +119,11 @@ class LeaseValidator:
     def _submit(self, loop: asyncio.AbstractEventLoop, chunk: list, retries: int) -> None:
         """Hand one batch to the pool. A batch caught by a dying worker is retried once on a fresh
         pool, then refused (its leases get an `error:` OK): every lease gets an answer."""
-        pool = self._current_pool()
+        try:
+            pool = self._current_pool()
+        except Exception as exc:  # shut down, or no process could be started (EMFILE, ENOMEM)
+            _fail(chunk, exc)
+            return
         try:
             job = loop.run_in_executor(pool, _validate_batch, [j for j, _ in chunk])
         except BrokenProcessPool as exc:
@@ -125,6 +133,9 @@ class LeaseValidator:
                 self._submit(loop, chunk, retries - 1)
             else:
                 _fail(chunk, exc)
+            return
+        except Exception as exc:
+            _fail(chunk, exc)
             return
 
         def settle(done: asyncio.Future) -> None:

@@ -40,6 +40,7 @@ MAX_SUB_ID_LENGTH = 64
 DEFAULT_QUERIES_IN_FLIGHT = 2
 # Rate-limited messages a connection may send before it is closed: past this it is flooding.
 DEFAULT_MAX_REFUSALS = 1000
+REFUSAL_WINDOW_SECONDS = 60.0
 # Queued messages written together (one system call): a REQ's stored events, a burst of OKs.
 SEND_BATCH = 256
 
@@ -75,6 +76,8 @@ class Session:
         self.counts: set[asyncio.Task] = set()
         self.query_slots = asyncio.Semaphore(DEFAULT_QUERIES_IN_FLIGHT)
         self.refusals = 0
+        self.refusals_since = time.monotonic()
+        self.held_bytes = 0  # live events held behind pending stored answers (see live_event)
         self.out: asyncio.Queue[str | None] = asyncio.Queue()
         self.writer = FrameWriter(ws.scope, ws.send_text)
         self.close_code: int | None = None  # set when the relay ends the connection
@@ -119,7 +122,10 @@ class Session:
         if self.closed:
             return
         if notice is not None:
-            self.out.put_nowait(_dumps(["NOTICE", notice]))
+            text = _dumps(["NOTICE", notice])
+            self.queued_bytes += len(text)
+            self.relay.queued_bytes += len(text)
+            self.out.put_nowait(text)
         self.closed = True
         self.close_code = code
         self.close_reason = reason
@@ -146,7 +152,11 @@ class Session:
         self.counts.clear()
 
     def refused(self) -> None:
-        """Count a rate-limited message; a connection that keeps sending them is closed."""
+        """Count a rate-limited message; a connection that keeps sending them (so many within a
+        minute) is closed."""
+        now = time.monotonic()
+        if now - self.refusals_since > REFUSAL_WINDOW_SECONDS:
+            self.refusals, self.refusals_since = 0, now
         self.refusals += 1
         if self.refusals > DEFAULT_MAX_REFUSALS:
             self.drop(1008, "flooding", notice="rate-limited: too many refused messages; closing")
@@ -159,10 +169,17 @@ class Session:
         (NIP-01: what precedes EOSE is the stored answer, newest first, within its limits)."""
         if sub.held is None:
             self.send_event(sub.sub_id, raw)
-        elif len(sub.held) < DEFAULT_MAX_QUEUED:
+            return
+        self.held_bytes += len(raw)
+        if len(sub.held) < DEFAULT_MAX_QUEUED and self.queued_bytes + self.held_bytes <= self.max_queued_bytes:
             sub.held.append((event_id, raw))
         else:
             self.drop(1008, "slow consumer", abort=True)
+
+    def _release_held(self, sub: Subscription) -> list[tuple[str, str]]:
+        held, sub.held = sub.held or [], None
+        self.held_bytes -= sum(len(raw) for _id, raw in held)
+        return held
 
     def notice(self, message: str) -> None:
         self.send(_dumps(["NOTICE", message]))
@@ -183,7 +200,13 @@ class Session:
             stop = None in texts
             if stop:
                 texts = texts[: texts.index(None)]
-            if texts and not await writer.send_all(texts):
+            try:
+                delivered = not texts or await writer.send_all(texts)
+            except Exception:  # a stalled or broken peer (the plain ASGI path raises)
+                delivered = False
+            if not delivered:
+                self.closed = True
+                writer.abort()
                 break
             sent = sum(map(len, texts))
             self.queued_bytes -= sent
@@ -384,6 +407,25 @@ class Session:
             return sub_id, None
         return sub_id, filters
 
+    async def _in_slot(self, work):
+        """Run a database query in one of this connection's slots. The slot is held until the
+        query itself ends: cancelling the waiter (CLOSE, disconnect) does not stop a read already
+        running on a reader thread, so it must not free the slot for another one either."""
+        try:
+            await self.query_slots.acquire()
+        except BaseException:
+            work.close()
+            raise
+        fut = asyncio.ensure_future(work)
+
+        def done(f: asyncio.Future) -> None:
+            self.query_slots.release()
+            if not f.cancelled():
+                f.exception()  # retrieved: an abandoned query's error is not "never retrieved"
+
+        fut.add_done_callback(done)
+        return await asyncio.shield(fut)
+
     def on_count(self, msg: list) -> None:
         args = self._req_arguments(msg, "COUNT")
         if args is not None and args[1] is not None:
@@ -393,8 +435,7 @@ class Session:
 
     async def _answer_count(self, sub_id: str, filters: list[Filter]) -> None:
         try:
-            async with self.query_slots:
-                n = await self.relay.count(self.origin, self.reader, filters)
+            n = await self._in_slot(self.relay.count(self.origin, self.reader, filters))
         except asyncio.CancelledError:
             return  # the connection is gone
         except QueryTimeout:
@@ -431,8 +472,7 @@ class Session:
     async def _answer_req(self, sub: Subscription) -> None:
         sub_id = sub.sub_id
         try:
-            async with self.query_slots:
-                stored = await self.relay.query(self.origin, self.reader, sub.filters)
+            stored = await self._in_slot(self.relay.query(self.origin, self.reader, sub.filters))
         except asyncio.CancelledError:
             return  # closed or replaced meanwhile: its answer is not wanted
         except Exception as exc:
@@ -449,7 +489,7 @@ class Session:
         for raw in stored:
             self.send_event(sub_id, raw)
         self.send(_dumps(["EOSE", sub_id]))
-        held, sub.held = sub.held or [], None
+        held = self._release_held(sub)
         if held:
             # Held events the stored answer already carried are not sent twice.
             answered = {_raw_id(raw) for raw in stored}
@@ -462,6 +502,7 @@ class Session:
         sub = self.subs.pop(sub_id, None)
         if sub is not None:
             self.relay.index_for(self.origin).remove(sub)
+            self._release_held(sub)
         task = self.queries.pop(sub_id, None)
         if task is not None:
             task.cancel()

@@ -44,7 +44,8 @@ def _sqlite_log(code: int, message: str) -> None:
     """SQLite's error log, into the `appliance.sqlite` logger. A statement re-prepared after a
     schema change (SQLITE_SCHEMA, routine at start while migrations run) is DEBUG, not news."""
     primary = code & 0xFF
-    if code == apsw.SQLITE_SCHEMA:
+    if code == apsw.SQLITE_SCHEMA or primary == apsw.SQLITE_INTERRUPT:
+        # Re-prepares after a schema change; reads abandoned on purpose (query_timeout).
         level = logging.DEBUG
     elif primary in (apsw.SQLITE_WARNING, apsw.SQLITE_NOTICE):
         level = logging.WARNING

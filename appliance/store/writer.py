@@ -50,6 +50,8 @@ class Writer:
             fut.set_exception(StoreError("the database writer has stopped"))
             return fut
         self._queue.put((op, fut, loop))
+        if self._dead:  # died meanwhile: its drain may have run before this put
+            self._drain()
         return fut
 
     def run_sync(self, op: WriteOp) -> Any:
@@ -64,6 +66,8 @@ class Writer:
         if self._dead:
             raise StoreError("the database writer has stopped")
         self._queue.put((op, setter, None))
+        if self._dead:
+            self._drain()
         done.wait()
         result, exc = box[0]
         if exc is not None:
@@ -83,13 +87,17 @@ class Writer:
         except BaseException:  # a bug here must not leave every later write waiting forever
             log.critical("the writer thread failed; writes are refused until restart", exc_info=True)
             self._dead = True
-            while True:
-                try:
-                    item = self._queue.get_nowait()
-                except queue.Empty:
-                    return
-                if item is not _STOP:
-                    self._deliver([(item[1], item[2], None, StoreError("the database writer has stopped"))])
+            self._drain()
+
+    def _drain(self) -> None:
+        """Answer everything queued to a dead writer."""
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                return
+            if item is not _STOP:
+                self._deliver([(item[1], item[2], None, StoreError("the database writer has stopped"))])
 
     def _serve(self) -> None:
         q = self._queue
@@ -110,7 +118,7 @@ class Writer:
                 batch.append(nxt)
             try:
                 self._commit_batch(batch)
-            except Exception as exc:  # unexpected: fail this batch, keep serving
+            except BaseException as exc:  # unexpected: fail this batch, keep serving
                 log.exception("write batch failed")
                 if self._conn.in_transaction:
                     try:

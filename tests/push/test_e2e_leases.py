@@ -288,7 +288,11 @@ def test_limits_the_appliance_cannot_honour_refuse_to_start(tmp_path, limitation
     assert expect in str(exc.value)
 
 
-def test_cli_refuses_an_origin_whose_descriptor_is_invalid(tmp_path):
+@pytest.mark.parametrize("bad_push, expect", [
+    ("urgent_kinds = [46010]\n", "urgent-subset"),
+    ("[origins.push.limitation]\nmax_content_len = 120000\n", "more than the relay accepts"),
+])
+def test_cli_refuses_an_origin_whose_descriptor_is_invalid(tmp_path, bad_push, expect):
     """A command run with a config declaring a bad [[origins]] push table saves nothing (it used to
     save the origin, which then broke every reload and the next start)."""
     import subprocess
@@ -298,11 +302,11 @@ def test_cli_refuses_an_origin_whose_descriptor_is_invalid(tmp_path):
 
     cfg = tmp_path / "bad.toml"
     cfg.write_text(push_config() + '[[origins]]\norigin = "wss://b.example"\n[origins.push]\n'
-                   'app_profiles = [{ id = "a", transport = "apns" }]\nurgent_kinds = [46010]\n')
+                   'app_profiles = [{ id = "a", transport = "apns" }]\n' + bad_push)
     data = tmp_path / "data"
     out = subprocess.run([sys.executable, "-m", "appliance", "keys", "rotate", ORIGIN, "--data-dir", str(data),
                           "--config", str(cfg)], capture_output=True, text=True, cwd=ROOT, timeout=60)
-    assert out.returncode == 2 and "urgent-subset" in out.stderr and "wss://b.example" in out.stderr, out.stderr
+    assert out.returncode == 2 and expect in out.stderr, out.stderr
     listed = subprocess.run([sys.executable, "-m", "appliance", "origins", "list", "--data-dir", str(data)],
                             capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert "b.example" not in listed.stdout
