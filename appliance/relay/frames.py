@@ -37,6 +37,7 @@ class FrameWriter:
                  stall_seconds: float = DEFAULT_WRITE_STALL_SECONDS):
         self._send_text = asgi_send_text
         self.stall_seconds = stall_seconds
+        self.aborted = False
         self._proto: Any = None
         raw = scope.get(RAW_SEND_KEY)
         proto = getattr(raw, "__self__", None)
@@ -50,8 +51,6 @@ class FrameWriter:
     @property
     def batched(self) -> bool:
         return self._proto is not None
-
-    aborted = False
 
     def abort(self) -> None:
         """Cut the connection now, dropping whatever is buffered (a peer that stopped reading).
