@@ -89,10 +89,7 @@ def _add_version(parser: argparse.ArgumentParser) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
-    if "--version" in argv:  # wherever it stands, like --help
-        print(f"appliance {__version__}")
-        return 0
-    if not argv or argv[0].startswith("-") and argv[0] not in ("-h", "--help"):
+    if not argv or argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version"):
         argv = ["serve", *argv]
     args = parser.parse_args(argv)
     try:

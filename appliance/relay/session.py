@@ -103,18 +103,23 @@ class Session:
     def send(self, text: str) -> None:
         if self.closed:
             return
-        n = len(text)
-        self.queued_bytes += n
-        relay = self.relay
-        relay.queued_bytes += n
-        if (self.out.qsize() >= DEFAULT_MAX_QUEUED or self.queued_bytes > self.max_queued_bytes
-                or (relay.queued_bytes > DEFAULT_MAX_QUEUED_TOTAL and self.queued_bytes > DEFAULT_FAIR_SHARE)):
+        if (self.out.qsize() >= DEFAULT_MAX_QUEUED or self.queued_bytes + len(text) > self.max_queued_bytes
+                or (self.relay.queued_bytes > DEFAULT_MAX_QUEUED_TOTAL and self.queued_bytes > DEFAULT_FAIR_SHARE)):
             log.info("dropping slow connection origin=%s queued=%d queued_bytes=%d", self.origin.origin,
                      self.out.qsize(), self.queued_bytes)
             # It is not reading: a close frame would wait behind everything queued. Cut it.
             self.drop(1008, "slow consumer", abort=True)
             return
+        self._enqueue(text)
+
+    def _enqueue(self, text: str) -> None:
+        self._account(len(text))
         self.out.put_nowait(text)
+
+    def _account(self, n: int) -> None:
+        """Unsent output grew (or, negative, shrank) by n: this connection's and the relay's."""
+        self.queued_bytes += n
+        self.relay.queued_bytes += n
 
     def drop(self, code: int, reason: str, *, notice: str | None = None, abort: bool = False) -> None:
         """End this connection from the relay's side: nothing more is queued; what is queued (and
@@ -122,10 +127,7 @@ class Session:
         if self.closed:
             return
         if notice is not None:
-            text = _dumps(["NOTICE", notice])
-            self.queued_bytes += len(text)
-            self.relay.queued_bytes += len(text)
-            self.out.put_nowait(text)
+            self._enqueue(_dumps(["NOTICE", notice]))
         self.closed = True
         self.close_code = code
         self.close_reason = reason
@@ -208,9 +210,7 @@ class Session:
                 self.closed = True
                 writer.abort()
                 break
-            sent = sum(map(len, texts))
-            self.queued_bytes -= sent
-            self.relay.queued_bytes -= sent
+            self._account(-sum(map(len, texts)))
             if stop:
                 if self.close_code is not None and not writer.aborted:
                     try:
@@ -254,8 +254,7 @@ class Session:
                 await sender
             except Exception:  # the peer is gone; nothing left to tell it
                 pass
-            self.relay.queued_bytes -= self.queued_bytes  # what was never sent leaves with it
-            self.queued_bytes = 0
+            self._account(-self.queued_bytes)  # what was never sent leaves with it
             if self.tasks:
                 await asyncio.gather(*self.tasks, return_exceptions=True)
 

@@ -10,8 +10,6 @@ from typing import Any, Callable, TypeVar
 
 import apsw
 
-from appliance.errors import StoreError
-
 log = logging.getLogger("appliance.store")
 
 T = TypeVar("T")
@@ -37,7 +35,6 @@ class Writer:
         self._thread = threading.Thread(target=self._run, name="appliance-writer", daemon=True)
         self.commits = 0
         self.writes = 0
-        self._dead = False
 
     def start(self) -> None:
         self._thread.start()
@@ -46,12 +43,7 @@ class Writer:
         """Queue `op(conn)`; the returned future resolves with its result once committed."""
         loop = asyncio.get_running_loop()
         fut = loop.create_future()
-        if self._dead:
-            fut.set_exception(StoreError("the database writer has stopped"))
-            return fut
         self._queue.put((op, fut, loop))
-        if self._dead:  # died meanwhile: its drain may have run before this put
-            self._drain()
         return fut
 
     def run_sync(self, op: WriteOp) -> Any:
@@ -63,11 +55,7 @@ class Writer:
             box.append((result, exc))
             done.set()
 
-        if self._dead:
-            raise StoreError("the database writer has stopped")
         self._queue.put((op, setter, None))
-        if self._dead:
-            self._drain()
         done.wait()
         result, exc = box[0]
         if exc is not None:
@@ -82,24 +70,6 @@ class Writer:
     # -- the thread -------------------------------------------------------------------------
 
     def _run(self) -> None:
-        try:
-            self._serve()
-        except BaseException:  # a bug here must not leave every later write waiting forever
-            log.critical("the writer thread failed; writes are refused until restart", exc_info=True)
-            self._dead = True
-            self._drain()
-
-    def _drain(self) -> None:
-        """Answer everything queued to a dead writer."""
-        while True:
-            try:
-                item = self._queue.get_nowait()
-            except queue.Empty:
-                return
-            if item is not _STOP:
-                self._deliver([(item[1], item[2], None, StoreError("the database writer has stopped"))])
-
-    def _serve(self) -> None:
         q = self._queue
         while True:
             item = q.get()
@@ -118,16 +88,26 @@ class Writer:
                 batch.append(nxt)
             try:
                 self._commit_batch(batch)
-            except BaseException as exc:  # unexpected: fail this batch, keep serving
-                log.exception("write batch failed")
-                if self._conn.in_transaction:
-                    try:
-                        self._conn.execute("ROLLBACK")
-                    except apsw.Error:
-                        pass
-                self._deliver([(fut, loop, None, exc) for _op, fut, loop in batch])
+            except BaseException as exc:  # noqa: BLE001 - the thread must outlive any one batch
+                self._abandon(batch, exc)
             if stopping:
                 return
+
+    def _abandon(self, batch: list, exc: BaseException) -> None:
+        """Nothing of `batch` was written: roll back and tell every waiter why. TransactionLost
+        means SQLite itself rolled the transaction back (disk full, I/O error); the waiters get the
+        error that did it. Anything else is a bug, logged in full."""
+        if isinstance(exc, TransactionLost):
+            log.error("transaction rolled back by SQLite, %d writes lost: %s", len(batch), exc.cause)
+            exc = exc.cause
+        else:
+            log.error("write batch failed, %d writes rolled back", len(batch), exc_info=exc)
+        if self._conn.in_transaction:
+            try:
+                self._conn.execute("ROLLBACK")
+            except apsw.Error:
+                pass
+        self._deliver([(fut, loop, None, exc) for _op, fut, loop in batch])
 
     def _commit_batch(self, batch: list) -> None:
         conn = self._conn
@@ -139,30 +119,18 @@ class Writer:
             self._deliver([(fut, loop, None, exc) for _op, fut, loop in batch])
             return
         i = 0
-        try:
-            while i < len(batch):
-                run_fn = getattr(batch[i][0], "run_batch", None)
-                j = i + 1
-                if run_fn is not None:
-                    while j < len(batch) and getattr(batch[j][0], "run_batch", None) is run_fn:
-                        j += 1
-                if j - i > 1 and self._run_together(conn, run_fn, batch[i:j], outcomes):
-                    i = j
-                    continue
-                for op, fut, loop in batch[i:j]:
-                    self._run_one(conn, op, fut, loop, outcomes)
+        while i < len(batch):
+            run_fn = getattr(batch[i][0], "run_batch", None)
+            j = i + 1
+            if run_fn is not None:
+                while j < len(batch) and getattr(batch[j][0], "run_batch", None) is run_fn:
+                    j += 1
+            if j - i > 1 and self._run_together(conn, run_fn, batch[i:j], outcomes):
                 i = j
-        except TransactionLost as lost:
-            # SQLite rolled the whole transaction back (disk full, I/O error): nothing of this
-            # batch was written, so every waiter hears so, with the error that did it.
-            log.error("transaction rolled back by SQLite, %d writes lost: %s", len(batch), lost.cause)
-            if conn.in_transaction:
-                try:
-                    conn.execute("ROLLBACK")
-                except apsw.Error:
-                    pass
-            self._deliver([(fut, loop, None, lost.cause) for _op, fut, loop in batch])
-            return
+                continue
+            for op, fut, loop in batch[i:j]:
+                self._run_one(conn, op, fut, loop, outcomes)
+            i = j
         try:
             conn.execute("COMMIT")
         except apsw.Error as exc:
