@@ -19,6 +19,7 @@ ALLOWED = {
     "errors": set(),
     "settings": {"errors"},
     "store": {"nostr", "errors"},
+    "marmot": {"nostr", "errors"},
     "origins": {"errors", "store"},
     "relay": {"nostr", "errors", "store", "origins", "settings", "__init__"},
     "push": {"nostr", "errors", "store", "origins", "settings"},
