@@ -22,7 +22,7 @@ from starlette.websockets import WebSocket
 from appliance import __version__
 from appliance.errors import ApplianceError
 from appliance.push.config import check_push_config, check_push_fits_relay
-from appliance.relay import nip11
+from appliance.relay import nip11, peers
 from appliance.relay.groups import DEFAULT_H_GRAMMAR, Groups, GroupState, RelayKeys
 from appliance.store.meta import config_generation
 from dataclasses import replace
@@ -38,7 +38,7 @@ from appliance.store.sqlite import SqliteStore
 
 log = logging.getLogger("appliance")
 
-NOSTR_JSON = "application/nostr+json"
+NOSTR_JSON = nip11.NOSTR_JSON
 CORS = {
     "Access-Control-Allow-Origin": "*",
     "Access-Control-Allow-Headers": "*",
@@ -120,6 +120,8 @@ class Appliance:
     background: list[asyncio.Task] = field(default_factory=list)
     generation: int = 0
     push: Any = None  # appliance.push.service.Push
+    peers: peers.PeerLimits = field(default_factory=lambda: peers.PeerLimits(0))
+    guard: Any = None  # appliance.server.Guard, once served
 
     # Seconds between checks for origin/group edits made by the CLI while the server runs.
     RELOAD_INTERVAL = 1.0
@@ -207,7 +209,9 @@ def build(settings: Settings) -> Appliance:
     relay = Relay(settings=settings, store=store, origins=registry, groups=state)
     relay.store_hooks.add_check(groups.check, wants=groups.wants)
     relay.ephemeral_checks.append(groups.check_ephemeral)
-    app = Appliance(settings=settings, store=store, relay=relay, groups=groups, keyfile=keyfile)
+    app = Appliance(settings=settings, store=store, relay=relay, groups=groups, keyfile=keyfile,
+                    peers=peers.PeerLimits(settings.max_connections_per_ip,
+                                           peers.parse_networks(settings.trusted_proxies)))
     app.generation = store.read_sync(config_generation)
     ensure_relay_keys(store, groups, origins)
     app.nip11_extensions.append(lambda origin, doc: _nip29_self(app, origin, doc))
@@ -270,7 +274,7 @@ def asgi(app: Appliance):
             return PlainTextResponse(f"unknown host: {exc}\n", status_code=421)
         if request.method == "OPTIONS":
             return Response(status_code=204, headers=CORS)
-        if NOSTR_JSON in request.headers.get("accept", ""):
+        if nip11.wants_nostr_json(request.headers.get("accept", "")):
             doc = nip11.document(origin, app.settings, app.nip11_extensions)
             return JSONResponse(doc, media_type=NOSTR_JSON, headers=CORS)
         return HTMLResponse(_landing(origin, app.settings))
@@ -286,6 +290,20 @@ def asgi(app: Appliance):
                 await websocket.send_denial_response(response)
             except RuntimeError:
                 await websocket.close(code=1008, reason="unknown host")
+            return
+        # Behind a trusted proxy the client is the address it forwards (the server counted the
+        # TCP peers that are not trusted proxies already).
+        client = websocket.client.host if websocket.client else ""
+        forwarded = app.peers.forwarded_client(client, websocket.headers.getlist("x-forwarded-for"))
+        if forwarded is not None and not peers.is_loopback(forwarded):
+            if not app.peers.acquire(forwarded):
+                await websocket.send_denial_response(
+                    PlainTextResponse("too many connections from your address\n", status_code=429))
+                return
+            try:
+                await Session(app.relay, websocket, origin).run()
+            finally:
+                app.peers.release(forwarded)
             return
         await Session(app.relay, websocket, origin).run()
 
@@ -326,10 +344,36 @@ def _landing(origin: Origin, settings: Settings) -> str:
     )
 
 
+def local_urls(settings: Settings) -> list[str]:
+    """Other URLs that reach the default origin when no public URL is set (NIP-42 AUTH accepts a
+    relay tag naming any of them): loopback names, and this machine's addresses when listening on
+    all interfaces."""
+    if settings.public_url:
+        return []
+    port = settings.port
+    host = settings.host
+    hosts: list[str] = []
+    if host in {"0.0.0.0", "::", ""} or peers.is_loopback(host) or host == "localhost":
+        hosts += ["127.0.0.1", "localhost"]
+    if host in {"0.0.0.0", "::", ""}:
+        hosts += [a for a in peers.local_addresses() if not peers.is_loopback(a)
+                  and (host == "::" or ":" not in a) and not a.startswith("fe80:")]
+    elif not peers.is_loopback(host) and host != "localhost":
+        hosts.append(host)
+    urls = []
+    for h in hosts:
+        url = f"ws://[{h}]:{port}" if ":" in h else f"ws://{h}:{port}"
+        if url != settings.effective_public_url and url not in urls:
+            urls.append(url)
+    return urls
+
+
 def startup_banner(settings: Settings, app: Appliance) -> list[str]:
     lines = [f"appliance {__version__}: data in {settings.data_path.resolve()}"]
     for origin in app.relay.origins.origins:
         http = origin.origin.replace("wss://", "https://", 1).replace("ws://", "http://", 1)
         lines.append(f"  relay  {origin.origin}   (NIP-11: {http} with Accept: {NOSTR_JSON})")
+    for url in local_urls(settings):
+        lines.append(f"  also   {url}")
     lines.append(f"  listening on {settings.host}:{settings.port}")
     return lines

@@ -134,29 +134,13 @@ def configure_logging(level: str) -> None:
 
 
 def serve(settings: Settings, *, ready: Any = None) -> int:
-    """Serve until interrupted."""
-    import uvicorn
-
-    from appliance.app import asgi, build, startup_banner
+    """Serve until interrupted (SIGTERM/SIGINT: pending OKs are sent and websockets closed first)."""
+    from appliance.app import build, startup_banner
+    from appliance.server import build_server
 
     configure_logging(settings.log_level)
     app = build(settings)
     for line in startup_banner(settings, app):
         print(line, flush=True)
-    config = uvicorn.Config(
-        asgi(app),
-        host=settings.host,
-        port=settings.port,
-        log_level=settings.log_level,
-        # Frames up to twice the limit are read so the client gets a NOTICE; beyond that, close 1009.
-        ws_max_size=settings.max_message_length * 2,
-        ws_per_message_deflate=settings.ws_compression,
-        ws_ping_interval=30,
-        ws_ping_timeout=30,
-        lifespan="on",
-        proxy_headers=False,
-        server_header=False,
-    )
-    server = uvicorn.Server(config)
-    server.run()
+    build_server(settings, app).run()
     return 0

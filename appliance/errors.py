@@ -5,7 +5,9 @@
     ├── StoreError                  the database refused or is unusable
     │   └── SchemaTooNew            the data file was written by a newer appliance
     └── Rejected                    a protocol-level refusal sent to a client as OK/CLOSED/NOTICE
-                                    (`prefix: message`, prefixes from NIP-01)
+        │                           (`prefix: message`, prefixes from NIP-01)
+        └── AlreadyStored           not a refusal: the event is stored already (NIP-01 answers
+                                    `OK true` with `duplicate: ...`); nothing is written again
 
 Lease rejections (NIP-PL) are `Rejected` with the spec's exact reason strings.
 """
@@ -70,6 +72,13 @@ class Rejected(ApplianceError):
         """Build from a full `prefix: message` string (as the NIP-PL spec words its reasons)."""
         prefix, _, message = text.partition(": ")
         return cls(prefix, message)
+
+
+class AlreadyStored(Rejected):
+    """The event is stored already: accepted (`["OK", id, true, "duplicate: ..."]`), written once."""
+
+    def __init__(self, message: str = "already have this event"):
+        super().__init__("duplicate", message)
 
 
 def wire(prefix: str, message: str) -> str:

@@ -75,6 +75,20 @@ def _ws_url(value: Any) -> str:
     return text
 
 
+def _networks(value: Any) -> str:
+    text = _str(value).strip()
+    if text:
+        import ipaddress
+
+        for item in text.replace(" ", ",").split(","):
+            if item:
+                try:
+                    ipaddress.ip_network(item, strict=False)
+                except ValueError:
+                    raise ValueError(f"{item!r} is not an IP address or CIDR network, e.g. 10.0.0.2 or 10.0.0.0/8") from None
+    return text
+
+
 @dataclass(frozen=True)
 class Setting:
     """One setting: its name, type, default and the help text shown everywhere."""
@@ -189,6 +203,14 @@ SETTINGS: tuple[Setting, ...] = (
     _s("ws_compression", _bool, True,
        "Offer permessage-deflate to websocket clients. Saves bandwidth on metered links; costs CPU "
        "(about 2-3 ms per 50-event REQ on a small VM). Turn off on a CPU-bound box."),
+    _s("max_connections_per_ip", _int, 64,
+       "Open connections allowed from one client address (loopback exempt; behind a trusted proxy, "
+       "the address it forwards). Enough for a household behind one NAT with several clients each; "
+       "low enough that one machine cannot hold every socket. 0 disables.", minimum=0, maximum=1_000_000),
+    _s("trusted_proxies", _networks, "",
+       "Proxies whose X-Forwarded-For header names the real client (comma-separated addresses or "
+       "CIDR networks). Loopback is always trusted: a TLS proxy on the same box. Never list an "
+       "address clients can connect from directly: they could claim any address.", metavar="ADDRS"),
     _s("log_level", _str, "info", "Logging level.", choices=("debug", "info", "warning", "error")),
 )
 

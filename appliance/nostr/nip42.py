@@ -49,10 +49,12 @@ def validate_auth_event(
     relay_url: str,
     now: int,
     window: int = 600,
+    also_urls: tuple[str, ...] = (),
 ) -> str:
     """Return the authenticated pubkey, or raise AuthError with the reason.
 
-    Cheap checks run before the signature so junk costs little.
+    Cheap checks run before the signature so junk costs little. The relay tag must name
+    `relay_url` (or one of `also_urls`, other URLs the caller knows reach this same relay).
     """
     if ev.kind != AUTH_KIND:
         raise AuthError("wrong kind")
@@ -66,7 +68,8 @@ def validate_auth_event(
     tag_relay = ev.first_tag("relay")
     if tag_relay is None:
         raise AuthError("missing relay tag")
-    if normalize_relay_url(tag_relay) != normalize_relay_url(relay_url):
+    tag_url = normalize_relay_url(tag_relay)
+    if tag_url != normalize_relay_url(relay_url) and not any(tag_url == normalize_relay_url(u) for u in also_urls):
         raise AuthError("relay url mismatch")
     if not verify_event(ev):
         raise AuthError("invalid signature")

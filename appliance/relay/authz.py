@@ -11,7 +11,7 @@ from typing import Protocol
 
 from appliance.nostr.event import Event
 from appliance.origins import Origin
-from appliance.store.events import ReadScope
+from appliance.store.events import ReadScope, group_of
 
 # NIP-04 DMs and NIP-59 gift wraps: readable by the author and p-tagged recipients only.
 GATED_KINDS = frozenset({4, 1059, 1060})
@@ -60,7 +60,7 @@ def event_group(ev: Event) -> str | None:
     """The group an event belongs to for read authorization (the store's `grp` column)."""
     if ev.kind == GROUP_MEMBERS_KIND:
         return ev.first_tag("d")
-    return ev.first_tag("h")
+    return group_of(ev)
 
 
 def can_read(origin: Origin, reader: str | None, ev: Event, groups: GroupView) -> bool:

@@ -43,7 +43,7 @@ class FrameWriter:
         proto = getattr(raw, "__self__", None)
         if (
             proto is not None
-            and type(proto).__name__ == "WebSocketsSansIOProtocol"
+            and any(c.__name__ == "WebSocketsSansIOProtocol" for c in type(proto).__mro__)
             and all(hasattr(proto, a) for a in ("conn", "transport", "writable", "disconnected", "close_sent"))
         ):
             self._proto = proto

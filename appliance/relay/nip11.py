@@ -10,6 +10,29 @@ from appliance.settings import Settings
 
 SUPPORTED_NIPS = [1, 9, 11, 29, 40, 42, 45]
 
+NOSTR_JSON = "application/nostr+json"
+
+
+def wants_nostr_json(accept: str) -> bool:
+    """Whether an HTTP `Accept` header asks for the NIP-11 document: `application/nostr+json`
+    listed with a non-zero q. Media types are case-insensitive (RFC 9110 8.3.1) and may carry
+    parameters; wildcards (`*/*`, what browsers send) do not count: they get the HTML page."""
+    for media_range in accept.split(","):
+        media_type, *params = media_range.split(";")
+        if media_type.strip().lower() != NOSTR_JSON:
+            continue
+        q = 1.0
+        for param in params:
+            name, _, value = param.partition("=")
+            if name.strip().lower() == "q":
+                try:
+                    q = float(value.strip())
+                except ValueError:
+                    q = 0.0
+        if q > 0:
+            return True
+    return False
+
 # Extra NIP-11 members contributed by other parts (the push descriptor), per origin.
 Extension = Callable[[Origin, dict[str, Any]], None]
 

@@ -30,7 +30,8 @@ from appliance.relay.authz import GroupView, NoGroups, can_read, read_scope
 from appliance.origins import Origin, OriginRegistry, UnknownOrigin
 from appliance.relay.subscriptions import SubscriptionIndex
 from appliance.settings import Settings
-from appliance.store.events import PendingEvent, WriteHooks, batchable, count_events, query_events
+from appliance.relay.marmot import check_group_message
+from appliance.store.events import GROUP_MESSAGE_KIND, PendingEvent, WriteHooks, batchable, count_events, query_events
 from appliance.store.sqlite import SqliteStore
 
 log = logging.getLogger("appliance.relay")
@@ -78,7 +79,23 @@ class Relay:
         self.indexes: dict[int, SubscriptionIndex] = {}
         self.sessions: set = set()
         self.queued_bytes = 0  # unsent output of all sessions (see Session.send)
-        self.stats = {"accepted": 0, "rejected": 0, "broadcast": 0}
+        self.stats = {"accepted": 0, "rejected": 0, "duplicate": 0, "broadcast": 0}
+        self.stopping = False  # set by shutdown: new EVENT/REQ/COUNT are refused
+
+    async def shutdown(self, grace: float) -> None:
+        """Stop gracefully (SIGTERM): refuse new work, let every EVENT in flight commit and queue
+        its OK, then close each connection with 1001 once its queued output is written, and wait
+        (up to `grace` seconds in all) for the clients to complete the closing handshake."""
+        self.stopping = True
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + grace
+        sessions = list(self.sessions)
+        while any(s.inflight for s in sessions) and loop.time() < deadline:
+            await asyncio.sleep(0.01)
+        for session in sessions:
+            session.drop(1001, "going away")
+        while self.sessions and loop.time() < deadline:
+            await asyncio.sleep(0.01)
 
     def index_for(self, origin: Origin) -> SubscriptionIndex:
         idx = self.indexes.get(origin.id)
@@ -114,6 +131,8 @@ class Relay:
             raise Rejected("invalid", "created_at is too far in the past")
         if ev.kind == AUTH_KIND:
             raise Rejected("invalid", "AUTH events are sent in AUTH messages, not stored")
+        if ev.kind == GROUP_MESSAGE_KIND:
+            check_group_message(ev)
 
     def check_write_access(self, origin: Origin, authed: str | None, ev: Event) -> None:
         """Origin policy for writers (groups add their own checks in the store transaction)."""

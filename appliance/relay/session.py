@@ -10,13 +10,14 @@ import time
 import orjson
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from appliance.errors import Rejected
+from appliance.errors import AlreadyStored, Rejected
 from appliance.nostr.event import InvalidEvent, parse_event
 from appliance.nostr.filters import Filter, InvalidFilter, parse_filter
 from appliance.nostr.nip42 import AuthError, validate_auth_event
 from appliance.relay.frames import FrameWriter
 from appliance.relay.authz import GATED_KINDS, AUTHOR_ONLY_KINDS, may_enter
 from appliance.relay.limits import TokenBucket
+from appliance.relay.peers import is_local_host
 from appliance.origins import Origin
 from appliance.relay.relay import Relay
 from appliance.relay.subscriptions import Subscription
@@ -45,6 +46,7 @@ REFUSAL_WINDOW_SECONDS = 60.0
 SEND_BATCH = 256
 
 
+STOPPING_MESSAGE = "error: the relay is restarting; try again in a moment"
 QUERY_TIMEOUT_MESSAGE = "error: this query takes too long here; narrow its filters or lower its limit"
 
 
@@ -276,6 +278,9 @@ class Session:
             self.notice('invalid: a message is a JSON array starting with its type, like ["REQ", ...]')
             return
         verb = msg[0]
+        if self.relay.stopping and verb in ("EVENT", "REQ", "COUNT"):
+            self.refuse_stopping(verb, msg)
+            return
         if verb == "EVENT":
             self.on_event(msg)
         elif verb == "REQ":
@@ -288,6 +293,15 @@ class Session:
             self.on_auth(msg)
         else:
             self.notice(f"invalid: unknown message type {verb[:32]!r}")
+
+    def refuse_stopping(self, verb: str, msg: list) -> None:
+        """The relay is shutting down: new work is refused with a clear answer (nothing stored)."""
+        if verb == "EVENT":
+            arg = self._event_argument(msg, 'invalid: EVENT takes exactly one event object: ["EVENT", {...}]')
+            if arg is not None:
+                self.ok(arg[1], False, STOPPING_MESSAGE)
+        elif len(msg) >= 2 and isinstance(msg[1], str) and 0 < len(msg[1]) <= MAX_SUB_ID_LENGTH:
+            self.closed_msg(msg[1], STOPPING_MESSAGE)
 
     def refuse_too_large(self, text: str) -> None:
         """An oversized EVENT still gets its OK (a client waits for one); anything else a NOTICE.
@@ -342,6 +356,10 @@ class Session:
         try:
             try:
                 message = await self.relay.publish(self.origin, self.reader, ev)
+            except AlreadyStored as exc:  # NIP-01: accepted, already stored
+                self.relay.stats["duplicate"] += 1
+                self.ok(ev.id, True, exc.wire)
+                return
             except Rejected as exc:
                 self.relay.stats["rejected"] += 1
                 self.ok(ev.id, False, exc.wire)
@@ -514,6 +532,27 @@ class Session:
 
     # -- AUTH -----------------------------------------------------------------------------------
 
+    def _local_urls(self) -> tuple[str, ...]:
+        """On an install with no public URL, the URL this client connected to also names the relay
+        when its host is this machine (`ws://localhost:7777`, `ws://192.168.1.5:7777`). Any other
+        Host header is never trusted: a relay elsewhere could forward our challenge to its own
+        users and sign in here as them. With a configured origin, only that URL counts."""
+        s = self.settings
+        if s.public_url or self.origin.origin != s.effective_public_url:
+            return ()
+        hosts = self.ws.headers.getlist("host")
+        if len(hosts) != 1:
+            return ()
+        host = hosts[0].strip()
+        hostname = host.rsplit(":", 1)[0] if not host.endswith("]") else host
+        if hostname.startswith("[") or host.startswith("["):
+            hostname = host[1:].split("]", 1)[0]
+        server = self.ws.scope.get("server") or ("",)
+        if not is_local_host(hostname, also=(str(server[0]),)):
+            return ()
+        scheme = "wss" if self.ws.scope.get("scheme") == "wss" else "ws"
+        return (f"{scheme}://{host}{self.ws.scope.get('path', '/')}",)
+
     def on_auth(self, msg: list) -> None:
         arg = self._event_argument(msg, 'invalid: AUTH takes one signed event: ["AUTH", {...}]')
         if arg is None:
@@ -527,6 +566,7 @@ class Session:
                 relay_url=self.origin.relay_url,
                 now=int(time.time()),
                 window=self.settings.auth_window,
+                also_urls=self._local_urls(),
             )
         except (InvalidEvent, AuthError) as exc:
             self.ok(event_id, False, f"invalid: {exc.reason}")

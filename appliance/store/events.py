@@ -12,13 +12,21 @@ from typing import Callable, Iterable
 import apsw
 import orjson
 
-from appliance.errors import Rejected
+from appliance.errors import AlreadyStored, Rejected
 from appliance.nostr.event import Event, is_addressable, is_event_id, is_replaceable
 from appliance.nostr.filters import Filter
 
 # NIP-PL, Lease and Key Lifecycle: "relays MUST ignore deletion requests targeting this kind".
 UNDELETABLE_KINDS = frozenset({30350})
 DELETION_KIND = 5
+# Marmot group messages: their `h` tag is an MLS group id, not a NIP-29 group (no `grp`).
+GROUP_MESSAGE_KIND = 445
+
+
+def group_of(ev: Event) -> str | None:
+    """The NIP-29 group an event is filed under (the `grp` column): its h tag, except for kinds
+    whose h tag names something else."""
+    return None if ev.kind == GROUP_MESSAGE_KIND else ev.first_tag("h")
 
 
 
@@ -145,7 +153,7 @@ def store_event(
     # follows its hooks instead of preceding them.
     own_rules = hooks is not None and ev.kind in hooks.check
     if not own_rules and conn.execute(SQL_EXISTS_ID, (origin, ev.id)).fetchone():
-        raise Rejected("duplicate", "already have this event")
+        raise AlreadyStored()
     if expiration is not None and expiration <= now:
         raise Rejected("invalid", "event has expired")
     d = address_key(ev)
@@ -164,7 +172,7 @@ def store_event(
         for hook in hooks.check.get(ev.kind, ()):
             hook(conn, origin, ev, ctx)
     if own_rules and conn.execute(SQL_EXISTS_ID, (origin, ev.id)).fetchone():
-        raise Rejected("duplicate", "already have this event")
+        raise AlreadyStored()
 
     result = StoreResult()
     if d is not None:
@@ -179,7 +187,7 @@ def store_event(
         result.deleted = _apply_deletion(conn, origin, ev)
 
     if grp is None:
-        grp = ev.first_tag("h")
+        grp = group_of(ev)
     conn.execute(
         SQL_INSERT_EVENT,
         (origin, ev.id, ev.pubkey, ev.created_at, ev.kind, d, grp, expiration, raw),
@@ -268,7 +276,7 @@ def batchable(ev: Event, hooks: WriteHooks | None) -> bool:
         not is_replaceable(ev.kind)
         and not is_addressable(ev.kind)
         and ev.kind != DELETION_KIND
-        and ev.first_tag("h") is None
+        and group_of(ev) is None
         and (hooks is None or not hooks.checks_event(ev))
     )
 
@@ -308,7 +316,7 @@ def store_events_batch(conn: apsw.Connection, items: list["PendingEvent"]) -> li
         for i in idxs:
             ev = items[i].ev
             if ev.id in existing:
-                results[i] = Rejected("duplicate", "already have this event")
+                results[i] = AlreadyStored()
                 continue
             if (ev.id, ev.pubkey) in deleted:
                 results[i] = Rejected("blocked", "this event was deleted by its author")

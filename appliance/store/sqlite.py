@@ -54,10 +54,25 @@ def _sqlite_log(code: int, message: str) -> None:
     sqlite_log.log(level, "%s (%s)", message, apsw.mapping_result_codes.get(primary, code))
 
 
+# Every connection waits this long for a lock before giving up with BusyError.
+BUSY_TIMEOUT_MS = 10_000
+
+
+def connection_busy_timeout_first(conn: apsw.Connection) -> None:
+    """The busy timeout, set first: the best-practice hooks after it (PRAGMA optimize) take
+    locks, and on a fresh database they race the writer and the other readers opening at once."""
+    conn.set_busy_timeout(BUSY_TIMEOUT_MS)
+
+
 def _apply_bestpractice() -> None:
     global _bestpractice_applied
     if not _bestpractice_applied:
-        apsw.bestpractice.apply(apsw.bestpractice.recommended)
+        # apsw's own busy-timeout hook sets 100 ms, too short while migrations or a first
+        # start's writes hold the lock; ours replaces it, in first place.
+        hooks = tuple(connection_busy_timeout_first if f is apsw.bestpractice.connection_busy_timeout else f
+                      for f in apsw.bestpractice.recommended)
+        assert hooks[0] is connection_busy_timeout_first
+        apsw.bestpractice.apply(hooks)
         apsw.config(apsw.SQLITE_CONFIG_LOG, _sqlite_log)  # replaces bestpractice's root-logger handler
         _bestpractice_applied = True
 
@@ -67,7 +82,7 @@ def connect(path: Path, *, sync_mode: str = "full", readonly: bool = False) -> a
     _apply_bestpractice()
     flags = apsw.SQLITE_OPEN_READONLY if readonly else apsw.SQLITE_OPEN_READWRITE | apsw.SQLITE_OPEN_CREATE
     conn = apsw.Connection(str(path), flags=flags)
-    conn.setbusytimeout(10_000)
+    conn.set_busy_timeout(BUSY_TIMEOUT_MS)
     if not readonly:
         conn.execute("PRAGMA journal_mode = WAL")
         # Deleted content (erased key material, a tombstoned lease's endpoint) is zeroed in the

@@ -66,10 +66,9 @@ async def test_publish_and_fetch(server):
         by_id = await _fetch(client, ns.Filter().id(second.id()))
         assert by_id == [second.id().to_hex()]
 
-        # Publishing the same event again: the relay answers `duplicate:` and stores nothing twice.
+        # Publishing the same event again: accepted as already stored (OK true, `duplicate:`), stored once.
         again = await asyncio.wait_for(client.send_event(note), 20)
-        assert not again.success
-        assert {str(k): v for k, v in again.failed.items()}[str(relay_url)].startswith("duplicate:")
+        assert str(relay_url) in {str(u) for u in again.success} and not again.failed
         assert len(await _fetch(client, ns.Filter().author(keys.public_key()))) == 2
     finally:
         await client.shutdown()

@@ -23,7 +23,8 @@ async def test_publish_then_query(server, alice, connect):
     assert closed is None
     assert [e["id"] for e in events] == [ev.id]
     assert events[0] == ev.to_dict()
-    assert await c.publish(ev) == (False, "duplicate: already have this event")
+    # NIP-01: a duplicate is accepted (already stored) and stored once.
+    assert await c.publish(ev) == (True, "duplicate: already have this event")
     events, _ = await c.req("t", {"#t": ["hello"]})
     assert len(events) == 1
     await c.close()

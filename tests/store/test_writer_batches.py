@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from appliance.errors import Rejected
+from appliance.errors import AlreadyStored, Rejected
 from appliance.nostr.event import sign_event
 from appliance.nostr.keys import generate_secret
 from appliance.store.events import PendingEvent, WriteHooks, batchable, store_event
@@ -52,7 +52,7 @@ def test_batch_matches_one_by_one(store, tmp_path):
     ops = [pending(ev) for ev in evs] + [pending(evs[3])] + [pending(stale, expiration=now - 1)]
     results = submit_all(store, ops)
     assert isinstance(results[7], Rejected) and results[7].prefix == "blocked"
-    assert isinstance(results[50], Rejected) and results[50].wire == "duplicate: already have this event"
+    assert isinstance(results[50], AlreadyStored) and results[50].wire == "duplicate: already have this event"
     assert isinstance(results[51], Rejected) and results[51].wire == "invalid: event has expired"
     assert sum(not isinstance(r, Exception) for r in results) == 49
     batched = rows(store)

@@ -1,0 +1,164 @@
+"""Who is on the other end of a connection, and which addresses are this machine's own.
+
+- `PeerLimits`: the client address of a connection (the TCP peer, or, when that peer is a trusted
+  proxy, the address it forwards in `X-Forwarded-For`) and a cap on open connections per client
+  address. Loopback peers are trusted proxies by default (a TLS proxy on the same box) and are
+  never capped themselves.
+- `local_addresses` / `is_local_host`: whether a host name in a URL names this machine (loopback
+  names and the addresses of its own interfaces), for NIP-42 relay tags on an unconfigured install.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import ipaddress
+import socket
+import struct
+from functools import lru_cache
+from typing import Iterable
+
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback"})
+
+
+def parse_networks(text: str) -> list[Network]:
+    """`10.0.0.1, 192.168.0.0/16, ::1` -> networks; ValueError naming the bad entry."""
+    nets = []
+    for item in text.replace(" ", ",").split(","):
+        if not item:
+            continue
+        try:
+            nets.append(ipaddress.ip_network(item, strict=False))
+        except ValueError:
+            raise ValueError(f"{item!r} is not an IP address or network (CIDR), e.g. 10.0.0.2 or 10.0.0.0/8") from None
+    return nets
+
+
+def _address(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    try:
+        addr = ipaddress.ip_address(text.strip().strip("[]"))
+    except ValueError:
+        return None
+    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
+        return addr.ipv4_mapped
+    return addr
+
+
+def is_loopback(text: str) -> bool:
+    addr = _address(text)
+    return addr is not None and addr.is_loopback
+
+
+class PeerLimits:
+    """Client addresses and the per-address connection cap (0: no cap)."""
+
+    def __init__(self, max_per_ip: int, trusted_proxies: Iterable[Network] = (), *, trust_loopback: bool = True):
+        self.max_per_ip = max_per_ip
+        self.trusted = list(trusted_proxies)
+        self.trust_loopback = trust_loopback  # off only in tests of the cap itself
+        self.open: dict[str, int] = {}
+        self.refused = 0
+
+    def is_trusted(self, text: str) -> bool:
+        addr = _address(text)
+        if addr is None:
+            return False
+        return (self.trust_loopback and addr.is_loopback) or any(addr in net for net in self.trusted)
+
+    def forwarded_client(self, peer: str, forwarded_for: list[str]) -> str | None:
+        """The client behind a trusted `peer`: the rightmost `X-Forwarded-For` entry that is not a
+        trusted proxy itself (entries further left are whatever the client claimed). None when the
+        peer is not trusted, nothing is forwarded, or every entry is a trusted address."""
+        if not forwarded_for or not self.is_trusted(peer):
+            return None
+        entries = [e.strip() for header in forwarded_for for e in header.split(",") if e.strip()]
+        for entry in reversed(entries):
+            if not self.is_trusted(entry):
+                addr = _address(entry)
+                return str(addr) if addr is not None else entry[:64]
+        return None
+
+    def acquire(self, ip: str) -> bool:
+        """Count one more connection from `ip`; False (nothing counted) when it is at the cap."""
+        n = self.open.get(ip, 0)
+        if self.max_per_ip and n >= self.max_per_ip:
+            self.refused += 1
+            return False
+        self.open[ip] = n + 1
+        return True
+
+    def release(self, ip: str) -> None:
+        n = self.open.get(ip, 0) - 1
+        if n > 0:
+            self.open[ip] = n
+        else:
+            self.open.pop(ip, None)
+
+
+# -- this machine's own addresses ---------------------------------------------------------------
+
+_SIOCGIFADDR = 0x8915
+
+
+def _interface_ipv4(name: str) -> str | None:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            packed = fcntl.ioctl(s.fileno(), _SIOCGIFADDR, struct.pack("256s", name.encode()[:15]))
+        except OSError:
+            return None
+    return socket.inet_ntoa(packed[20:24])
+
+
+def _interface_ipv6() -> list[str]:
+    try:
+        with open("/proc/net/if_inet6") as fh:
+            lines = fh.read().split("\n")
+    except OSError:
+        return []
+    out = []
+    for line in lines:
+        fields = line.split()
+        if fields:
+            out.append(str(ipaddress.IPv6Address(bytes.fromhex(fields[0]))))
+    return out
+
+
+@lru_cache(maxsize=1)
+def local_addresses() -> tuple[str, ...]:
+    """Addresses of this machine's network interfaces (IPv4 and IPv6, loopback included)."""
+    found: list[str] = []
+    try:
+        names = [name for _i, name in socket.if_nameindex()]
+    except OSError:
+        names = []
+    for name in names:
+        addr = _interface_ipv4(name)
+        if addr is not None:
+            found.append(addr)
+    found += _interface_ipv6()
+    try:
+        found += [info[4][0] for info in socket.getaddrinfo(socket.gethostname(), None)]
+    except OSError:
+        pass
+    seen: dict[str, None] = {}
+    for a in found:
+        addr = _address(a.split("%")[0])
+        if addr is not None:
+            seen.setdefault(str(addr), None)
+    return tuple(seen)
+
+
+def is_local_host(host: str, also: Iterable[str] = ()) -> bool:
+    """Whether a URL's host names this machine: a loopback name or address, or an address of one
+    of its interfaces (or one of `also`, such as the address a connection arrived on)."""
+    host = host.strip().lower().rstrip(".")
+    if host in LOOPBACK_NAMES:
+        return True
+    addr = _address(host)
+    if addr is None:
+        return False
+    if addr.is_loopback:
+        return True
+    text = str(addr)
+    return text in local_addresses() or any(text == str(_address(a) or a) for a in also)

@@ -1,0 +1,309 @@
+"""A hostile client on the open internet: bounded request heads, slow clients, per-address caps,
+quiet logs for bad frames, NIP-11 content negotiation, clean first starts and clean SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import socket
+import sqlite3
+import time
+
+import httpx
+import pytest
+import uvicorn
+import websockets
+
+from appliance.relay.peers import PeerLimits, is_local_host, parse_networks
+from appliance.server import Guard, build_server, protocol_classes
+from tests.conftest import Client, free_port
+
+pytestmark = pytest.mark.anyio
+
+
+def rss_kib(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as fh:
+        for line in fh:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    raise AssertionError("no VmRSS")
+
+
+def flood(port: int, head: bytes, chunk: bytes, limit: int) -> tuple[int, bytes]:
+    """Send `head`, then `chunk` until the server closes or `limit` bytes went out; (sent, answer)."""
+    sent = 0
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        try:
+            s.sendall(head)
+            while sent < limit:
+                s.sendall(chunk)
+                sent += len(chunk)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        try:
+            answer = s.recv(4096)
+        except (ConnectionResetError, socket.timeout):
+            answer = b""
+    return sent, answer
+
+
+@pytest.mark.parametrize("shape,head,chunk,status", [
+    ("endless request line", b"GET /", b"a" * 4096, b"414"),
+    ("endless header value", b"GET / HTTP/1.1\r\nHost: x\r\nX-Long: ", b"b" * 4096, b"431"),
+    ("endless small headers", b"GET / HTTP/1.1\r\nHost: x\r\n", b"X-A: 1\r\n" * 512, b"431"),
+])
+def test_request_heads_are_bounded(server, shape, head, chunk, status):
+    before = rss_kib(server.proc.pid)
+    sent, answer = flood(server.port, head, chunk, 64 * 1024 * 1024)
+    assert sent < 8 * 1024 * 1024, f"{shape}: the server kept reading ({sent} bytes)"
+    assert answer.startswith(b"HTTP/1.1 " + status), (shape, answer[:80])
+    assert rss_kib(server.proc.pid) - before < 32 * 1024, shape
+    # Ordinary requests are untouched.
+    assert httpx.get(server.http + "/", headers={"Accept": "application/nostr+json"}).status_code == 200
+
+
+def test_slow_heads_are_cut(server):
+    """A head that trickles in (or a websocket handshake never finished) is cut after the head
+    timeout (10 s); the generous bound here only proves it happens at all."""
+    socks = []
+    for head in (b"GET / HTTP/1.1\r\nHost: x\r\n", b"GET / HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\n", b""):
+        s = socket.create_connection(("127.0.0.1", server.port), timeout=60)
+        s.sendall(head)
+        socks.append(s)
+    t0 = time.monotonic()
+    for s in socks:
+        s.sendall(b"X-Slow: 1\r\n") if s is not socks[2] else None
+        data = b""
+        while True:
+            piece = s.recv(4096)
+            if not piece:
+                break
+            data += piece
+        assert data in (b"",) or data.startswith(b"HTTP/1.1 408"), data[:60]
+        s.close()
+    assert time.monotonic() - t0 < 45
+
+
+async def test_invalid_utf8_is_closed_without_a_traceback(server):
+    for _ in range(20):
+        ws = await websockets.connect(server.url)
+        await ws.recv()  # AUTH
+        await ws.send(b"\xff\xfe[\"REQ\"]", text=True)
+        with pytest.raises(websockets.ConnectionClosed) as info:
+            await asyncio.wait_for(ws.recv(), 10)
+        assert info.value.rcvd is not None and info.value.rcvd.code == 1007
+    log = server.log_path.read_text()
+    assert "Traceback" not in log and "Invalid UTF-8" not in log and " ERROR " not in log
+
+
+@pytest.mark.parametrize("accept,json_doc", [
+    ("application/nostr+json", True),
+    ("Application/Nostr+JSON", True),
+    ("text/html, application/nostr+json;q=0.9", True),
+    ("application/nostr+json; charset=utf-8", True),
+    ("APPLICATION/NOSTR+JSON ; q=1.0", True),
+    ("application/nostr+json;q=0", False),
+    ("text/html,application/xhtml+xml,*/*;q=0.8", False),
+    ("", False),
+])
+def test_nip11_accept(server, accept, json_doc):
+    r = httpx.get(server.http + "/", headers={"Accept": accept})
+    assert r.status_code == 200
+    assert (r.headers["content-type"].startswith("application/nostr+json")) == json_doc
+    if json_doc:
+        assert r.json()["software"] == "appliance"
+
+
+# -- per-address connection caps ------------------------------------------------------------------
+
+
+async def test_forwarded_clients_are_capped(make_server, alice):
+    srv = make_server("--max-connections-per-ip", "3")
+    url = srv.url
+
+    async def open_as(ip: str):
+        return await websockets.connect(url, additional_headers={"X-Forwarded-For": f"198.51.100.1, {ip}"})
+
+    held = [await open_as("203.0.113.7") for _ in range(3)]
+    with pytest.raises(websockets.InvalidStatus) as info:
+        await open_as("203.0.113.7")
+    assert info.value.response.status_code == 429
+    other = await open_as("203.0.113.8")  # another address has its own budget
+    plain = [await websockets.connect(url) for _ in range(5)]  # loopback itself is never capped
+    await held.pop().close()
+    for _ in range(100):  # the slot is released when that connection has ended
+        try:
+            held.append(await open_as("203.0.113.7"))
+            break
+        except websockets.InvalidStatus:
+            await asyncio.sleep(0.05)
+    assert len(held) == 3
+    for ws in [*held, other, *plain]:
+        await ws.close()
+
+
+async def test_tcp_peers_are_capped():
+    """The cap on TCP peers, with the real protocol classes (loopback made untrusted for the test)."""
+    guard = Guard(PeerLimits(2, trust_loopback=False))
+    http_class, ws_class = protocol_classes(guard)
+
+    async def app(scope, receive, send):
+        if scope["type"] == "websocket":
+            await receive()
+            await send({"type": "websocket.accept"})
+            while (await receive())["type"] != "websocket.disconnect":
+                pass
+        elif scope["type"] == "http":
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+            await send({"type": "http.response.body", "body": b"ok"})
+
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, http=http_class, ws=ws_class,
+                                           lifespan="off", log_level="warning"))
+    task = asyncio.create_task(server.serve())
+    while not server.started:
+        await asyncio.sleep(0.01)
+    try:
+        url = f"ws://127.0.0.1:{port}/"
+        a, b = await websockets.connect(url), await websockets.connect(url)
+        with pytest.raises((websockets.InvalidStatus, websockets.InvalidMessage, ConnectionError, EOFError)):
+            await websockets.connect(url)
+        assert guard.refused[429] == 1
+        await a.close()
+        for _ in range(100):
+            if guard.peers.open.get("127.0.0.1") == 1:
+                break
+            await asyncio.sleep(0.02)
+        c = await websockets.connect(url)
+        await b.close()
+        await c.close()
+        for _ in range(100):
+            if not guard.peers.open:
+                break
+            await asyncio.sleep(0.02)
+        assert guard.peers.open == {}
+    finally:
+        server.should_exit = True
+        await task
+
+
+def test_forwarded_client_rules():
+    peers = PeerLimits(10, parse_networks("10.0.0.0/8"))
+    assert peers.forwarded_client("127.0.0.1", ["203.0.113.7"]) == "203.0.113.7"
+    assert peers.forwarded_client("10.1.2.3", ["1.2.3.4, 203.0.113.7, 10.9.9.9"]) == "203.0.113.7"
+    assert peers.forwarded_client("198.51.100.9", ["203.0.113.7"]) is None  # an untrusted peer's claim
+    assert peers.forwarded_client("127.0.0.1", []) is None
+    assert peers.forwarded_client("127.0.0.1", ["10.0.0.1"]) is None
+
+
+# -- NIP-42 on an unconfigured install ----------------------------------------------------------
+
+
+async def test_auth_from_localhost_on_default_install(make_server, alice):
+    srv = make_server()
+    banner = srv.log_path.read_text()
+    assert f"ws://localhost:{srv.port}" in banner
+    c = await Client.connect(srv.url, host="localhost")
+    assert await c.auth(alice.secret, f"ws://localhost:{srv.port}") == (True, "")
+    await c.close()
+    c = await Client.connect(srv.url)
+    assert await c.auth(alice.secret, f"ws://127.0.0.1:{srv.port}") == (True, "")
+    await c.close()
+    # A Host header that is not this machine never widens the rule.
+    c = await Client.connect(srv.url, host="evil.example.com")
+    ok, msg = await c.auth(alice.secret, f"ws://evil.example.com:{srv.port}")
+    assert not ok and msg == "invalid: relay url mismatch"
+    await c.close()
+    # Connected as localhost, the tag must still name what the client connected to.
+    c = await Client.connect(srv.url, host="localhost")
+    ok, _ = await c.auth(alice.secret, f"ws://localhost:{srv.port + 1}")
+    assert not ok
+    await c.close()
+
+
+async def test_auth_with_public_url_is_exact(make_server, alice):
+    srv = make_server("--public-url", "wss://relay.example.org")
+    assert "also" not in srv.log_path.read_text()
+    c = await Client.connect(srv.url, host="localhost")
+    ok, msg = await c.auth(alice.secret, f"ws://localhost:{srv.port}")
+    assert not ok and msg == "invalid: relay url mismatch"
+    assert await c.auth(alice.secret, "wss://relay.example.org") == (True, "")
+    await c.close()
+
+
+def test_local_hosts():
+    assert is_local_host("localhost") and is_local_host("127.0.0.1") and is_local_host("::1")
+    assert is_local_host("[::1]".strip("[]"))
+    assert not is_local_host("evil.example.com") and not is_local_host("8.8.8.8")
+    assert is_local_host("192.0.2.55", also=("192.0.2.55",))
+
+
+# -- first start and SIGTERM --------------------------------------------------------------------
+
+
+@pytest.mark.slow
+async def test_fresh_starts_under_load(make_server, alice, tmp_path):
+    """20 first starts in a row, each hit by readers and writers at once: no BusyError, no
+    `error:` answer."""
+    for i in range(20):
+        srv = make_server(data_dir=tmp_path / f"fresh{i}")
+
+        async def client(n: int):
+            c = await Client.connect(srv.url)
+            for j in range(5):
+                ok, msg = await c.publish(alice.sign(1, [], f"{i}.{n}.{j}"))
+                assert ok, msg
+                events, closed = await c.req(f"r{j}", {"kinds": [1], "limit": 5})
+                assert closed is None, closed
+                answer = await c.count(f"c{j}", {"kinds": [1]})
+                assert answer[0] == "COUNT", answer
+            await c.close()
+
+        await asyncio.gather(*(client(n) for n in range(4)))
+        srv.stop()
+        log = srv.log_path.read_text()
+        assert "BusyError" not in log and "failed" not in log, log[-2000:]
+
+
+async def test_sigterm_sends_every_ok_and_closes_1001(make_server, alice, tmp_path):
+    srv = make_server("--event-rate", "0")
+    ws = await websockets.connect(srv.url, max_size=None)
+    await ws.recv()
+    acked: set[str] = set()
+    refused: set[str] = set()
+    events = [alice.sign(1, [], f"n{i}") for i in range(20000)]
+    closed_with = None
+
+    async def reader():
+        nonlocal closed_with
+        try:
+            async for text in ws:
+                msg = json.loads(text)
+                if msg[0] == "OK":
+                    (acked if msg[2] else refused).add(msg[1])
+        except websockets.ConnectionClosed as exc:
+            closed_with = exc
+        else:
+            closed_with = ws.close_code
+
+    task = asyncio.create_task(reader())
+    sent = 0
+    try:
+        for ev in events:
+            await ws.send(json.dumps(["EVENT", ev.to_dict()]))
+            sent += 1
+            if sent == 3000:
+                srv.proc.send_signal(signal.SIGTERM)
+    except websockets.ConnectionClosed:
+        pass
+    await asyncio.wait_for(task, 30)
+    assert ws.close_code == 1001, (ws.close_code, closed_with)
+    assert srv.proc.wait(30) in (0, -signal.SIGTERM)  # uvicorn re-raises the signal it caught
+    db = sqlite3.connect(srv.data_dir / "appliance.sqlite3")
+    stored = {row[0] for row in db.execute("SELECT id FROM events")}
+    db.close()
+    assert acked, "nothing was acknowledged before the stop"
+    # Everything acknowledged is stored, and everything stored was acknowledged.
+    assert stored == acked
+    assert not (refused & stored)
