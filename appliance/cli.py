@@ -67,6 +67,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     keys_cli.add_parser(keys, _add_setting_flags)
 
+    marmot = sub.add_parser("marmot", help="Marmot (MLS over Nostr) groups and the draft multi-device join.",
+                            description="Marmot tooling: key packages, groups, messages and the draft "
+                            "multi-device join, from files and pipes. Each command prints one JSON document.")
+    from appliance.commands import marmot as marmot_cli
+
+    marmot_cli.add_parser(marmot)
+
     bench = sub.add_parser("bench", help="Measure this machine: relay ingest and query speed.",
                            description="Benchmarks that start a relay on a temporary data dir.")
     from appliance import bench as bench_mod
@@ -115,6 +122,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from appliance.commands import keys as keys_cli
 
             return keys_cli.run(args, _settings(args))
+        if args.command == "marmot":
+            from appliance.commands import marmot as marmot_cli
+
+            return marmot_cli.run(args)
         if args.command == "bench":
             from appliance import bench as bench_mod
 

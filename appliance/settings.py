@@ -212,6 +212,11 @@ SETTINGS: tuple[Setting, ...] = (
        "CIDR networks). Loopback is always trusted: a TLS proxy on the same box. Never list an "
        "address clients can connect from directly: they could claim any address.", metavar="ADDRS"),
     _s("log_level", _str, "info", "Logging level.", choices=("debug", "info", "warning", "error")),
+    _s("marmot_draft_multi_device", _bool, False,
+       "Allow `appliance marmot` to run the draft Marmot multi-device join (pairing payload, kind 452 "
+       "admin authorization, External Commit with the join PSK). Off by default: the draft's bytes are "
+       "not final and upstream may withdraw it; every output it produces is labelled draft. The "
+       "per-command flag --draft-multi-device turns it on for one run."),
 )
 
 BY_NAME: dict[str, Setting] = {s.name: s for s in SETTINGS}

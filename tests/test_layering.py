@@ -25,7 +25,7 @@ ALLOWED = {
     "push": {"nostr", "errors", "store", "origins", "settings"},
     "app": {"nostr", "errors", "store", "origins", "settings", "relay", "push", "__init__"},
     "server": {"nostr", "errors", "store", "origins", "settings", "relay", "app", "__init__"},
-    "commands": {"nostr", "errors", "store", "origins", "settings", "relay", "push", "app"},
+    "commands": {"nostr", "errors", "store", "origins", "settings", "relay", "push", "app", "marmot"},
     "bench": {"nostr", "errors", "store", "origins", "settings", "relay", "push", "app", "bench_leases"},
     "bench_leases": {"nostr", "errors", "store", "origins", "settings", "relay", "push", "app", "bench"},
     "cli": {"nostr", "errors", "store", "origins", "settings", "relay", "push", "app", "server", "commands", "bench",
