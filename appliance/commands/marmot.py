@@ -36,6 +36,8 @@ from .marmot_state import StateDir
 DRAFT_LABEL = "marmot-multi-device draft: bytes are not final and must not be used for interop"
 
 _HEX = re.compile(r"(?:[0-9a-fA-F]{2})+")
+# The fields in which commands print binary objects (inspect finds the object in any of them).
+BLOB_FIELDS = ("extension_data", "proof", "envelope", "group_info", "component_data", "data")
 
 
 class Failed(ApplianceError):
@@ -88,9 +90,10 @@ def read_blob(path: str, what: str, field: str | None = None) -> bytes:
             doc = json.loads(stripped)
         except ValueError:
             raise Failed("input.json", f"{path} is not valid JSON") from None
-        if field is None or field not in doc or not isinstance(doc[field], str):
-            raise Failed("input.json", f"{path}: expected a JSON document with a {field!r} field")
-        return decode_blob(doc[field], what)
+        fields = [field] if field else [f for f in BLOB_FIELDS if isinstance(doc, dict) and f in doc]
+        if not fields or not isinstance(doc, dict) or not isinstance(doc.get(fields[0]), str):
+            raise Failed("input.json", f"{path}: expected a JSON document with a {field or BLOB_FIELDS[0]!r} field")
+        return decode_blob(doc[fields[0]], what)
     return decode_blob(stripped, what)
 
 

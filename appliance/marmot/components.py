@@ -191,3 +191,50 @@ class NostrRouting:
     def to_json(self) -> dict:
         return {"component": "0x8004", "name": COMPONENT_NAMES[NOSTR_ROUTING],
                 "nostr_group_id": self.h, "relays": self.relay_urls()}
+
+
+@dataclass(frozen=True)
+class MdkGroupData:
+    """MDK 0.8.0's `marmot_group_data` GroupContext extension (0xf2ee, MIP-01), read-only.
+
+    `version(u16) || nostr_group_id[32] || name<V> || description<V> || admin_pubkeys<V> ||
+    relays<V> || ...` (QUIC-prefixed vectors; later fields depend on the version and are not read
+    here: the MLS core keeps the extension's bytes as they are). Spec note M4.
+    """
+
+    version: int
+    nostr_group_id: bytes
+    name: bytes
+    description: bytes
+    admins: tuple[bytes, ...]
+    relays: tuple[bytes, ...]
+
+    @classmethod
+    def decode(cls, data: bytes) -> "MdkGroupData":
+        r = Reader(data, "marmot_group_data")
+        version = r.uint16()
+        if version == 0:
+            raise ComponentError("marmot_group_data version 0 is invalid", "component.group_data.version")
+        group_id = r.fixed(32)
+        name, description = r.vector(field="name"), r.vector(field="description")
+        admin_body = r.vector(field="admin_pubkeys")
+        if len(admin_body) % 32:
+            raise EncodingError("admin_pubkeys is not a whole number of 32-byte keys", "encoding.truncated")
+        relays_reader = Reader(r.vector(field="relays"), "marmot_group_data.relays")
+        relays = []
+        while not relays_reader.at_end():
+            relays.append(relays_reader.vector(field="relay"))
+        admins = tuple(admin_body[i:i + 32] for i in range(0, len(admin_body), 32))
+        return cls(version, group_id, name, description, admins, tuple(relays))
+
+    @property
+    def h(self) -> str:
+        return self.nostr_group_id.hex()
+
+    def relay_urls(self) -> list[str]:
+        return [u.decode("utf-8", "replace") for u in self.relays]
+
+    def to_json(self) -> dict:
+        return {"extension": "0xf2ee", "name": "marmot_group_data (MDK)", "version": self.version,
+                "nostr_group_id": self.h, "group_name": self.name.decode("utf-8", "replace"),
+                "admins": [a.hex() for a in self.admins], "relays": self.relay_urls()}

@@ -30,8 +30,8 @@ from appliance.relay.authz import GroupView, NoGroups, can_read, read_scope
 from appliance.origins import Origin, OriginRegistry, UnknownOrigin
 from appliance.relay.subscriptions import SubscriptionIndex
 from appliance.settings import Settings
-from appliance.relay.marmot import check_group_message
-from appliance.store.events import GROUP_MESSAGE_KIND, PendingEvent, WriteHooks, batchable, count_events, query_events
+from appliance.relay.marmot import MARMOT_KINDS, check_marmot_event
+from appliance.store.events import PendingEvent, WriteHooks, batchable, count_events, query_events
 from appliance.store.sqlite import SqliteStore
 
 log = logging.getLogger("appliance.relay")
@@ -131,8 +131,8 @@ class Relay:
             raise Rejected("invalid", "created_at is too far in the past")
         if ev.kind == AUTH_KIND:
             raise Rejected("invalid", "AUTH events are sent in AUTH messages, not stored")
-        if ev.kind == GROUP_MESSAGE_KIND:
-            check_group_message(ev)
+        if ev.kind in MARMOT_KINDS:
+            check_marmot_event(ev)
 
     def check_write_access(self, origin: Origin, authed: str | None, ev: Event) -> None:
         """Origin policy for writers (groups add their own checks in the store transaction)."""

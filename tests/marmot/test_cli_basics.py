@@ -1,0 +1,110 @@
+"""`appliance marmot ...` commands that need no MLS group: the draft switch, JSON output and errors,
+device labels, pairing keys, inspect."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from appliance.cli import main
+from appliance.commands.marmot import DRAFT_LABEL
+from appliance.marmot import proofs
+from appliance.nostr.keys import generate_secret
+from appliance.nostr.nip19 import encode_key
+
+
+def run(capsys, *argv) -> tuple[int, dict]:
+    rc = main(["marmot", *argv])
+    out = capsys.readouterr().out
+    lines = out.strip().splitlines()
+    assert len(lines) == 1, out  # exactly one JSON document
+    return rc, json.loads(lines[0])
+
+
+@pytest.fixture
+def identity(tmp_path):
+    secret = generate_secret()
+    path = tmp_path / "id.nsec"
+    path.write_text(encode_key(bytes.fromhex(secret), "nsec") + "\n")
+    return secret, str(path)
+
+
+def test_draft_commands_need_the_switch(capsys, tmp_path, identity, monkeypatch):
+    monkeypatch.delenv("APPLIANCE_MARMOT_DRAFT_MULTI_DEVICE", raising=False)
+    rc, doc = run(capsys, "pairing-key", "--state", str(tmp_path / "s"))
+    assert rc == 2 and doc["error"] == "draft.disabled"
+    rc, doc = run(capsys, "pairing-key", "--state", str(tmp_path / "s"), "--draft-multi-device")
+    assert rc == 0 and doc["draft"] == DRAFT_LABEL and len(doc["pairing_key"]) == 64
+    # The setting works as well (environment here; a config file key or flag the same way).
+    monkeypatch.setenv("APPLIANCE_MARMOT_DRAFT_MULTI_DEVICE", "true")
+    rc, doc = run(capsys, "pairing-key", "--state", str(tmp_path / "s"))
+    assert rc == 0 and doc["draft"] == DRAFT_LABEL
+    keys = os.listdir(tmp_path / "s" / "pairing" / "keys")
+    assert len(keys) == 2
+    assert all(oct(os.stat(tmp_path / "s" / "pairing" / "keys" / k).st_mode)[-3:] == "600" for k in keys)
+    # The private half never reaches stdout.
+    record = json.loads((tmp_path / "s" / "pairing" / "keys" / keys[0]).read_text())
+    assert record["private"] not in capsys.readouterr().out
+
+
+def test_device_label_round_trip(capsys, tmp_path, identity):
+    secret, path = identity
+    rc, doc = run(capsys, "encrypt-device-label", "--identity", path, "--label", "work laptop",
+                  "--draft-multi-device")
+    assert rc == 0 and doc["extension_type"] == "0xf2ef" and doc["draft"] == DRAFT_LABEL
+    out = tmp_path / "label.json"
+    out.write_text(json.dumps(doc))
+    rc, doc = run(capsys, "decrypt-device-label", "--identity", path, "--input", str(out), "--draft-multi-device")
+    assert rc == 0 and doc["label"] == "work laptop"
+    other = tmp_path / "other"
+    other.write_text(generate_secret())
+    rc, doc = run(capsys, "decrypt-device-label", "--identity", str(other), "--input", str(out),
+                  "--draft-multi-device")
+    assert rc == 2 and doc["error"] == "device_label.decrypt"
+    rc, doc = run(capsys, "inspect", "--input", str(out), "--as", "device-label")
+    assert rc == 0 and doc["name"] == "marmot.encrypted-device-name.v1" and "work laptop" not in json.dumps(doc)
+
+
+def test_bad_identity(capsys, tmp_path):
+    bad = tmp_path / "bad"
+    bad.write_text("npub1notasecret")
+    rc, doc = run(capsys, "encrypt-device-label", "--identity", str(bad), "--label", "x", "--draft-multi-device")
+    assert rc == 2 and doc["error"] == "identity.invalid"
+    rc, doc = run(capsys, "encrypt-device-label", "--label", "x", "--draft-multi-device")
+    assert rc == 2 and doc["error"] == "identity.missing"
+
+
+def test_inspect_proof_and_events(capsys, tmp_path):
+    data = tmp_path / "proof"
+    data.write_text("f9308a019258c31049344f85f89d5229b531c845836f99b08601f113bce036f9000000006553f100c5315d3c85b9"
+                    "d4907cb03395a2a97b3ba2eab393f8e45b13a5d5233acedac60a51d2a295e1b1b5ee372d18a49bdb8041a7dba9"
+                    "dedce722c7c6f712f78bbdfb5d")
+    rc, doc = run(capsys, "inspect", "--input", str(data))
+    assert rc == 0 and doc["type"] == "MarmotAuthorizationProof" and doc["created_at"] == 1700000000
+    from appliance.marmot import transport as tp
+
+    ev = tp.encrypt_group_message(bytes(32), bytes(range(32)), b"mls")
+    path = tmp_path / "ev.json"
+    path.write_text(ev.to_json())
+    rc, doc = run(capsys, "inspect", "--input", str(path))
+    assert rc == 0 and doc == {"type": "group-message", "kind": 445, "h": bytes(range(32)).hex(),
+                               "one_time_pubkey": ev.pubkey, "ciphertext_bytes": 3 + 16}
+    garbage = tmp_path / "g"
+    garbage.write_text("00ff")
+    rc, doc = run(capsys, "inspect", "--input", str(garbage))
+    assert rc == 2 and doc["error"] == "usage"
+    assert proofs.PROOF_LEN == 104
+
+
+def test_the_installed_command(tmp_path):
+    """The real entry point: one JSON line on stdout, the reason on stderr, exit status 2."""
+    proc = subprocess.run([sys.executable, "-m", "appliance", "marmot", "pairing-key", "--state", str(tmp_path)],
+                          capture_output=True, text=True, env={k: v for k, v in os.environ.items()
+                                                               if not k.startswith("APPLIANCE_")})
+    assert proc.returncode == 2
+    assert json.loads(proc.stdout)["error"] == "draft.disabled"
+    assert "draft" in proc.stderr
