@@ -122,6 +122,7 @@ class Appliance:
     push: Any = None  # appliance.push.service.Push
     peers: peers.PeerLimits = field(default_factory=lambda: peers.PeerLimits(0))
     guard: Any = None  # appliance.server.Guard, once served
+    gateway: Any = None  # appliance.gateway.service.Gateway, when [gateway] enabled = true
 
     # Seconds between checks for origin/group edits made by the CLI while the server runs.
     RELOAD_INTERVAL = 1.0
@@ -154,6 +155,8 @@ class Appliance:
         self.relay.origins.origins = origins
         self.relay.origins_changed()
         await asyncio.to_thread(ensure_relay_keys, self.store, self.groups, origins)
+        if self.gateway is not None:
+            await asyncio.to_thread(self.gateway.reload_keys)  # grant-key rotation by the CLI
         self.generation = generation
         log.info("reloaded origins and groups generation=%d", generation)
         return True
@@ -174,12 +177,14 @@ class Appliance:
         while True:
             n = await self.store.write(lambda conn: purge_expired(conn, int(time.time())))
             total += n
-            if n == 0 and self.push is not None:
-                erased = await self.store.write(lambda conn: self.push.maintain(conn, int(time.time())))
-                self.wal_scrub_pending = self.wal_scrub_pending or erased > 0
+            if n == 0:
+                # Push and gateway retention: each erases key material that has served its time.
+                for part in (self.push, self.gateway):
+                    if part is not None:
+                        erased = await self.store.write(lambda conn, part=part: part.maintain(conn, int(time.time())))
+                        self.wal_scrub_pending = self.wal_scrub_pending or erased > 0
                 if self.wal_scrub_pending:
                     self.wal_scrub_pending = not await asyncio.to_thread(self.store.scrub_wal)
-            if n == 0:
                 return total
 
 
@@ -216,7 +221,40 @@ def build(settings: Settings) -> Appliance:
     ensure_relay_keys(store, groups, origins)
     app.nip11_extensions.append(lambda origin, doc: _nip29_self(app, origin, doc))
     _wire_push(app, origins)
+    _wire_gateway(app)
     return app
+
+
+def gateway_config(settings: Settings):
+    """The checked `[gateway]` table (ConfigError naming the field), with its derived default URL."""
+    from appliance.gateway.config import parse_gateway
+
+    listen = settings.gateway_listen or settings.gateway.get("gateway_listen", "")
+    if listen:
+        derived = f"http://{listen}"
+    else:
+        host = settings.host if settings.host not in {"0.0.0.0", "::", ""} else "127.0.0.1"
+        derived = f"http://{host}:{settings.port}"
+    return parse_gateway(settings.gateway, gateway_listen=settings.gateway_listen, derived_url=derived)
+
+
+def _wire_gateway(app: "Appliance") -> None:
+    """The optional APNs gateway: its own tables, grant keys wrapped by the key file, its routes."""
+    try:
+        config = gateway_config(app.settings)
+        if not config.enabled:
+            return
+        from appliance.gateway.service import Gateway
+
+        app.gateway = Gateway(config, app.store, app.keyfile).open()
+    except Exception:
+        if app.push is not None:
+            app.push.close()
+        app.relay.close()
+        app.store.close()
+        raise
+    if not config.profiles:
+        log.warning("gateway enabled with no [[gateway.profiles]]: every enrollment will be refused")
 
 
 def _wire_push(app: "Appliance", origins: list[Origin]) -> None:
@@ -317,6 +355,8 @@ def asgi(app: Appliance):
             for task in app.background:
                 task.cancel()
             await asyncio.gather(*app.background, return_exceptions=True)
+            if app.gateway is not None:
+                await app.gateway.drain()
             if app.push is not None:
                 app.push.close()
             app.relay.close()
@@ -327,7 +367,27 @@ def asgi(app: Appliance):
         WebSocketRoute("/{path:path}", ws_endpoint),
         Route("/{path:path}", http_endpoint, methods=["GET", "HEAD", "OPTIONS"]),
     ]
-    return capture_raw_send(Starlette(routes=routes, lifespan=lifespan))
+    main = capture_raw_send(Starlette(routes=routes, lifespan=lifespan))
+    if app.gateway is None or app.gateway.config.listen:
+        return main
+    from appliance.gateway.http import GatewayApp
+
+    gateway = GatewayApp(app.gateway)
+
+    async def dispatch(scope, receive, send):
+        # The gateway's routes share the main listener: its host (if public_url names one) and path.
+        if gateway.owns(scope):
+            return await gateway(scope, receive, send)
+        return await main(scope, receive, send)
+
+    return dispatch
+
+
+def gateway_asgi(app: Appliance):
+    """The gateway routes alone, for their own listener (`gateway_listen`)."""
+    from appliance.gateway.http import GatewayApp
+
+    return GatewayApp(app.gateway, match_host=False)
 
 
 # templates/ and static/ sit beside the package in the source tree (the fixed top-level layout).
@@ -375,5 +435,9 @@ def startup_banner(settings: Settings, app: Appliance) -> list[str]:
         lines.append(f"  relay  {origin.origin}   (NIP-11: {http} with Accept: {NOSTR_JSON})")
     for url in local_urls(settings):
         lines.append(f"  also   {url}")
+    if app.gateway is not None:
+        lines.append(f"  gateway  {app.gateway.config.display_url}")
     lines.append(f"  listening on {settings.host}:{settings.port}")
+    if app.gateway is not None and app.gateway.config.listen:
+        lines.append(f"  gateway listening on {app.gateway.config.listen}")
     return lines

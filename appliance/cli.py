@@ -74,6 +74,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     marmot_cli.add_parser(marmot)
 
+    gateway = sub.add_parser("gateway", help="Manage the APNs gateway's grant-sealing keys.",
+                             description="The optional APNs gateway ([gateway] table).")
+    from appliance.commands import gateway as gateway_cli
+
+    gateway_cli.add_parser(gateway, _add_setting_flags)
+
     bench = sub.add_parser("bench", help="Measure this machine: relay ingest and query speed.",
                            description="Benchmarks that start a relay on a temporary data dir.")
     from appliance import bench as bench_mod
@@ -126,6 +132,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from appliance.commands import marmot as marmot_cli
 
             return marmot_cli.run(args)
+        if args.command == "gateway":
+            from appliance.commands import gateway as gateway_cli
+
+            return gateway_cli.run(args, _settings(args))
         if args.command == "bench":
             from appliance import bench as bench_mod
 
@@ -153,5 +163,10 @@ def serve(settings: Settings, *, ready: Any = None) -> int:
     app = build(settings)
     for line in startup_banner(settings, app):
         print(line, flush=True)
+    if app.gateway is not None and app.gateway.config.listen:
+        from appliance.server import run_with_gateway_listener
+
+        run_with_gateway_listener(settings, app)
+        return 0
     build_server(settings, app).run()
     return 0

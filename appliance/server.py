@@ -18,7 +18,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import signal
+import socket
 
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -235,7 +238,7 @@ class ApplianceServer(uvicorn.Server):
         await super().shutdown(sockets)
 
 
-def build_server(settings: Settings, app: Appliance) -> ApplianceServer:
+def build_server(settings: Settings, app: Appliance, cls: type = ApplianceServer) -> ApplianceServer:
     """The configured uvicorn server for `app`."""
     guard = Guard(app.peers)
     http_class, ws_class = protocol_classes(guard)
@@ -259,4 +262,61 @@ def build_server(settings: Settings, app: Appliance) -> ApplianceServer:
     config.load()
     logging.getLogger("uvicorn.error").addFilter(QuietInvalidUtf8(guard))
     app.guard = guard
-    return ApplianceServer(config, app)
+    return cls(config, app)
+
+
+class _SignalsElsewhere:
+    """Mixin: `run_with_gateway_listener` owns SIGINT/SIGTERM and stops both servers itself."""
+
+    @contextlib.contextmanager
+    def capture_signals(self):
+        yield
+
+
+class _MainServer(_SignalsElsewhere, ApplianceServer):
+    pass
+
+
+class _GatewayServer(_SignalsElsewhere, uvicorn.Server):
+    pass
+
+
+def run_with_gateway_listener(settings: Settings, app: Appliance) -> None:
+    """The main listener plus the gateway's own (`gateway_listen`) in one event loop: SIGTERM or
+    SIGINT stops both (the relay's graceful shutdown first), then the process exits."""
+    from appliance.app import gateway_asgi
+    from appliance.errors import ConfigError
+    from appliance.gateway.config import parse_listen
+
+    listen = app.gateway.config.listen
+    host, port = parse_listen(listen, "gateway_listen")
+    try:
+        family, _type, _proto, _name, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+    except OSError as exc:
+        raise ConfigError("gateway_listen", listen, f"cannot listen there: {exc.strerror or exc}") from None
+    server = build_server(settings, app, cls=_MainServer)
+    http_class, _ws = protocol_classes(Guard(app.peers))  # the same head limits and per-address cap
+    config = uvicorn.Config(gateway_asgi(app), log_level=settings.log_level, http=http_class, ws="none",
+                            lifespan="off", proxy_headers=False, server_header=False,
+                            timeout_graceful_shutdown=DEFAULT_SHUTDOWN_GRACE)
+    gateway = _GatewayServer(config)
+
+    async def both() -> None:
+        def stop() -> None:
+            server.should_exit = gateway.should_exit = True
+
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop)
+        task = asyncio.create_task(gateway.serve(sockets=[sock]))
+        try:
+            await server.serve()
+        finally:
+            gateway.should_exit = True
+            await task
+
+    with asyncio.Runner(loop_factory=server.config.get_loop_factory()) as runner:
+        runner.run(both())

@@ -211,6 +211,10 @@ SETTINGS: tuple[Setting, ...] = (
        "Proxies whose X-Forwarded-For header names the real client (comma-separated addresses or "
        "CIDR networks). Loopback is always trusted: a TLS proxy on the same box. Never list an "
        "address clients can connect from directly: they could claim any address.", metavar="ADDRS"),
+    _s("gateway_listen", _str, "",
+       "Serve the APNs gateway routes (the [gateway] table) on their own host:port instead of the "
+       "main listener. Empty: they share the main listener, routed by the gateway's public_url host "
+       "and path.", metavar="HOST:PORT"),
     _s("log_level", _str, "info", "Logging level.", choices=("debug", "info", "warning", "error")),
     _s("marmot_draft_multi_device", _bool, False,
        "Allow `appliance marmot` to run the draft Marmot multi-device join (pairing payload, kind 452 "
@@ -232,6 +236,8 @@ class Settings:
     config_path: Path | None = None
     #: the `[push]` table: NIP-PL push configuration of the default origin (empty = disabled)
     push: dict[str, Any] = field(default_factory=dict)
+    #: the `[gateway]` table: the optional APNs gateway (checked by appliance.gateway.config)
+    gateway: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         # Plain attributes: settings are read on hot paths (every EVENT checks its limits).
@@ -265,6 +271,7 @@ def load(
     file_values: dict[str, Any] = {}
     origins: list[dict[str, Any]] = []
     push: dict[str, Any] = {}
+    gateway: dict[str, Any] = {}
     path = Path(config_path) if config_path else None
     if path is not None:
         try:
@@ -284,6 +291,9 @@ def load(
         push = file_values.pop("push", {})
         if not isinstance(push, dict):
             raise ConfigError("push", push, "use a [push] table")
+        gateway = file_values.pop("gateway", {})
+        if not isinstance(gateway, dict):
+            raise ConfigError("gateway", gateway, "use a [gateway] table")
         unknown = sorted(set(file_values) - set(BY_NAME))
         if unknown:
             raise ConfigError(unknown[0], file_values[unknown[0]],
@@ -304,7 +314,7 @@ def load(
         values[setting.name] = setting.coerce(raw)
         sources[setting.name] = source
     _check_cross(values)
-    return Settings(values=values, sources=sources, origins=origins, config_path=path, push=push)
+    return Settings(values=values, sources=sources, origins=origins, config_path=path, push=push, gateway=gateway)
 
 
 def _check_cross(values: dict[str, Any]) -> None:
@@ -369,6 +379,30 @@ def sample_config() -> str:
         "# [push.limitation]                          # overrides of the spec's defaults",
         "# max_lease_ttl = 2592000",
         "# max_leases_per_pubkey = 16",
+        "",
+        "# The optional APNs gateway (NIP-PL Public APNs Gateway Profile) in this process: App Attest",
+        "# enrollment, relay delegations and sealed endpoint grants, deliveries over NIP-98. Its routes",
+        "# (/v1/...) are served under public_url's path on the main listener (routed by its Host), or",
+        "# on gateway_listen. Relays use it with an app profile like",
+        '# { id = "buzz-ios-production", transport = "apns", gateway_url = "https://push.example.org" }.',
+        "# [gateway]",
+        "# enabled = true",
+        '# public_url = "https://push.example.org"   # audience of every transcript; default http://HOST:PORT',
+        '# app_attest_root_ca = "/path/root.pem"     # default: Apple App Attestation Root CA (bundled)',
+        "# max_installation_lifetime = 7776000       # 90 days",
+        "# max_grant_lifetime = 2592000              # 30 days, the default max_lease_ttl",
+        "# endpoint_quota_window = 10                # seconds: at most endpoint_quota_max attempts",
+        "# endpoint_quota_max = 10                   # per endpoint per window, never refunded",
+        "# [[gateway.profiles]]",
+        '# id = "buzz-ios-production"                # or buzz-ios-sandbox',
+        '# app_id = "TEAMID.com.example.app"         # App Attest app id: <App ID prefix>.<bundle id>',
+        '# environment = "production"                # sandbox for buzz-ios-sandbox',
+        '# topic = "com.example.app"                 # the bundle id of app_id',
+        '# team_id = "TEAM123456"',
+        '# key_id = "ABC123DEFG"',
+        '# key_file = "/path/AuthKey.p8"',
+        '# apns_url = "https://..."                  # optional override of Apple\'s host',
+        '# ca_file = "/path/ca.pem"                  # optional extra CA bundle for that URL',
         "",
     ]
     return "\n".join(lines)

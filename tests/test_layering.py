@@ -1,4 +1,4 @@
-"""Dependencies point one way: cli -> commands -> app -> relay | push -> origins -> store -> nostr.
+"""Dependencies point one way: cli -> commands -> app -> relay | push | gateway -> origins -> store -> nostr.
 
 Peers never import each other (the relay and the push executor meet only in `app.py`); the pure
 protocol package imports nothing else of ours. A new import that breaks this fails here.
@@ -23,14 +23,17 @@ ALLOWED = {
     "origins": {"errors", "store"},
     "relay": {"nostr", "errors", "store", "origins", "settings", "__init__"},
     "push": {"nostr", "errors", "store", "origins", "settings"},
-    "app": {"nostr", "errors", "store", "origins", "settings", "relay", "push", "__init__"},
-    "server": {"nostr", "errors", "store", "origins", "settings", "relay", "app", "__init__"},
-    "commands": {"nostr", "errors", "store", "origins", "settings", "relay", "push", "app", "marmot"},
-    "bench": {"nostr", "errors", "store", "origins", "settings", "relay", "push", "app", "bench_leases"},
+    "gateway": {"nostr", "errors", "store"},
+    "testing": {"nostr", "errors", "gateway"},
+    "app": {"nostr", "errors", "store", "origins", "settings", "relay", "push", "gateway", "__init__"},
+    "server": {"nostr", "errors", "store", "origins", "settings", "relay", "app", "gateway", "__init__"},
+    "commands": {"nostr", "errors", "store", "origins", "settings", "relay", "push", "gateway", "app", "marmot"},
+    "bench": {"nostr", "errors", "store", "origins", "settings", "relay", "push", "app", "bench_leases",
+              "bench_gateway"},
     "bench_leases": {"nostr", "errors", "store", "origins", "settings", "relay", "push", "app", "bench"},
-    "cli": {"nostr", "errors", "store", "origins", "settings", "relay", "push", "app", "server", "commands", "bench",
-            "bench_leases",
-            "__init__"},
+    "bench_gateway": {"nostr", "errors", "store", "settings", "gateway", "testing", "bench"},
+    "cli": {"nostr", "errors", "store", "origins", "settings", "relay", "push", "gateway", "app", "server",
+            "commands", "bench", "bench_leases", "__init__"},
     "__main__": {"cli"},
     "__init__": set(),
 }

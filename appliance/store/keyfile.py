@@ -88,4 +88,6 @@ def holds_wrapped_keys(conn) -> bool:
     """Whether the database holds any private key wrapped by a key file."""
     return bool(conn.execute(
         "SELECT EXISTS (SELECT 1 FROM relay_keys) OR EXISTS (SELECT 1 FROM executor_keys WHERE wrapped IS NOT NULL)"
+        " OR EXISTS (SELECT 1 FROM gateway_grant_keys WHERE wrapped IS NOT NULL)"
+        " OR EXISTS (SELECT 1 FROM gateway_installations WHERE token IS NOT NULL)"
     ).fetchone()[0])

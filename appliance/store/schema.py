@@ -157,6 +157,83 @@ MIGRATIONS: tuple[str, ...] = (
     """
     DROP INDEX IF EXISTS leases_endpoint;
     """,
+    # 5: the optional APNs gateway (NIP-PL, Public APNs Gateway Profile): installations with their
+    # APNs tokens in encrypted custody, relay delegations, grant keys, challenges, and the delivery
+    # replay/quota fences. No other part reads these tables.
+    """
+    CREATE TABLE gateway_challenges (
+        id          TEXT PRIMARY KEY,         -- canonical UUID
+        digest      BLOB NOT NULL,            -- SHA-256 of the 32 challenge bytes
+        expires_at  INTEGER NOT NULL          -- single use, 300 s
+    ) WITHOUT ROWID;
+    CREATE INDEX gateway_challenges_expiry ON gateway_challenges(expires_at);
+
+    CREATE TABLE gateway_installations (
+        handle      TEXT PRIMARY KEY,         -- canonical UUID, the client's installation_handle
+        app_profile TEXT NOT NULL,
+        key_id      BLOB NOT NULL UNIQUE,     -- App Attest key id (32 bytes)
+        public_key  BLOB NOT NULL,            -- attested P-256 key, uncompressed point
+        sign_count  INTEGER NOT NULL,         -- last accepted assertion counter
+        endpoint_epoch INTEGER NOT NULL,
+        token       BLOB,                     -- APNs token wrapped by the key file; NULL once revoked
+        token_sha256 BLOB,                    -- SHA-256(token); NULL once revoked
+        expires_at  INTEGER NOT NULL,
+        revoked_at  INTEGER,
+        created_at  INTEGER NOT NULL
+    ) WITHOUT ROWID;
+    -- Global installation-endpoint uniqueness on (app_profile, SHA-256(token)).
+    CREATE UNIQUE INDEX gateway_installations_token ON gateway_installations(app_profile, token_sha256)
+        WHERE token_sha256 IS NOT NULL;
+    CREATE INDEX gateway_installations_expiry ON gateway_installations(expires_at);
+
+    -- One row per (installation, relay): the latest delegation; generation only increases.
+    CREATE TABLE gateway_delegations (
+        handle      TEXT NOT NULL REFERENCES gateway_installations(handle) ON DELETE CASCADE,
+        relay_pubkey TEXT NOT NULL,
+        endpoint_epoch INTEGER NOT NULL,
+        generation  INTEGER NOT NULL,
+        not_before  INTEGER NOT NULL,
+        expires_at  INTEGER NOT NULL,
+        revoked_at  INTEGER,
+        PRIMARY KEY (handle, relay_pubkey)
+    ) WITHOUT ROWID;
+
+    CREATE TABLE gateway_grant_keys (
+        key_id      TEXT PRIMARY KEY,
+        wrapped     BLOB,                     -- secret wrapped by the key file; NULL once erased
+        state       TEXT NOT NULL CHECK (state IN ('current', 'retired')),
+        created_at  INTEGER NOT NULL,
+        retired_at  INTEGER,
+        max_expires_at INTEGER NOT NULL DEFAULT 0  -- latest expiry of a grant it sealed
+    ) WITHOUT ROWID;
+    CREATE UNIQUE INDEX gateway_grant_keys_current ON gateway_grant_keys(state) WHERE state = 'current';
+
+    -- NIP-98 event ids burned at delivery admission, kept until the event's time window closes.
+    CREATE TABLE gateway_auth_events (
+        event_id    TEXT PRIMARY KEY,
+        expires_at  INTEGER NOT NULL
+    ) WITHOUT ROWID;
+    CREATE INDEX gateway_auth_events_expiry ON gateway_auth_events(expires_at);
+
+    -- Delivery reservations: committed before the APNs request (send-begin); terminal ones kept.
+    CREATE TABLE gateway_reservations (
+        relay_pubkey TEXT NOT NULL,
+        request_id  TEXT NOT NULL,
+        terminal    INTEGER NOT NULL DEFAULT 0,
+        expires_at  INTEGER NOT NULL,
+        PRIMARY KEY (relay_pubkey, request_id)
+    ) WITHOUT ROWID;
+    CREATE INDEX gateway_reservations_expiry ON gateway_reservations(expires_at);
+
+    -- Endpoint quota: admitted attempts per fixed window, charged once per attempt, never refunded.
+    CREATE TABLE gateway_endpoint_quota (
+        app_profile TEXT NOT NULL,
+        token_sha256 BLOB NOT NULL,
+        window_start INTEGER NOT NULL,
+        admitted    INTEGER NOT NULL,
+        PRIMARY KEY (app_profile, token_sha256)
+    ) WITHOUT ROWID;
+    """,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)
