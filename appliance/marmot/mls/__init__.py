@@ -1,0 +1,78 @@
+"""An RFC 9420 MLS core for cipher suite 0x0001, pure: state in and out as bytes.
+
+    Group                       one member's state in one epoch; operations return new Groups
+      .create / .from_bytes / .to_bytes
+      .commit(add=, remove=, psks=, proposals=, ...) -> CommitOutcome(group, message, welcome)
+      .propose(proposal) / .propose_update()
+      .process(message, psks=, external_commit_policy=, validate=) -> Processed
+      .encrypt(data) -> (group, message)
+      .group_info() / .export_secret(label, context, length) / .members()
+    create_key_package(...)     -> KeyPackageSecrets (public KeyPackage + private keys)
+    join_from_welcome(...)      -> Group
+    external_join(group_info, ..., external_psks=, proposals=) -> (Group, commit message)
+    ExternalCommitPolicy        which extra proposals an External Commit may carry, plus a check
+
+Modules: codec (TLS/MLS and QUIC-varint codecs), treemath, crypto (suite 1 over `cryptography`
+and `pyhpke`), structs (wire structures), tree (ratchet tree, TreeKEM), keyschedule, secrettree,
+framing, group (the engine). Errors: see `errors` (MLSError and its tree).
+"""
+
+from .errors import (
+    ConfirmationTagError,
+    DecodeError,
+    DecryptError,
+    EpochError,
+    MembershipTagError,
+    MLSError,
+    ProposalError,
+    SignatureError,
+    StateError,
+    TreeError,
+    UnsupportedError,
+    ValidationError,
+)
+from .group import (
+    CommitOutcome,
+    CommitView,
+    ExternalCommitPolicy,
+    ExternalCommitView,
+    Group,
+    KeyPackageSecrets,
+    Member,
+    Processed,
+    RFC_EXTERNAL_COMMIT_POLICY,
+    create_key_package,
+    decode_app_data_dictionary,
+    encode_app_data_dictionary,
+    external_join,
+    join_from_welcome,
+    key_package_ref,
+    parse_key_package,
+)
+from .structs import (
+    AppDataUpdate,
+    AppEphemeral,
+    Capabilities,
+    Credential,
+    Extension,
+    GroupContext,
+    GroupInfo,
+    KeyPackage,
+    LeafNode,
+    Lifetime,
+    MLSMessage,
+    PreSharedKeyID,
+    RequiredCapabilities,
+    UnknownProposal,
+)
+
+__all__ = [
+    "AppDataUpdate", "AppEphemeral", "Capabilities", "CommitOutcome", "CommitView", "ConfirmationTagError",
+    "Credential", "DecodeError", "DecryptError", "EpochError", "Extension", "ExternalCommitPolicy",
+    "ExternalCommitView", "Group", "GroupContext", "GroupInfo", "KeyPackage", "KeyPackageSecrets", "LeafNode",
+    "Lifetime", "MLSError", "MLSMessage", "MembershipTagError", "Member", "PreSharedKeyID", "Processed",
+    "ProposalError", "RFC_EXTERNAL_COMMIT_POLICY", "RequiredCapabilities", "SignatureError", "StateError",
+    "TreeError", "UnknownProposal", "UnsupportedError", "ValidationError", "create_key_package",
+    "decode_app_data_dictionary", "encode_app_data_dictionary", "external_join", "join_from_welcome",
+    "key_package_ref", "parse_key_package",
+]
