@@ -672,15 +672,20 @@ class Group:
                 tree.remove_leaf(p.removed)
         # 4. Adds
         added = []
+        index = None
         for p in proposals:
             if isinstance(p, Add):
                 kp = p.key_package
                 verify_key_package(kp)
                 if kp.cipher_suite != self.context.cipher_suite:
                     raise ProposalError("Add with another cipher suite")
+                if index is None:
+                    index = _KeyIndex(tree)
                 _check_leaf(kp.leaf_node, tree, extensions, source=SRC_KEY_PACKAGE, group_id=self.group_id,
-                            leaf_index=None, replacing=None, now=now)
-                added.append((tree.add_leaf(kp.leaf_node), kp))
+                            leaf_index=None, replacing=None, now=now, index=index)
+                leaf_index = tree.add_leaf(kp.leaf_node)
+                index.add(kp.leaf_node, 2 * leaf_index)
+                added.append((leaf_index, kp))
         if gce is not None or updates:
             for i, leaf in tree.leaves():
                 _check_leaf_supports(leaf, extensions, f"leaf {i}")
@@ -906,6 +911,13 @@ class Group:
                 held, commit_secret, _ = decrypt_path(tree, fdp, path.nodes, self.own_leaf, self.privs,
                                                    provisional.encode(), {i for i, _ in staged.added})
                 self.privs.update(held)
+        if self.own_leaf in staged.removed:
+            # We cannot derive the new epoch (the path is not encrypted to us); the commit is signed
+            # (and membership-tagged) by a member of our epoch, which is all a removed member can check.
+            gone = self.copy()
+            gone.active = False
+            return Processed(gone, "commit", sender, sender_leaf, content.authenticated_data,
+                             proposals=tuple(staged.proposals), removed_self=True, epoch=self.epoch)
         new = self._advance(staged, content, wf, auth.signature, commit_secret, init_secret, psks)
         if not crypto.hmac.compare_digest(new.confirmation_tag, auth.confirmation_tag):
             raise ConfirmationTagError("commit confirmation tag does not verify")
@@ -1107,9 +1119,32 @@ def _check_leaf_supports(leaf: LeafNode, group_exts, what: str) -> None:
                 raise TreeError(f"{what} lacks required credential type 0x{t:04x}")
 
 
+class _KeyIndex:
+    """What leaf validation needs to know about a tree, gathered once (adds update it as they go)."""
+
+    def __init__(self, tree: RatchetTree):
+        self.signature_keys = {leaf.signature_key: i for i, leaf in tree.leaves()}
+        self.encryption_keys = {node.encryption_key: i for i, node in enumerate(tree.nodes) if node is not None}
+        self.cred_types: dict[int, int] = {}  # credential type -> how many leaves use it
+        self.supported: dict[int, int] = {}  # credential type -> how many leaves support it
+        self.n = 0
+        for _, leaf in tree.leaves():
+            self.add(leaf, None)
+
+    def add(self, leaf: LeafNode, node_index: int | None) -> None:
+        self.n += 1
+        t = leaf.credential.credential_type
+        self.cred_types[t] = self.cred_types.get(t, 0) + 1
+        for c in set(leaf.capabilities.credentials):
+            self.supported[c] = self.supported.get(c, 0) + 1
+        if node_index is not None:
+            self.signature_keys[leaf.signature_key] = node_index // 2
+            self.encryption_keys[leaf.encryption_key] = node_index
+
+
 def _check_leaf(leaf: LeafNode, tree: RatchetTree, group_exts, *, source: int, group_id: bytes,
                 leaf_index: int | None, replacing: int | None, now: int | None = None,
-                skip_node: int | None = None) -> None:
+                skip_node: int | None = None, index: _KeyIndex | None = None) -> None:
     """Leaf node validation against the tree it joins (signature, capabilities, uniqueness, lifetime)."""
     if leaf.leaf_node_source != source:
         raise TreeError(f"leaf node source {leaf.leaf_node_source}, expected {source}")
@@ -1129,18 +1164,26 @@ def _check_leaf(leaf: LeafNode, tree: RatchetTree, group_exts, *, source: int, g
     if source == SRC_KEY_PACKAGE and now is not None and leaf.lifetime is not None:
         if not leaf.lifetime.not_before <= now <= leaf.lifetime.not_after:
             raise TreeError("leaf lifetime is not current")
-    for i, other in tree.leaves():
-        if i == replacing:
-            continue
-        if other.signature_key == leaf.signature_key:
-            raise TreeError(f"signature key already used by leaf {i}")
-        if leaf.credential.credential_type not in other.capabilities.credentials:
-            raise TreeError(f"leaf {i} does not support credential type {leaf.credential.credential_type}")
-        if other.credential.credential_type not in caps.credentials:
-            raise TreeError(f"leaf does not support credential type {other.credential.credential_type} of leaf {i}")
-    for i, node in enumerate(tree.nodes):
-        if node is not None and node.encryption_key == leaf.encryption_key and i != skip_node:
-            raise TreeError("encryption key already used in the tree")
+    if index is None:
+        index = _KeyIndex(tree)
+    holder = index.signature_keys.get(leaf.signature_key)
+    if holder is not None and holder != replacing:
+        raise TreeError(f"signature key already used by leaf {holder}")
+    node = index.encryption_keys.get(leaf.encryption_key)
+    if node is not None and node != skip_node:
+        raise TreeError("encryption key already used in the tree")
+    # every other member must support this credential type, and this leaf every type in use
+    others = index.n - (1 if replacing is not None and tree.leaf(replacing) is not None else 0)
+    t = leaf.credential.credential_type
+    own = tree.leaf(replacing) if replacing is not None else None
+    supporting = index.supported.get(t, 0) - (1 if own is not None and t in own.capabilities.credentials else 0)
+    if supporting < others:
+        raise TreeError(f"not every member supports credential type {t}")
+    for used, count in index.cred_types.items():
+        if own is not None and own.credential.credential_type == used:
+            count -= 1
+        if count > 0 and used not in caps.credentials:
+            raise TreeError(f"leaf does not support credential type {used} used in the group")
 
 
 def _external_senders(data: bytes) -> list[bytes]:
