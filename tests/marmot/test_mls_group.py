@@ -223,7 +223,11 @@ def test_capabilities_required_by_the_group_are_enforced():
     with pytest.raises(TreeError):
         alice.commit(add=[lacking.key_package])
     with pytest.raises(TreeError):
-        external_join(alice.group_info(), b"old-client")
+        external_join(alice.group_info(), b"old-client", capabilities=Capabilities())
+    # left to itself, an external joiner advertises what the group requires
+    joiner, _ = external_join(alice.group_info(), b"new-client")
+    caps = joiner.own_leaf_node.capabilities
+    assert MARMOT_EXT in caps.extensions and P_APP_EPHEMERAL in caps.proposals
 
 
 def test_app_data_update_remove_and_updater():

@@ -41,6 +41,7 @@ from .group import (
     Member,
     Processed,
     RFC_EXTERNAL_COMMIT_POLICY,
+    capabilities_for,
     create_key_package,
     decode_app_data_dictionary,
     encode_app_data_dictionary,
@@ -72,7 +73,7 @@ __all__ = [
     "ExternalCommitView", "Group", "GroupContext", "GroupInfo", "KeyPackage", "KeyPackageSecrets", "LeafNode",
     "Lifetime", "MLSError", "MLSMessage", "MembershipTagError", "Member", "PreSharedKeyID", "Processed",
     "ProposalError", "RFC_EXTERNAL_COMMIT_POLICY", "RequiredCapabilities", "SignatureError", "StateError",
-    "TreeError", "UnknownProposal", "UnsupportedError", "ValidationError", "create_key_package",
+    "TreeError", "UnknownProposal", "UnsupportedError", "ValidationError", "capabilities_for", "create_key_package",
     "decode_app_data_dictionary", "encode_app_data_dictionary", "external_join", "join_from_welcome",
     "key_package_ref", "parse_key_package",
 ]

@@ -203,6 +203,24 @@ def verify_key_package(kp: KeyPackage) -> None:
         raise ValidationError("key package init_key equals its leaf encryption_key")
 
 
+def capabilities_for(context: GroupContext, base: Capabilities | None = None) -> Capabilities:
+    """`base` (default capabilities if None) plus everything the group's context requires of a leaf:
+    every non-default GroupContext extension type and the required_capabilities lists."""
+    base = base or Capabilities()
+    exts, props, creds = list(base.extensions), list(base.proposals), list(base.credentials)
+    req = _required(context.extensions) or RequiredCapabilities()
+    for t in [e.extension_type for e in context.extensions] + list(req.extension_types):
+        if t not in DEFAULT_EXTENSIONS and t not in exts:
+            exts.append(t)
+    for t in req.proposal_types:
+        if t not in DEFAULT_PROPOSALS and t not in props:
+            props.append(t)
+    for t in req.credential_types:
+        if t not in creds:
+            creds.append(t)
+    return Capabilities(base.versions, base.cipher_suites, tuple(exts), tuple(props), tuple(creds))
+
+
 # -- app data dictionary (draft-ietf-mls-extensions) ------------------------------------------------
 
 def decode_app_data_dictionary(data: bytes) -> list[tuple[int, bytes]]:
@@ -1033,7 +1051,8 @@ def external_join(group_info: bytes, credential: Credential | bytes, signature_p
     """Join by External Commit (§12.4.3.2): returns our state in the new epoch and the Commit message.
 
     `external_psks` maps PSK ids to values; each becomes one PreSharedKey proposal (fresh nonce),
-    in the given order. `proposals` are appended inline as given (e.g. an AppEphemeral).
+    in the given order. `proposals` are appended inline as given (e.g. an AppEphemeral). Without
+    `capabilities`, the leaf advertises what the group requires (`capabilities_for`).
     """
     if isinstance(credential, (bytes, bytearray)):
         credential = Credential.basic(bytes(credential))
@@ -1041,6 +1060,8 @@ def external_join(group_info: bytes, credential: Credential | bytes, signature_p
         signature_priv, _ = crypto.signature_keypair()
     gi, tree = _verified_group_info(group_info, ratchet_tree)
     context = gi.group_context
+    if capabilities is None:
+        capabilities = capabilities_for(context)
     ext = gi.extension(EXT_EXTERNAL_PUB)
     if ext is None:
         raise ValidationError("GroupInfo has no external_pub extension")
@@ -1223,5 +1244,5 @@ def _apply_app_data_updates(extensions, updates, updater) -> tuple:
 __all__ = ["Group", "KeyPackageSecrets", "create_key_package", "parse_key_package", "verify_key_package",
            "key_package_ref", "join_from_welcome", "external_join", "ExternalCommitPolicy", "ExternalCommitView",
            "RFC_EXTERNAL_COMMIT_POLICY", "CommitOutcome", "Processed", "Member", "CommitView",
-           "decode_app_data_dictionary", "encode_app_data_dictionary", "external_pub_extension",
+           "decode_app_data_dictionary", "encode_app_data_dictionary", "external_pub_extension", "capabilities_for",
            "SignatureError", "WF_KEY_PACKAGE", "field", "CRED_BASIC"]
