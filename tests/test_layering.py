@@ -1,4 +1,4 @@
-"""Dependencies point one way: cli -> commands -> app -> relay | push | gateway -> origins -> store -> nostr.
+"""Dependencies point one way: cli -> commands -> app -> relay | push | gateway -> transports | origins -> store -> nostr.
 
 Peers never import each other (the relay and the push executor meet only in `app.py`); the pure
 protocol package imports nothing else of ours. A new import that breaks this fails here.
@@ -22,10 +22,11 @@ ALLOWED = {
     "marmot": {"nostr", "errors"},
     "origins": {"errors", "store"},
     "relay": {"nostr", "errors", "store", "origins", "settings", "__init__"},
-    "push": {"nostr", "errors", "store", "origins", "settings"},
-    "gateway": {"nostr", "errors", "store"},
-    "testing": {"nostr", "errors", "gateway"},
-    "app": {"nostr", "errors", "store", "origins", "settings", "relay", "push", "gateway", "__init__"},
+    "transports": {"errors"},
+    "push": {"nostr", "errors", "store", "origins", "settings", "transports"},
+    "gateway": {"nostr", "errors", "store", "transports"},
+    "testing": {"nostr", "errors", "gateway", "transports"},
+    "app": {"nostr", "errors", "store", "origins", "settings", "relay", "push", "gateway", "transports", "__init__"},
     "server": {"nostr", "errors", "store", "origins", "settings", "relay", "app", "gateway", "__init__"},
     "commands": {"nostr", "errors", "store", "origins", "settings", "relay", "push", "gateway", "app", "marmot"},
     "bench": {"nostr", "errors", "store", "origins", "settings", "relay", "push", "app", "bench_leases",
