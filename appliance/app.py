@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import time
 from dataclasses import dataclass, field
@@ -29,7 +30,7 @@ from dataclasses import replace
 
 from appliance.origins import Origin, OriginRegistry, UnknownOrigin, load_origins, save_origin, sync_origins
 from appliance.relay.frames import capture_raw_send
-from appliance.relay.relay import Relay
+from appliance.relay.relay import Relay, peer_ip
 from appliance.relay.session import Session
 from appliance.settings import Settings
 from appliance.store.events import purge_expired
@@ -44,6 +45,8 @@ CORS = {
     "Access-Control-Allow-Headers": "*",
     "Access-Control-Allow-Methods": "GET, OPTIONS",
 }
+# Preflight answer for NIP-86 calls from browser-based management clients.
+RPC_CORS = {"Access-Control-Allow-Methods": "GET, POST, OPTIONS"}
 
 DEFAULT_ORIGIN_KEY = "default_origin"
 
@@ -66,42 +69,122 @@ def default_origin(settings: Settings) -> Origin:
     )
 
 
+# The default origin's fields that come from flat settings, by origin field.
+DEFAULT_ORIGIN_SETTINGS = {
+    "name": "relay_name", "description": "relay_description", "contact": "relay_contact",
+    "pubkey": "relay_pubkey", "access_policy": "access_policy", "auth_required": "auth_required",
+}
+# Always the configuration's: the default origin's URL and routing follow public_url.
+DEFAULT_ORIGIN_FIXED = frozenset({"origin", "hosts", "path"})
+SQL_DECLARED = "SELECT value FROM meta WHERE name = ?"
+SQL_SAVE_DECLARED = (
+    "INSERT INTO meta (name, value) VALUES (?, ?) ON CONFLICT (name) DO UPDATE SET value = excluded.value"
+)
+
+
+def declared_fields(settings: Settings) -> dict[str, frozenset[str]]:
+    """Which fields of which origin the configuration (flags, environment, config file) sets.
+
+    Key "default" is the default origin; the others are the config file's `[[origins]]` by origin
+    string. The configuration owns these: they are rewritten from it at every start, so the
+    dashboard and the CLI refuse to edit them. Every other field is the database's.
+    """
+    default = set(DEFAULT_ORIGIN_FIXED)
+    default |= {f for f, name in DEFAULT_ORIGIN_SETTINGS.items() if settings.sources.get(name, "default") != "default"}
+    if settings.push:
+        default.add("push")
+    out = {"default": frozenset(default)}
+    for o in settings.origins:
+        if isinstance(o.get("origin"), str):
+            out[o["origin"]] = frozenset(o) | {"origin"}
+    return out
+
+
+def _merge(current: Origin, declared: Origin, now: frozenset[str], before: frozenset[str]) -> Origin:
+    """`current` with the fields the configuration declares now taken from `declared`, and the
+    fields it declared at the previous start but no longer does set back to their defaults."""
+    data = current.to_mapping()
+    fresh = Origin(origin=declared.origin).to_mapping()
+    wanted = declared.to_mapping()
+    for name in before - now:
+        data[name] = fresh.get(name)
+    for name in now:
+        data[name] = wanted.get(name)
+    if "hosts" not in now and "hosts" in before - now:
+        data.pop("hosts", None)  # derived from the origin again
+    data = {k: v for k, v in data.items() if v is not None}
+    return Origin.from_mapping(data, id=current.id, where=f"origins[{declared.origin}]")
+
+
+def _declared_before(conn, key: str) -> frozenset[str]:
+    row = conn.execute(SQL_DECLARED, (f"declared:{key}",)).fetchone()
+    return frozenset(json.loads(row[0])) if row else frozenset()
+
+
+def _record_declared(conn, key: str, names: frozenset[str]) -> None:
+    conn.execute(SQL_SAVE_DECLARED, (f"declared:{key}", json.dumps(sorted(names))))
+
+
+def default_origin_id(conn) -> int | None:
+    row = conn.execute("SELECT value FROM meta WHERE name = ?", (DEFAULT_ORIGIN_KEY,)).fetchone()
+    return int(row[0]) if row else None
+
+
+def config_owned(conn, settings: Settings) -> dict[int, frozenset[str]]:
+    """Origin id -> the fields the configuration owns (see `declared_fields`)."""
+    declared = declared_fields(settings)
+    out: dict[int, frozenset[str]] = {}
+    default_id = default_origin_id(conn)
+    for o in load_origins(conn):
+        if o.id == default_id:
+            out[o.id] = declared["default"]
+        elif o.origin in declared:
+            out[o.id] = declared[o.origin]
+    return out
+
+
 def prepare_origins(store: SqliteStore, settings: Settings, *, serving: bool = True) -> list[Origin]:
     """Make the default origin and the config file's origins exist; return all of them.
 
-    Only `serve` (serving=True) rewrites the default origin from the settings: the default origin
-    keeps its row (and so its events) when the public URL changes. Allow and block lists edited
-    with the CLI survive restarts unless the config file declares them.
+    The configuration owns the fields it declares (`declared_fields`); every other field keeps the
+    value the CLI or the dashboard stored. A field the configuration stops declaring returns to its
+    default. Only `serve` (serving=True) rewrites the default origin from the settings: the default
+    origin keeps its row (and so its events) when the public URL changes.
     """
     base = default_origin(settings)
+    declared_keys = declared_fields(settings)
     declared = [
-        (Origin.from_mapping(o, where=f"origins[{i}]", check_push=check_push_config), "allow" in o, "block" in o)
+        Origin.from_mapping(o, where=f"origins[{i}]", check_push=check_push_config)
         for i, o in enumerate(settings.origins)
     ]
     # Refused before anything is saved, by every command (a saved origin the server would refuse
     # stalls its reloads and its next start).
     check_push_fits_relay(base.push, "push", settings.max_content_length)
-    for i, (o, _allow, _block) in enumerate(declared):
+    for i, o in enumerate(declared):
         check_push_fits_relay(o.push, f"origins[{i}]", settings.max_content_length)
 
     def op(conn):
         stored = {o.origin: o for o in load_origins(conn)}
-        row = conn.execute("SELECT value FROM meta WHERE name = ?", (DEFAULT_ORIGIN_KEY,)).fetchone()
-        if row is None:
+        default_id = default_origin_id(conn)
+        if default_id is None:
             save_origin(conn, base)
             oid = next(o.id for o in load_origins(conn) if o.origin == base.origin)
             conn.execute("INSERT INTO meta (name, value) VALUES (?, ?)", (DEFAULT_ORIGIN_KEY, str(oid)))
+            _record_declared(conn, "default", declared_keys["default"])
         elif serving:
-            current = next((o for o in stored.values() if o.id == int(row[0])), None)
-            merged = base if current is None else replace(base, allow=current.allow, block=current.block)
+            current = next((o for o in stored.values() if o.id == default_id), None)
+            merged = base if current is None else _merge(
+                current, base, declared_keys["default"], _declared_before(conn, "default"))
             conn.execute("UPDATE origins SET origin = ?, config = ? WHERE id = ?",
-                         (merged.origin, merged.config_json(), int(row[0])))
-        for origin, has_allow, has_block in declared:
+                         (merged.origin, merged.config_json(), default_id))
+            _record_declared(conn, "default", declared_keys["default"])
+        for origin in declared:
+            now = declared_keys[origin.origin]
             current = stored.get(origin.origin)
             if current is not None:
-                origin = replace(origin, allow=origin.allow if has_allow else current.allow,
-                                 block=origin.block if has_block else current.block)
+                origin = _merge(current, origin, now, _declared_before(conn, origin.origin))
             save_origin(conn, origin)
+            _record_declared(conn, origin.origin, now)
         return sync_origins(conn, [])
 
     return store.write_sync(op)
@@ -123,6 +206,16 @@ class Appliance:
     peers: peers.PeerLimits = field(default_factory=lambda: peers.PeerLimits(0))
     guard: Any = None  # appliance.server.Guard, once served
     gateway: Any = None  # appliance.gateway.service.Gateway, when [gateway] enabled = true
+    started_at: float = field(default_factory=time.time)
+    # Plug-ins from outside (the dashboard, wired by the CLI): routes served before the relay's
+    # catch-all, coroutines run at start and stop, and a handler for POSTs to a relay URL
+    # (NIP-86) as `(request, origin) -> Response`.
+    routes: list = field(default_factory=list)
+    on_startup: list = field(default_factory=list)
+    on_shutdown: list = field(default_factory=list)
+    relay_post: Any = None
+    # Lines added to the start banner, after the relay's.
+    banner: list = field(default_factory=list)
 
     # Seconds between checks for origin/group edits made by the CLI while the server runs.
     RELOAD_INTERVAL = 1.0
@@ -158,6 +251,7 @@ class Appliance:
         if self.gateway is not None:
             await asyncio.to_thread(self.gateway.reload_keys)  # grant-key rotation by the CLI
         self.generation = generation
+        self.wal_scrub_pending = True  # an edit may have erased key material (`appliance keys erase`)
         log.info("reloaded origins and groups generation=%d", generation)
         return True
 
@@ -303,6 +397,11 @@ def asgi(app: Appliance):
             raise AmbiguousHost("more than one Host header")
         return app.relay.origins.resolve(hosts[0] if hosts else None, path)
 
+    def client_address(conn) -> str | None:
+        """The client's address: behind a trusted proxy, the one it forwards; else the TCP peer."""
+        peer = conn.client.host if conn.client else ""
+        return app.peers.forwarded_client(peer, conn.headers.getlist("x-forwarded-for")) or peer_ip(conn)
+
     async def http_endpoint(request: Request) -> Response:
         try:
             origin = resolve(request.headers, request.url.path)
@@ -310,8 +409,14 @@ def asgi(app: Appliance):
             return PlainTextResponse(f"bad request: {exc}\n", status_code=400)
         except UnknownOrigin as exc:
             return PlainTextResponse(f"unknown host: {exc}\n", status_code=421)
+        if origin.block_ips and client_address(request) in origin.block_ips:
+            return PlainTextResponse("blocked: this address is blocked here\n", status_code=403)
         if request.method == "OPTIONS":
-            return Response(status_code=204, headers=CORS)
+            return Response(status_code=204, headers=CORS if app.relay_post is None else {**CORS, **RPC_CORS})
+        if request.method == "POST":
+            if app.relay_post is None:
+                return PlainTextResponse("method not allowed\n", status_code=405, headers={"Allow": "GET, HEAD, OPTIONS"})
+            return await app.relay_post(request, origin)
         if nip11.wants_nostr_json(request.headers.get("accept", "")):
             doc = nip11.document(origin, app.settings, app.nip11_extensions)
             return JSONResponse(doc, media_type=NOSTR_JSON, headers=CORS)
@@ -333,25 +438,42 @@ def asgi(app: Appliance):
         # TCP peers that are not trusted proxies already).
         client = websocket.client.host if websocket.client else ""
         forwarded = app.peers.forwarded_client(client, websocket.headers.getlist("x-forwarded-for"))
+        address = client_address(websocket)
+        if origin.block_ips and address in origin.block_ips:
+            try:
+                await websocket.send_denial_response(
+                    PlainTextResponse("blocked: this address is blocked here\n", status_code=403))
+            except RuntimeError:
+                await websocket.close(code=1008, reason="blocked")
+            return
+        session = Session(app.relay, websocket, origin)
+        session.peer_ip = address
         if forwarded is not None and not peers.is_loopback(forwarded):
             if not app.peers.acquire(forwarded):
                 await websocket.send_denial_response(
                     PlainTextResponse("too many connections from your address\n", status_code=429))
                 return
             try:
-                await Session(app.relay, websocket, origin).run()
+                await session.run()
             finally:
                 app.peers.release(forwarded)
             return
-        await Session(app.relay, websocket, origin).run()
+        await session.run()
 
     @contextlib.asynccontextmanager
     async def lifespan(_starlette):
         app.background.append(asyncio.create_task(app.purge_loop()))
         app.background.append(asyncio.create_task(app.reload_loop()))
+        for start in app.on_startup:
+            await start()
         try:
             yield
         finally:
+            for stop in app.on_shutdown:
+                try:
+                    await stop()
+                except Exception:
+                    log.exception("stopping a part of the appliance failed")
             for task in app.background:
                 task.cancel()
             await asyncio.gather(*app.background, return_exceptions=True)
@@ -364,8 +486,9 @@ def asgi(app: Appliance):
 
     routes = [
         Mount("/static", StaticFiles(directory=ROOT / "static"), name="static"),
+        *app.routes,
         WebSocketRoute("/{path:path}", ws_endpoint),
-        Route("/{path:path}", http_endpoint, methods=["GET", "HEAD", "OPTIONS"]),
+        Route("/{path:path}", http_endpoint, methods=["GET", "HEAD", "OPTIONS", "POST"]),
     ]
     main = capture_raw_send(Starlette(routes=routes, lifespan=lifespan))
     if app.gateway is None or app.gateway.config.listen:
@@ -437,6 +560,7 @@ def startup_banner(settings: Settings, app: Appliance) -> list[str]:
         lines.append(f"  also   {url}")
     if app.gateway is not None:
         lines.append(f"  gateway  {app.gateway.config.display_url}")
+    lines.extend(app.banner)
     lines.append(f"  listening on {settings.host}:{settings.port}")
     if app.gateway is not None and app.gateway.config.listen:
         lines.append(f"  gateway listening on {app.gateway.config.listen}")

@@ -80,6 +80,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     gateway_cli.add_parser(gateway, _add_setting_flags)
 
+    admin = sub.add_parser("admin", help="The admin dashboard: reset the password, fetch its assets.",
+                           description="Manage the admin dashboard.")
+    from appliance.admin import command as admin_cli
+
+    admin_cli.add_parser(admin, _add_setting_flags)
+
     bench = sub.add_parser("bench", help="Measure this machine: relay ingest and query speed.",
                            description="Benchmarks that start a relay on a temporary data dir.")
     from appliance import bench as bench_mod
@@ -136,6 +142,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from appliance.commands import gateway as gateway_cli
 
             return gateway_cli.run(args, _settings(args))
+        if args.command == "admin":
+            from appliance.admin import command as admin_cli
+
+            return admin_cli.run(args, _settings(args))
         if args.command == "bench":
             from appliance import bench as bench_mod
 
@@ -156,11 +166,20 @@ def configure_logging(level: str) -> None:
 
 def serve(settings: Settings, *, ready: Any = None) -> int:
     """Serve until interrupted (SIGTERM/SIGINT: pending OKs are sent and websockets closed first)."""
+    from appliance.admin import install
     from appliance.app import build, startup_banner
     from appliance.server import build_server
 
     configure_logging(settings.log_level)
     app = build(settings)
+    try:
+        install(app)
+    except BaseException:
+        app.relay.close()
+        if app.push is not None:
+            app.push.close()
+        app.store.close()
+        raise
     for line in startup_banner(settings, app):
         print(line, flush=True)
     if app.gateway is not None and app.gateway.config.listen:

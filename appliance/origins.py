@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import json
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Callable, Iterable
@@ -23,8 +24,26 @@ SQL_DELETE = "DELETE FROM origins WHERE origin = ?"
 _HEX = frozenset("0123456789abcdef")
 
 
+# Set-valued fields, stored as sorted lists.
+LIST_FIELDS = ("allow", "block", "allow_kinds", "block_kinds", "ban_events", "block_ips")
+
+
 def _is_pubkey(value: Any) -> bool:
     return isinstance(value, str) and len(value) == 64 and set(value) <= _HEX
+
+
+def _is_kind(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 65535
+
+
+def normalize_ip(value: Any, where: str = "ip") -> str:
+    """One IP address in its canonical text form (ConfigError naming `where` if it is not one)."""
+    try:
+        if not isinstance(value, str):
+            raise ValueError(value)
+        return str(ipaddress.ip_address(value.strip()))
+    except ValueError:
+        raise ConfigError(where, value, "expected an IPv4 or IPv6 address such as 203.0.113.7") from None
 
 
 @dataclass(frozen=True)
@@ -42,6 +61,14 @@ class Origin:
     auth_required: bool = False
     allow: frozenset[str] = frozenset()
     block: frozenset[str] = frozenset()
+    #: NIP-11 icon URL
+    icon: str = ""
+    #: moderation (NIP-86): kinds accepted (empty: every kind) and refused; event ids refused;
+    #: client addresses refused (the peer address of the connection)
+    allow_kinds: frozenset[int] = frozenset()
+    block_kinds: frozenset[int] = frozenset()
+    ban_events: frozenset[str] = frozenset()
+    block_ips: frozenset[str] = frozenset()
     #: NIP-PL push configuration (appliance.push.config); empty = push disabled here
     push: dict = field(default_factory=dict, hash=False)
     id: int = 0
@@ -56,9 +83,13 @@ class Origin:
         data.pop("id")
         data.pop("origin")
         data["hosts"] = list(self.hosts)
-        data["allow"] = sorted(self.allow)
-        data["block"] = sorted(self.block)
+        for name in LIST_FIELDS:
+            data[name] = sorted(getattr(self, name))
         return json.dumps(data, sort_keys=True)
+
+    def to_mapping(self) -> dict[str, Any]:
+        """The origin as `from_mapping` takes it (without the id)."""
+        return {"origin": self.origin, **json.loads(self.config_json())}
 
     @classmethod
     def from_mapping(cls, data: dict[str, Any], *, id: int = 0, where: str = "origin",
@@ -84,18 +115,29 @@ class Origin:
         if policy not in POLICIES:
             raise ConfigError(f"{where}.access_policy", policy, "must be public or members")
         lists = {}
-        for name in ("allow", "block"):
+        for name in ("allow", "block", "ban_events"):
             values = data.get(name, [])
-            if isinstance(values, str) or not all(_is_pubkey(v) for v in values):
-                raise ConfigError(f"{where}.{name}", values, "expected a list of 64-hex pubkeys")
+            if isinstance(values, str) or not isinstance(values, (list, tuple, set, frozenset)) \
+                    or not all(_is_pubkey(v) for v in values):
+                what = "event ids" if name == "ban_events" else "pubkeys"
+                raise ConfigError(f"{where}.{name}", values, f"expected a list of 64-hex {what}")
             lists[name] = frozenset(values)
+        for name in ("allow_kinds", "block_kinds"):
+            values = data.get(name, [])
+            if not isinstance(values, (list, tuple, set, frozenset)) or not all(_is_kind(v) for v in values):
+                raise ConfigError(f"{where}.{name}", values, "expected a list of kind numbers (0-65535)")
+            lists[name] = frozenset(values)
+        ips = data.get("block_ips", [])
+        if isinstance(ips, str) or not isinstance(ips, (list, tuple, set, frozenset)):
+            raise ConfigError(f"{where}.block_ips", ips, "expected a list of IP addresses")
+        lists["block_ips"] = frozenset(normalize_ip(ip, f"{where}.block_ips") for ip in ips)
         auth_required = data.get("auth_required", False)
         if not isinstance(auth_required, bool):
             raise ConfigError(f"{where}.auth_required", auth_required, "expected true or false")
         pubkey = data.get("pubkey", "")
         if pubkey and not _is_pubkey(pubkey):
             raise ConfigError(f"{where}.pubkey", pubkey, "expected 64 lowercase hex characters")
-        for name in ("name", "description", "contact"):
+        for name in ("name", "description", "contact", "icon"):
             if not isinstance(data.get(name, ""), str):
                 raise ConfigError(f"{where}.{name}", data.get(name), "expected text")
         return cls(
@@ -110,6 +152,11 @@ class Origin:
             auth_required=auth_required or policy == "members",
             allow=lists["allow"],
             block=lists["block"],
+            icon=data.get("icon", ""),
+            allow_kinds=lists["allow_kinds"],
+            block_kinds=lists["block_kinds"],
+            ban_events=lists["ban_events"],
+            block_ips=lists["block_ips"],
             push=_push_config(data.get("push"), where, check_push, origin),
             id=id,
         )

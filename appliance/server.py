@@ -255,6 +255,7 @@ def build_server(settings: Settings, app: Appliance, cls: type = ApplianceServer
         ws_ping_interval=30,
         ws_ping_timeout=30,
         lifespan="on",
+        access_log=False,  # request lines carry the dashboard's one-time setup token and users' addresses
         proxy_headers=False,  # X-Forwarded-For is read by the app, from trusted proxies only
         server_header=False,
         timeout_graceful_shutdown=DEFAULT_SHUTDOWN_GRACE,

@@ -89,6 +89,30 @@ def _networks(value: Any) -> str:
     return text
 
 
+def _listen(value: Any) -> str:
+    """'' (share the relay's listener), 'off', or HOST:PORT."""
+    text = _str(value).strip()
+    if text in ("", "off"):
+        return text
+    host, sep, port = text.rpartition(":")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError("expected HOST:PORT (such as 127.0.0.1:7778), empty, or off")
+    return f"{host}:{int(port)}"
+
+
+def _pubkeys(value: Any) -> tuple[str, ...]:
+    """A list of 64-hex pubkeys: a TOML list, or text separated by commas or spaces."""
+    if isinstance(value, (list, tuple)):
+        items = [_str(v).strip() for v in value]
+    else:
+        items = [v for v in _str(value).replace(",", " ").split() if v]
+    for item in items:
+        if len(item) != 64 or any(c not in "0123456789abcdef" for c in item):
+            raise ValueError(f"{item!r} is not a pubkey (64 lowercase hex characters, not an npub)")
+    return tuple(dict.fromkeys(items))
+
+
 @dataclass(frozen=True)
 class Setting:
     """One setting: its name, type, default and the help text shown everywhere."""
@@ -215,6 +239,19 @@ SETTINGS: tuple[Setting, ...] = (
        "Serve the APNs gateway routes (the [gateway] table) on their own host:port instead of the "
        "main listener. Empty: they share the main listener, routed by the gateway's public_url host "
        "and path.", metavar="HOST:PORT"),
+    _s("admin_listen", _listen, "",
+       "Where the admin dashboard listens. Empty: under /admin on the relay's own address. HOST:PORT: "
+       "only there, on its own listener (for example 127.0.0.1:7778, or a VPN address), and not on the "
+       "relay's. off: no dashboard.", metavar="HOST:PORT"),
+    _s("admin_session_ttl", _int, 43200,
+       "Seconds a dashboard sign-in lasts (12 hours: a working day, then sign in again).",
+       minimum=300, maximum=30 * 86400),
+    _s("admin_pubkeys", _pubkeys, (),
+       "Pubkeys (64 hex, separated by commas) allowed to use the NIP-86 management API with NIP-98 "
+       "auth. Empty: the API refuses every call.", metavar="PUBKEYS"),
+    _s("metrics_token", _str, "",
+       "Bearer token a Prometheus scraper sends to read /admin/metrics without a dashboard sign-in. "
+       "Empty: metrics need a signed-in session (or the dashboard's own listener, see admin_listen)."),
     _s("log_level", _str, "info", "Logging level.", choices=("debug", "info", "warning", "error")),
     _s("marmot_draft_multi_device", _bool, False,
        "Allow `appliance marmot` to run the draft Marmot multi-device join (pairing payload, kind 452 "
@@ -331,6 +368,8 @@ def _toml_literal(value: Any) -> str:
         return "true" if value else "false"
     if isinstance(value, (int, float)):
         return repr(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml_literal(v) for v in value) + "]"
     escaped = str(value).replace("\\", "\\\\").replace('"', '\\"')
     return f'"{escaped}"'
 

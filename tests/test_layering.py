@@ -1,4 +1,4 @@
-"""Dependencies point one way: cli -> commands -> app -> relay | push | gateway -> transports | origins -> store -> nostr.
+"""Dependencies point one way: cli -> admin -> commands -> app -> relay | push | gateway -> transports | origins -> store -> nostr.
 
 Peers never import each other (the relay and the push executor meet only in `app.py`); the pure
 protocol package imports nothing else of ours. A new import that breaks this fails here.
@@ -33,8 +33,11 @@ ALLOWED = {
               "bench_gateway"},
     "bench_leases": {"nostr", "errors", "store", "origins", "settings", "relay", "push", "app", "bench"},
     "bench_gateway": {"nostr", "errors", "store", "settings", "gateway", "testing", "bench"},
+    # The dashboard drives the appliance through the same functions as the CLI (`commands`).
+    "admin": {"nostr", "errors", "store", "origins", "settings", "relay", "push", "gateway", "app", "commands",
+              "__init__"},
     "cli": {"nostr", "errors", "store", "origins", "settings", "relay", "push", "gateway", "app", "server",
-            "commands", "bench", "bench_leases", "__init__"},
+            "commands", "admin", "bench", "bench_leases", "__init__"},
     "__main__": {"cli"},
     "__init__": set(),
 }
@@ -66,6 +69,14 @@ def imported_parts(path: Path) -> set[str]:
 
 
 MODULES = sorted(PACKAGE.rglob("*.py"))
+
+
+def test_nothing_below_the_dashboard_imports_it():
+    """Only the CLI wires the dashboard in: no other part may know it exists."""
+    for path in MODULES:
+        part = part_of(path)
+        if part not in ("admin", "cli"):
+            assert "admin" not in imported_parts(path), f"{path.relative_to(PACKAGE)} imports the dashboard"
 
 
 @pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(PACKAGE)))

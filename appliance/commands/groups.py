@@ -1,7 +1,8 @@
 """`appliance groups ...`: create groups and manage admins and members from the command line.
 
 Edits go straight to the database; a running appliance picks them up within a second
-(it watches a change counter), so no restart is needed.
+(it watches a change counter), so no restart is needed. The edits are functions over a write
+transaction (`create_group`, `edit_group`, `set_member`), shared with the dashboard.
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ import argparse
 import json
 import uuid
 from typing import Callable
+
+import apsw
 
 from appliance.errors import ConfigError, Rejected
 from appliance.commands import find_origin, open_data
@@ -40,9 +43,55 @@ def add_parser(parser: argparse.ArgumentParser, add_setting_flags: Callable) -> 
         add_setting_flags(p)
 
 
+def _rejected(h: str | None, exc: Rejected) -> ConfigError:
+    return ConfigError("group", h, exc.wire)
+
+
+def create_group(conn: apsw.Connection, groups, origin_id: int, ctx: dict, *, h: str | None = None,
+                 name: str = "", private: bool = False, closed: bool = False, admins=()) -> str:
+    """Create a group (a new lowercase UUIDv4 id unless `h` is given) with its first admins; its id."""
+    from appliance.store.meta import bump_generation
+
+    h = h or str(uuid.uuid4())
+    try:
+        groups.create(conn, origin_id, h, creator=None, ctx=ctx, name=name, private=private, closed=closed)
+        for pk in admins:
+            groups.set_member(conn, origin_id, h, pk, "admin", ctx)
+    except Rejected as exc:
+        raise _rejected(h, exc) from None
+    bump_generation(conn)
+    return h
+
+
+def edit_group(conn: apsw.Connection, groups, origin_id: int, h: str, ctx: dict, *, name: str | None = None,
+               private: bool | None = None, closed: bool | None = None) -> None:
+    from appliance.store.meta import bump_generation
+
+    try:
+        groups.edit(conn, origin_id, h, ctx, name=name, private=private, closed=closed)
+    except Rejected as exc:
+        raise _rejected(h, exc) from None
+    bump_generation(conn)
+
+
+def set_member(conn: apsw.Connection, groups, origin_id: int, h: str, pubkey: str, role: str | None,
+               ctx: dict) -> None:
+    """Add a member (role '' or 'admin') or remove one (role None)."""
+    from appliance.store.meta import bump_generation
+
+    try:
+        groups.set_member(conn, origin_id, h, pubkey, role, ctx)
+    except Rejected as exc:
+        raise _rejected(h, exc) from None
+    bump_generation(conn)
+
+
+def group_json(g) -> dict:
+    return {"id": g.h, "name": g.name, "private": g.private, "closed": g.closed, "members": g.members}
+
+
 def run(args: argparse.Namespace, settings: Settings) -> int:
     from appliance.relay.groups import Groups, GroupState, RelayKeys, read_group
-    from appliance.store.meta import bump_generation
     from appliance.store.keyfile import KeyFile
 
     with open_data(settings) as (store, registry):
@@ -51,30 +100,22 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         store.read_sync(state.load)
         if args.groups_command == "list":
             for g in state.groups_of(origin.id):
-                print(json.dumps({"id": g.h, "name": g.name, "private": g.private, "closed": g.closed,
-                                  "members": g.members}))
+                print(json.dumps(group_json(g)))
             return 0
-        groups = Groups(state, RelayKeys(KeyFile.for_store(settings.data_path, store)))
+        groups = Groups(state, RelayKeys(KeyFile.for_store(settings.data_path, store)),
+                        h_grammar=lambda _o: origin.push.get("h_grammar", "uuid-v4-lowercase"))
         cmd = args.groups_command
 
         def op(conn):
             ctx: dict = {}
             if cmd == "create":
-                h = args.h or str(uuid.uuid4())
-                groups.create(conn, origin.id, h, creator=None, ctx=ctx, name=args.group_name,
-                              private=args.private, closed=args.closed)
-                for pk in args.admins:
-                    groups.set_member(conn, origin.id, h, pk, "admin", ctx)
+                h = create_group(conn, groups, origin.id, ctx, h=args.h, name=args.group_name,
+                                 private=args.private, closed=args.closed, admins=args.admins)
             else:
                 h = args.h
                 role = None if cmd == "remove" else ("admin" if args.admin else "")
-                groups.set_member(conn, origin.id, h, args.pubkey, role, ctx)
-            bump_generation(conn)
+                set_member(conn, groups, origin.id, h, args.pubkey, role, ctx)
             return read_group(conn, origin.id, h)
 
-        try:
-            g = store.write_sync(op)
-        except Rejected as exc:
-            raise ConfigError("group", getattr(args, "h", None), exc.wire) from None
-        print(json.dumps({"id": g.h, "name": g.name, "private": g.private, "closed": g.closed, "members": g.members}))
+        print(json.dumps(group_json(store.write_sync(op))))
     return 0

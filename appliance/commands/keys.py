@@ -1,6 +1,7 @@
-"""`appliance keys list|rotate ORIGIN`: NIP-PL executor encryption keys.
+"""`appliance keys list|rotate|erase ORIGIN`: NIP-PL executor encryption keys.
 
-A running appliance picks a rotation up within a second (it watches the config generation).
+A running appliance picks a rotation up within a second (it watches the config generation). The
+edits are functions over a write transaction (`rotate_key`, `erase_key`), shared with the dashboard.
 """
 
 from __future__ import annotations
@@ -10,8 +11,11 @@ import json
 import time
 from typing import Callable
 
+import apsw
+
 from appliance.errors import ConfigError
 from appliance.commands import find_origin, open_data
+from appliance.origins import Origin
 from appliance.settings import Settings
 
 
@@ -26,32 +30,63 @@ def add_parser(parser: argparse.ArgumentParser, add_setting_flags: Callable) -> 
                          "keeps decrypting for max_lease_ttl + allowed_skew, then is rejected.")
     rot.add_argument("origin")
     add_setting_flags(rot)
+    erase = sub.add_parser("erase", help="Erase a retired key now (only when no active lease depends on it).",
+                           description="Erase the private material of a retiring or expired executor key before "
+                           "its window ends. Refused while an active lease was encrypted to it.")
+    erase.add_argument("origin")
+    erase.add_argument("key_id", metavar="KEY_ID")
+    add_setting_flags(erase)
+
+
+def _push_origin(origin: Origin) -> Origin:
+    if not origin.push:
+        raise ConfigError("origin", origin.origin, "push is not enabled for this origin (add a push table)")
+    return origin
+
+
+def rotate_key(conn: apsw.Connection, keyfile, origin: Origin, now: int):
+    """Make a new current executor key; the old one retires for max_lease_ttl + allowed_skew."""
+    from appliance.push import keys as keystore
+    from appliance.push.config import push_limits
+    from appliance.store.meta import bump_generation
+
+    _push_origin(origin)
+    keystore.ensure_current(conn, keyfile, origin.id, now)
+    row = keystore.rotate(conn, keyfile, origin.id, push_limits(origin.push), now)
+    bump_generation(conn)
+    return row
+
+
+def erase_key(conn: apsw.Connection, origin: Origin, key_id: str, now: int) -> None:
+    """Erase a retired key's private material now, if no active lease depends on it."""
+    from appliance.push import keys as keystore
+    from appliance.store.meta import bump_generation
+
+    _push_origin(origin)
+    try:
+        keystore.erase(conn, origin.id, key_id, now)
+    except keystore.KeyNotErasable as exc:
+        raise ConfigError("key", key_id, str(exc)) from None
+    bump_generation(conn)
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
     from appliance.push import keys as keystore
-    from appliance.push.config import push_limits
-    from appliance.store.meta import bump_generation
     from appliance.store.keyfile import KeyFile
 
     with open_data(settings) as (store, registry):
-        origin = find_origin(registry, args.origin)
-        if not origin.push:
-            raise ConfigError("origin", args.origin, "push is not enabled for this origin (add a push table)")
+        origin = _push_origin(find_origin(registry, args.origin))
         now = int(time.time())
         if args.keys_command == "list":
             for k in store.read_sync(lambda conn: keystore.list_keys(conn, origin.id)):
                 print(json.dumps(k.to_json()))
             return 0
+        if args.keys_command == "erase":
+            store.write_sync(lambda conn: erase_key(conn, origin, args.key_id, now))
+            store.scrub_wal()  # best effort; the running appliance scrubs again on its next sweep
+            print(json.dumps({"erased": args.key_id}))
+            return 0
         keyfile = KeyFile.for_store(settings.data_path, store)
-        limits = push_limits(origin.push)
-
-        def op(conn):
-            keystore.ensure_current(conn, keyfile, origin.id, now)
-            row = keystore.rotate(conn, keyfile, origin.id, limits, now)
-            bump_generation(conn)
-            return row
-
-        row = store.write_sync(op)
+        row = store.write_sync(lambda conn: rotate_key(conn, keyfile, origin, now))
         print(json.dumps(row.to_json()))
     return 0

@@ -1,15 +1,27 @@
-"""`appliance origins ...`: list, add, edit and remove communities from the command line."""
+"""`appliance origins ...`: list, add, edit and remove communities from the command line.
+
+The edits are functions over a write transaction (`add_origin`, `edit_origin`, `change_list`,
+`set_push`): the CLI runs them through `store.write_sync`, the dashboard and the NIP-86 API through
+the running appliance's writer. Each validates with the same rules, refuses fields the
+configuration owns, checks routes and bumps the config generation (a running appliance applies
+it within a second; the dashboard applies it at once).
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import replace
-from typing import Callable
+from typing import Any, Callable, Iterable
+
+import apsw
 
 from appliance.errors import ConfigError
 from appliance.origins import Origin, check_routes, load_origins, save_origin
 from appliance.settings import Settings
+
+# Fields an operator edits as a whole (lists have `change_list`).
+EDITABLE = ("hosts", "path", "name", "description", "contact", "pubkey", "icon", "access_policy", "auth_required")
+LISTS = ("allow", "block", "allow_kinds", "block_kinds", "ban_events", "block_ips")
 
 
 def add_parser(parser: argparse.ArgumentParser, add_setting_flags: Callable) -> None:
@@ -23,6 +35,9 @@ def add_parser(parser: argparse.ArgumentParser, add_setting_flags: Callable) -> 
     edit = sub.add_parser("set", help="Change an origin's fields.", description="Edit an existing origin.")
     edit.add_argument("origin")
     _origin_fields(edit)
+    edit.add_argument("--push-json", dest="push_json", metavar="JSON",
+                      help='The push table as JSON (NIP-PL descriptor settings), e.g. \'{"push_kinds": [9]}\'; '
+                      "'{}' disables push. Checked against every descriptor rule before it is saved.")
     add_setting_flags(edit)
     for verb, helptext in (("allow", "Add pubkeys to the allowlist (members)."),
                            ("disallow", "Remove pubkeys from the allowlist."),
@@ -53,6 +68,103 @@ def _fields(args: argparse.Namespace) -> dict:
     return out
 
 
+# -- the edits ------------------------------------------------------------------------------------
+
+
+def find(conn: apsw.Connection, origin: str | int) -> Origin:
+    """An origin by its origin string or id (ConfigError if there is none)."""
+    for o in load_origins(conn):
+        if o.origin == origin or o.id == origin:
+            return o
+    raise ConfigError("origin", origin, "no such origin; `appliance origins list` shows them")
+
+
+def owned_fields(conn: apsw.Connection, settings: Settings, origin: Origin) -> frozenset[str]:
+    """The fields of `origin` the configuration owns (rewritten from it at every start)."""
+    from appliance.app import config_owned
+
+    return config_owned(conn, settings).get(origin.id, frozenset())
+
+
+def _refuse_owned(conn: apsw.Connection, settings: Settings, origin: Origin, fields: Iterable[str]) -> None:
+    owned = owned_fields(conn, settings, origin)
+    for name in fields:
+        if name in owned:
+            raise ConfigError(f"{origin.origin}.{name}", getattr(origin, name, None),
+                              "set by the configuration (a flag, the environment or the config file), which "
+                              "rewrites it at every start: change it there")
+
+
+def _save(conn: apsw.Connection, settings: Settings, origin: Origin) -> Origin:
+    """Validate in depth (push descriptor rules, relay limits, routes), save, bump the generation."""
+    from appliance.push.config import check_push_config, check_push_fits_relay
+    from appliance.store.meta import bump_generation
+
+    data = origin.to_mapping()
+    checked = Origin.from_mapping(data, id=origin.id, where=origin.origin, check_push=check_push_config)
+    check_push_fits_relay(checked.push, origin.origin, settings.max_content_length)
+    saved = save_origin(conn, checked)
+    check_routes(load_origins(conn))  # refused here, not at the next start
+    bump_generation(conn)  # a running appliance reloads origins within a second
+    return saved
+
+
+def add_origin(conn: apsw.Connection, settings: Settings, data: dict[str, Any]) -> Origin:
+    """Create an origin from `data` (the fields of `Origin.from_mapping`)."""
+    origin = Origin.from_mapping(data)
+    if any(o.origin == origin.origin for o in load_origins(conn)):
+        raise ConfigError("origin", origin.origin, "already exists; use `appliance origins set`")
+    return _save(conn, settings, origin)
+
+
+def edit_origin(conn: apsw.Connection, settings: Settings, origin: str | int, changes: dict[str, Any]) -> Origin:
+    """Change some of an origin's fields (`EDITABLE`)."""
+    current = find(conn, origin)
+    unknown = sorted(set(changes) - set(EDITABLE))
+    if unknown:
+        raise ConfigError(unknown[0], changes[unknown[0]], "not an editable origin field; editable: "
+                          + ", ".join(EDITABLE))
+    changed = [k for k, v in changes.items() if current.to_mapping().get(k) != (list(v) if k == "hosts" else v)]
+    _refuse_owned(conn, settings, current, changed)
+    data = {**current.to_mapping(), **changes}
+    if "hosts" in changes and not changes["hosts"]:
+        data.pop("hosts")  # back to the origin's own host
+    return _save(conn, settings, Origin.from_mapping(data, id=current.id, where=current.origin))
+
+
+def change_list(conn: apsw.Connection, settings: Settings, origin: str | int, name: str, *,
+                add: Iterable = (), remove: Iterable = ()) -> Origin:
+    """Add values to and remove values from one of an origin's lists (`LISTS`), validated."""
+    if name not in LISTS:
+        raise ConfigError("list", name, "one of " + ", ".join(LISTS))
+    current = find(conn, origin)
+    _refuse_owned(conn, settings, current, [name])
+    # Parsed as the origin parses them (hex pubkeys and ids, kind numbers, canonical addresses).
+    add_set = getattr(Origin.from_mapping({"origin": current.origin, name: list(add)}, where=current.origin), name)
+    remove_set = getattr(Origin.from_mapping({"origin": current.origin, name: list(remove)}, where=current.origin),
+                         name)
+    values = (getattr(current, name) | add_set) - remove_set
+    data = {**current.to_mapping(), name: sorted(values)}
+    return _save(conn, settings, Origin.from_mapping(data, id=current.id, where=current.origin))
+
+
+def set_push(conn: apsw.Connection, settings: Settings, origin: str | int, push: dict[str, Any]) -> Origin:
+    """Replace an origin's push table (the NIP-PL descriptor settings; {} disables push), after
+    every descriptor rule (ConfigError naming the failing rule)."""
+    current = find(conn, origin)
+    if current.push != push:
+        _refuse_owned(conn, settings, current, ["push"])
+    data = {**current.to_mapping(), "push": push}
+    return _save(conn, settings, Origin.from_mapping(data, id=current.id, where=current.origin))
+
+
+def origin_json(o: Origin) -> dict:
+    return {"id": o.id, **o.to_mapping()}
+
+
+# -- the command line -----------------------------------------------------------------------------
+
+
 def run(args: argparse.Namespace, settings: Settings) -> int:
     from appliance.app import prepare_origins
     from appliance.store.sqlite import SqliteStore
@@ -62,48 +174,31 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         cmd = args.origins_command
         if cmd == "list":
             for o in store.read_sync(load_origins):
-                print(json.dumps({"id": o.id, "origin": o.origin, **json.loads(o.config_json())}))
+                print(json.dumps(origin_json(o)))
             return 0
-
-        def find(conn) -> Origin:
-            for o in load_origins(conn):
-                if o.origin == args.origin:
-                    return o
-            raise ConfigError("origin", args.origin, "no such origin; `appliance origins list` shows them")
-
         if cmd == "add":
             def op(conn):
-                if any(o.origin == args.origin for o in load_origins(conn)):
-                    raise ConfigError("origin", args.origin, "already exists; use `appliance origins set`")
-                return save_origin(conn, Origin.from_mapping({"origin": args.origin, **_fields(args)}))
+                return add_origin(conn, settings, {"origin": args.origin, **_fields(args)})
         elif cmd == "set":
+            push = None
+            if args.push_json is not None:
+                try:
+                    push = json.loads(args.push_json)
+                except ValueError as exc:
+                    raise ConfigError("push-json", args.push_json, f"not JSON: {exc}") from None
+
             def op(conn):
-                current = find(conn)
-                data = {"origin": current.origin, **json.loads(current.config_json()), **_fields(args)}
-                return save_origin(conn, Origin.from_mapping(data))
+                saved = edit_origin(conn, settings, args.origin, _fields(args)) if _fields(args) else None
+                if push is not None:
+                    saved = set_push(conn, settings, args.origin, push)
+                return saved or find(conn, args.origin)
         else:
+            name = "allow" if cmd in ("allow", "disallow") else "block"
+            adding = cmd in ("allow", "block")
+
             def op(conn):
-                current = find(conn)
-                keys = set(args.pubkeys)
-                probe = Origin.from_mapping({"origin": current.origin, "allow": sorted(keys)})  # validates hex
-                keys = set(probe.allow)
-                if cmd == "allow":
-                    updated = replace(current, allow=current.allow | keys)
-                elif cmd == "disallow":
-                    updated = replace(current, allow=current.allow - keys)
-                elif cmd == "block":
-                    updated = replace(current, block=current.block | keys)
-                else:
-                    updated = replace(current, block=current.block - keys)
-                return save_origin(conn, updated)
-        from appliance.store.meta import bump_generation
-
-        def op_and_bump(conn):
-            saved = op(conn)
-            check_routes(load_origins(conn))  # refused here, not at the next start
-            bump_generation(conn)  # a running appliance reloads origins within a second
-            return saved
-
-        saved = store.write_sync(op_and_bump)
-        print(json.dumps({"id": saved.id, "origin": saved.origin, **json.loads(saved.config_json())}))
+                return change_list(conn, settings, args.origin, name,
+                                   add=args.pubkeys if adding else (), remove=() if adding else args.pubkeys)
+        saved = store.write_sync(op)
+        print(json.dumps(origin_json(saved)))
     return 0

@@ -38,6 +38,16 @@ SQL_ERASE = (
     " AND l.active = 1 AND l.expiration > ?)"
 )
 
+# Active, unexpired leases naming each key: what erasing the key would break.
+SQL_DEPENDENT_LEASES = (
+    "SELECT exec_key_id, count(*) FROM leases WHERE origin = ? AND active = 1 AND expiration > ? GROUP BY exec_key_id"
+)
+SQL_ERASE_ONE = "UPDATE executor_keys SET state = 'expired', wrapped = NULL WHERE origin = ? AND key_id = ?"
+
+
+class KeyNotErasable(ValueError):
+    """Erasing this key now would break accepted leases (or it is the current key)."""
+
 
 @dataclass(frozen=True)
 class KeyRow:
@@ -102,6 +112,26 @@ def expire_and_erase(conn: apsw.Connection, now: int) -> tuple[int, int]:
     expired = conn.changes()
     conn.execute(SQL_ERASE, (now,))
     return expired, conn.changes()
+
+
+def dependent_leases(conn: apsw.Connection, origin: int, now: int) -> dict[str, int]:
+    """key id -> how many active, unexpired leases were encrypted to it."""
+    return dict(conn.execute(SQL_DEPENDENT_LEASES, (origin, now)).fetchall())
+
+
+def erase(conn: apsw.Connection, origin: int, key_id: str, now: int) -> None:
+    """Erase a retired key's private material at once (it stops decrypting and is no longer
+    advertised); only when no accepted lease depends on it. The current key is never erased."""
+    row = next((k for k in list_keys(conn, origin) if k.key_id == key_id), None)
+    if row is None:
+        raise KeyNotErasable(f"no executor key {key_id!r}")
+    if row.state == "current":
+        raise KeyNotErasable("the current key cannot be erased: rotate first")
+    n = dependent_leases(conn, origin, now).get(key_id, 0)
+    if n:
+        raise KeyNotErasable(f"{n} active lease(s) still depend on key {key_id}; it is erased automatically "
+                             "once they expire or are replaced")
+    conn.execute(SQL_ERASE_ONE, (origin, key_id))
 
 
 def advertised(rows: list[KeyRow], now: int) -> tuple[ExecutorKey, ...]:

@@ -156,3 +156,100 @@ def candidate_leases(conn: apsw.Connection, origin: int, author: str, p_values, 
         ):
             out.add(row)
     return sorted(out)
+
+
+# -- operator views (the dashboard) ----------------------------------------------------------------
+
+LEASE_STATES = ("active", "expired", "tombstoned", "revoked", "endpoint-invalid")
+
+SQL_LEASE_COLUMNS = (
+    "SELECT origin, pubkey, d, event_id, created_at, expiration, generation, active, app_profile, transport, "
+    "endpoint_hash, subscriptions, exec_key_id, revoked_at FROM leases"
+)
+# Each state as a condition (bound `now`); endpoint-invalid comes from the delivery side once it
+# records invalid endpoint generations.
+_STATE_SQL = {
+    "active": "(active = 1 AND expiration > ?)",
+    "expired": "(expiration <= ?)",
+    "tombstoned": "(active = 0 AND revoked_at IS NULL AND expiration > ?)",
+    "revoked": "(revoked_at IS NOT NULL AND expiration > ?)",
+}
+SQL_REVOKE = (
+    "UPDATE leases SET active = 0, endpoint = NULL, endpoint_hash = NULL, subscriptions = '[]', revoked_at = ? "
+    "WHERE origin = ? AND pubkey = ? AND d = ? AND active = 1"
+)
+SQL_LEASES_PER_AUTHOR = (
+    "SELECT pubkey, count(*) AS n FROM leases WHERE origin = ? AND active = 1 AND expiration > ? "
+    "GROUP BY pubkey ORDER BY n DESC, pubkey LIMIT ?"
+)
+SQL_LEASE_TOTALS = (
+    "SELECT origin, sum(active = 1 AND expiration > ?), sum(active = 0 AND expiration > ?), count(*) "
+    "FROM leases GROUP BY origin"
+)
+
+
+def lease_state(row: dict, now: int) -> str:
+    if row["expiration"] <= now:
+        return "expired"
+    if row["revoked_at"] is not None:
+        return "revoked"
+    return "active" if row["active"] else "tombstoned"
+
+
+def _lease_dict(r: tuple) -> dict:
+    keys = ("origin", "pubkey", "d", "event_id", "created_at", "expiration", "generation", "active", "app_profile",
+            "transport", "endpoint_hash", "subscriptions", "exec_key_id", "revoked_at")
+    out = dict(zip(keys, r))
+    out["subscriptions"] = orjson.loads(out["subscriptions"] or "[]")
+    return out
+
+
+def list_leases(conn: apsw.Connection, now: int, *, origin: int | None = None, app_profile: str | None = None,
+                transport: str | None = None, state: str | None = None, expiring_within: int | None = None,
+                limit: int = 100, offset: int = 0) -> list[dict]:
+    """Lease rows for the operator, newest first, filtered (every value bound)."""
+    where: list[str] = []
+    args: list = []
+    if origin is not None:
+        where.append("origin = ?")
+        args.append(origin)
+    if app_profile:
+        where.append("app_profile = ?")
+        args.append(app_profile)
+    if transport:
+        where.append("transport = ?")
+        args.append(transport)
+    if state in _STATE_SQL:
+        where.append(_STATE_SQL[state])
+        args.append(now)
+    if expiring_within is not None:
+        where.append("(expiration > ? AND expiration <= ?)")
+        args += [now, now + expiring_within]
+    sql = SQL_LEASE_COLUMNS + (" WHERE " + " AND ".join(where) if where else "") + \
+        " ORDER BY created_at DESC, pubkey, d LIMIT ? OFFSET ?"
+    return [_lease_dict(r) for r in conn.execute(sql, (*args, limit, offset))]
+
+
+def get_lease(conn: apsw.Connection, origin: int, pubkey: str, d: str) -> dict | None:
+    row = conn.execute(SQL_LEASE_COLUMNS + " WHERE origin = ? AND pubkey = ? AND d = ?", (origin, pubkey, d)).fetchone()
+    return None if row is None else _lease_dict(row)
+
+
+def revoke_lease(conn: apsw.Connection, origin: int, pubkey: str, d: str, now: int) -> bool:
+    """An operator ends an active lease now: no further wakes; a newer lease from its author
+    replaces it as usual. Whether there was an active lease to revoke."""
+    conn.execute(SQL_REVOKE, (now, origin, pubkey, d))
+    if conn.changes() != 1:
+        return False
+    conn.execute(SQL_DELETE_SELECTORS, (origin, pubkey, d))
+    return True
+
+
+def top_lease_authors(conn: apsw.Connection, origin: int, now: int, limit: int = 10) -> list[tuple[str, int]]:
+    """The authors holding the most active leases at an origin."""
+    return conn.execute(SQL_LEASES_PER_AUTHOR, (origin, now, limit)).fetchall()
+
+
+def lease_totals(conn: apsw.Connection, now: int) -> dict[int, tuple[int, int, int]]:
+    """origin -> (active, inactive unexpired, rows)."""
+    return {o: (a or 0, i or 0, n) for o, a, i, n in conn.execute(SQL_LEASE_TOTALS, (now, now))}

@@ -280,6 +280,17 @@ class Groups:
             conn.execute(SQL_PUT, (origin, h, creator, "admin"))
         self.changed(conn, origin, h, ctx)
 
+    def edit(self, conn: apsw.Connection, origin: int, h: str, ctx: dict, *, name: str | None = None,
+             private: bool | None = None, closed: bool | None = None) -> None:
+        """Change a group's name and flags (what a 9002 event does); for operators."""
+        g = read_group(conn, origin, h)
+        if g is None:
+            raise Rejected("invalid", "group not found")
+        conn.execute(SQL_UPDATE, (g.name if name is None else name, g.about, g.picture,
+                                  int(g.closed if closed is None else closed),
+                                  int(g.private if private is None else private), origin, h))
+        self.changed(conn, origin, h, ctx)
+
     def set_member(self, conn: apsw.Connection, origin: int, h: str, pubkey: str, role: str | None, ctx: dict) -> None:
         """Add (role '' or 'admin') or remove (role None) a member; for the CLI."""
         if not is_pubkey(pubkey):

@@ -68,6 +68,8 @@ def document(origin: Origin, settings: Settings, extensions: list[Extension] = (
     contact = origin.contact or s.relay_contact
     if contact:
         doc["contact"] = contact
+    if origin.icon:
+        doc["icon"] = origin.icon
     pubkey = origin.pubkey or s.relay_pubkey
     if pubkey:
         doc["pubkey"] = pubkey

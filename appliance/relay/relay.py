@@ -23,11 +23,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable
 
-from appliance.errors import Rejected
+from appliance.errors import ConfigError, Rejected
 from appliance.nostr.event import Event, InvalidEvent, expiration as event_expiration, is_ephemeral, verify_event
 from appliance.nostr.filters import Filter
 from appliance.relay.authz import GroupView, NoGroups, can_read, read_scope
-from appliance.origins import Origin, OriginRegistry, UnknownOrigin
+from appliance.origins import Origin, OriginRegistry, UnknownOrigin, normalize_ip
 from appliance.relay.subscriptions import SubscriptionIndex
 from appliance.settings import Settings
 from appliance.relay.marmot import MARMOT_KINDS, check_marmot_event
@@ -41,6 +41,17 @@ AUTH_KIND = 22242
 Admission = Callable[[Origin, "str | None", Event, Callable[[Event], Awaitable[bool]]], Awaitable[dict]]
 StoredCallback = Callable[[Origin, Event], Awaitable[None]]
 EphemeralCheck = Callable[[Origin, Event], None]
+
+
+def peer_ip(conn) -> str | None:
+    """The connection's peer address (a starlette Request or WebSocket), in canonical form."""
+    client = conn.client
+    if client is None or not client.host:
+        return None
+    try:
+        return normalize_ip(client.host)
+    except ConfigError:
+        return client.host
 
 
 class Verifier:
@@ -81,6 +92,13 @@ class Relay:
         self.queued_bytes = 0  # unsent output of all sessions (see Session.send)
         self.stats = {"accepted": 0, "rejected": 0, "duplicate": 0, "broadcast": 0}
         self.stopping = False  # set by shutdown: new EVENT/REQ/COUNT are refused
+        # Called for every refused EVENT with (origin, event, refusal): counters, the dashboard.
+        self.on_rejected: list[Callable[[Origin, Event, Rejected], None]] = []
+
+    def rejected(self, origin: Origin, ev: Event, exc: Rejected) -> None:
+        self.stats["rejected"] += 1
+        for listener in self.on_rejected:
+            listener(origin, ev, exc)
 
     async def shutdown(self, grace: float) -> None:
         """Stop gracefully (SIGTERM): refuse new work, let every EVENT in flight commit and queue
@@ -138,6 +156,10 @@ class Relay:
         """Origin policy for writers (groups add their own checks in the store transaction)."""
         if ev.pubkey in origin.block or (authed is not None and authed in origin.block):
             raise Rejected("blocked", "this pubkey is blocked here")
+        if ev.id in origin.ban_events:
+            raise Rejected("blocked", "this event is banned here")
+        if ev.kind in origin.block_kinds or (origin.allow_kinds and ev.kind not in origin.allow_kinds):
+            raise Rejected("blocked", f"kind {ev.kind} is not accepted here")
         if origin.auth_required and authed is None:
             raise Rejected("auth-required", "authenticate to publish here")
         if origin.access_policy == "members":

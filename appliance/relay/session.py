@@ -19,7 +19,7 @@ from appliance.relay.authz import GATED_KINDS, AUTHOR_ONLY_KINDS, may_enter
 from appliance.relay.limits import TokenBucket
 from appliance.relay.peers import is_local_host
 from appliance.origins import Origin
-from appliance.relay.relay import Relay
+from appliance.relay.relay import Relay, peer_ip
 from appliance.relay.subscriptions import Subscription
 from appliance.store.sqlite import QueryTimeout
 
@@ -70,6 +70,7 @@ class Session:
         self.origin = origin
         self.settings = relay.settings
         self.reader: str | None = None  # the NIP-42 authenticated pubkey
+        self.peer_ip = peer_ip(ws)
         self.challenge = secrets.token_hex(16)
         self.subs: dict[str, Subscription] = {}
         # The stored-events query of each REQ still running, by subscription id: a CLOSE or a
@@ -145,7 +146,8 @@ class Session:
             self.drop(1008, "community removed", notice="error: this community is no longer served here")
             return
         self.origin = origin
-        if not may_enter(origin, self.reader) or (self.reader is not None and self.reader in origin.block):
+        if not may_enter(origin, self.reader) or (self.reader is not None and self.reader in origin.block) \
+                or self.peer_ip in origin.block_ips:
             self.drop(1008, "access policy changed",
                       notice="restricted: this community's access rules changed; reconnect")
 
@@ -361,7 +363,7 @@ class Session:
                 self.ok(ev.id, True, exc.wire)
                 return
             except Rejected as exc:
-                self.relay.stats["rejected"] += 1
+                self.relay.rejected(self.origin, ev, exc)
                 self.ok(ev.id, False, exc.wire)
                 return
             except Exception:

@@ -342,6 +342,15 @@ def store_events_batch(conn: apsw.Connection, items: list["PendingEvent"]) -> li
 PendingEvent.run_batch = staticmethod(store_events_batch)  # the writer groups these
 
 
+def delete_event(conn: apsw.Connection, origin: int, event_id: str) -> bool:
+    """Delete one stored event by id (an operator's ban); whether it was stored."""
+    row = conn.execute(SQL_ROW_BY_ID, (origin, event_id)).fetchone()
+    if row is None:
+        return False
+    delete_row(conn, row[0])
+    return True
+
+
 def purge_expired(conn: apsw.Connection, now: int, batch: int = 1000) -> int:
     """Delete up to `batch` events whose NIP-40 expiration has passed."""
     rows = conn.execute(SQL_EXPIRED_ROWS, (now, batch)).fetchall()
@@ -507,3 +516,20 @@ def count_events(conn: apsw.Connection, origin: int, filters: list[Filter], scop
         sql = sql.replace("SELECT count(DISTINCT e.rowid)", "SELECT e.id", 1).replace("SELECT count(*)", "SELECT e.id", 1)
         ids.update(row[0] for row in conn.execute(sql, params))
     return len(ids)
+
+
+SQL_TOP_AUTHORS_SINCE = (
+    "SELECT pubkey, count(*) AS n FROM events WHERE origin = ? AND created_at >= ? "
+    "GROUP BY pubkey ORDER BY n DESC, pubkey LIMIT ?"
+)
+SQL_EVENT_COUNTS = "SELECT origin, count(*) FROM events GROUP BY origin"
+
+
+def top_authors(conn: apsw.Connection, origin: int, since: int, limit: int = 10) -> list[tuple[str, int]]:
+    """The authors with the most stored events created since `since` (events_time index range)."""
+    return conn.execute(SQL_TOP_AUTHORS_SINCE, (origin, since, limit)).fetchall()
+
+
+def event_counts(conn: apsw.Connection) -> dict[int, int]:
+    """Stored events per origin."""
+    return dict(conn.execute(SQL_EVENT_COUNTS).fetchall())

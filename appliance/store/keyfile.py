@@ -6,6 +6,8 @@ secret of any user. Back up both together (or neither).
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import logging
 import os
 import secrets
@@ -74,6 +76,10 @@ class KeyFile:
         """Encrypt `secret`; `label` (e.g. "executor-key:2026-06") is bound as associated data."""
         nonce = secrets.token_bytes(12)
         return _VERSION + nonce + AESGCM(self._key).encrypt(nonce, secret, label.encode())
+
+    def derive(self, label: str) -> bytes:
+        """A 32-byte key for one purpose (`label`), derived from the master key; never stored."""
+        return hmac.new(self._key, b"appliance-derived-key:" + label.encode(), hashlib.sha256).digest()
 
     def unwrap(self, blob: bytes, *, label: str) -> bytes:
         if not blob or blob[:1] != _VERSION:

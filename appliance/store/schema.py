@@ -232,6 +232,39 @@ MIGRATIONS: tuple[str, ...] = (
         window_start INTEGER NOT NULL,
         admitted    INTEGER NOT NULL,
         PRIMARY KEY (app_profile, token_sha256)
+    # 6: the admin dashboard: the operator password and one-time setup token, signed-in sessions,
+    # the reasons given for moderation decisions (NIP-86 lists them), settings saved from the dashboard.
+    """
+    CREATE TABLE admin_auth (
+        id          INTEGER PRIMARY KEY CHECK (id = 1),
+        password_hash TEXT,                   -- scrypt$N$r$p$salt$hash; NULL until the operator sets one
+        setup_token_hash TEXT,                -- sha256 hex of the one-time setup token; NULL when none
+        setup_token_expires INTEGER,
+        changed_at  INTEGER NOT NULL
+    );
+    INSERT INTO admin_auth (id, changed_at) VALUES (1, 0);
+
+    CREATE TABLE admin_sessions (
+        id_hash     TEXT PRIMARY KEY,         -- sha256 hex of the session id the cookie carries
+        created_at  INTEGER NOT NULL,
+        expires_at  INTEGER NOT NULL
+    ) WITHOUT ROWID;
+
+    CREATE TABLE moderation_notes (
+        origin      INTEGER NOT NULL,
+        subject     TEXT NOT NULL,            -- banned_pubkey | allowed_pubkey | banned_event | allowed_event | blocked_ip
+        value       TEXT NOT NULL,
+        reason      TEXT NOT NULL DEFAULT '',
+        created_at  INTEGER NOT NULL,
+        PRIMARY KEY (origin, subject, value)
+    ) WITHOUT ROWID;
+
+    -- An operator revoked the lease (dashboard): inactive from then on, whatever its plaintext says.
+    ALTER TABLE leases ADD COLUMN revoked_at INTEGER;
+
+    CREATE TABLE stored_settings (
+        name        TEXT PRIMARY KEY,
+        value       TEXT NOT NULL             -- JSON
     ) WITHOUT ROWID;
     """,
 )

@@ -164,6 +164,21 @@ class SqliteStore:
         finally:
             conn.close()
 
+    def backup(self, dest: Path) -> None:
+        """Write a consistent copy of the database to `dest` while the appliance runs, with
+        SQLite's online backup API (a file copy could catch a commit half-written)."""
+        src = connect(self.path, sync_mode=self.sync_mode)
+        try:
+            dst = apsw.Connection(str(dest))
+            try:
+                with dst.backup("main", src, "main") as step:
+                    step.step(-1)  # every page in one read transaction: one snapshot
+                dst.execute("PRAGMA journal_mode = DELETE")  # a single self-contained file
+            finally:
+                dst.close()
+        finally:
+            src.close()
+
     def close(self) -> None:
         if getattr(self, "_checkpointer", None) is not None:
             self._stop_checkpoints.set()

@@ -1,0 +1,130 @@
+"""Endpoints for machines: a JSON health check and Prometheus metrics.
+
+`/admin/health` answers anyone (monitoring, a container healthcheck): 200 with `"status": "ok"` when
+the database answers a read and a write within a few seconds, else 503. It says nothing private.
+
+`/admin/metrics` (text format 0.0.4) needs a signed-in session or `Authorization: Bearer
+<metrics_token>`, except on the dashboard's own listener (`admin_listen`), which the operator has
+bound to a private address. Label sets are bounded: `origin` takes the configured origins' URLs,
+`prefix` the NIP-01 refusal prefixes, `state` a fixed list.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import time
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.routing import Route
+
+from appliance import __version__
+from appliance.errors import PREFIXES
+
+# Seconds the health check waits for the database before it answers 503.
+HEALTH_TIMEOUT = 5.0
+
+
+def _label(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+class Machines:
+    def __init__(self, admin):
+        self.admin = admin
+        self.app = admin.app
+        # Gauges and counters other parts add: callables returning [(name, help, type, [(labels, value)])].
+        self.collectors: list = []
+
+    def routes(self) -> list[Route]:
+        return [
+            Route("/health", self.admin.open_endpoint(self.health), methods=["GET", "HEAD"]),
+            Route("/metrics", self.admin.open_endpoint(self.metrics), methods=["GET"]),
+        ]
+
+    def root_routes(self) -> list[Route]:
+        """On the dashboard's own listener, also at /health and /metrics."""
+        return self.routes()
+
+    async def health(self, request: Request) -> Response:
+        checks: dict[str, str] = {}
+        try:
+            await asyncio.wait_for(self.app.store.read(lambda conn: conn.execute("SELECT 1").fetchone()),
+                                   HEALTH_TIMEOUT)
+            checks["database_read"] = "ok"
+        except Exception as exc:  # the check's whole point is to report it
+            checks["database_read"] = f"failed: {type(exc).__name__}"
+        try:
+            await asyncio.wait_for(self.app.store.write(lambda conn: None), HEALTH_TIMEOUT)
+            checks["database_write"] = "ok"
+        except Exception as exc:
+            checks["database_write"] = f"failed: {type(exc).__name__}"
+        ok = all(v == "ok" for v in checks.values())
+        body = {"status": "ok" if ok else "failing", "version": __version__,
+                "uptime_seconds": int(time.time() - self.app.started_at), "checks": checks,
+                "origins": len(self.app.relay.origins.origins), "connections": len(self.app.relay.sessions)}
+        return JSONResponse(body, status_code=200 if ok else 503)
+
+    async def _authorized(self, request: Request) -> bool:
+        if self.admin.listen_socket is not None:
+            return True
+        token = self.admin.settings.metrics_token
+        header = request.headers.get("authorization", "")
+        if token and header.startswith("Bearer ") and hmac.compare_digest(header[7:].strip(), token):
+            return True
+        return await self.admin._session(request) is not None
+
+    async def metrics(self, request: Request) -> Response:
+        if not await self._authorized(request):
+            return PlainTextResponse("unauthorized: sign in to the dashboard, or send Authorization: Bearer "
+                                     "<metrics_token>\n", status_code=401,
+                                     headers={"WWW-Authenticate": 'Bearer realm="appliance metrics"'})
+        return PlainTextResponse(await self.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    async def render(self) -> str:
+        app, relay = self.app, self.app.relay
+        origins = {o.id: o.origin for o in relay.origins.origins}
+        now = int(time.time())
+        metrics: list[tuple[str, str, str, list[tuple[dict, float]]]] = [
+            ("appliance_info", "Version of the running appliance.", "gauge", [({"version": __version__}, 1)]),
+            ("appliance_uptime_seconds", "Seconds since the appliance started.", "gauge",
+             [({}, round(time.time() - app.started_at, 1))]),
+            ("appliance_origins", "Origins (communities) served.", "gauge", [({}, len(origins))]),
+        ]
+        per_origin: dict[int, int] = {oid: 0 for oid in origins}
+        for session in list(relay.sessions):
+            oid = session.origin.id
+            if oid in per_origin:
+                per_origin[oid] += 1
+        metrics.append(("appliance_connections", "Open websocket connections.", "gauge",
+                        [({"origin": origins[oid]}, n) for oid, n in per_origin.items()]))
+        metrics.append(("appliance_events_accepted_total", "Events accepted since start.", "counter",
+                        [({}, relay.stats["accepted"])]))
+        by_prefix: dict[tuple[str, str], int] = {}
+        for (oid, reason), n in self.admin.recorder.rejections.items():
+            prefix = reason.partition(":")[0]
+            prefix = prefix if prefix in PREFIXES else "other"
+            key = (origins.get(oid, "other"), prefix)
+            by_prefix[key] = by_prefix.get(key, 0) + n
+        metrics.append(("appliance_events_rejected_total", "Events refused since start, by NIP-01 prefix.",
+                        "counter", [({"origin": o, "prefix": p}, n) for (o, p), n in sorted(by_prefix.items())]))
+        commits, writes = app.store.writer_stats
+        metrics.append(("appliance_store_commits_total", "Write transactions committed.", "counter", [({}, commits)]))
+        metrics.append(("appliance_store_writes_total", "Writes committed.", "counter", [({}, writes)]))
+        from appliance.push.state import lease_totals
+
+        totals = await app.store.read(lambda conn: lease_totals(conn, now))
+        metrics.append(("appliance_leases", "Push leases by state.", "gauge",
+                        [({"origin": origins[oid], "state": state}, totals.get(oid, (0, 0, 0))[i])
+                         for oid in origins for i, state in ((0, "active"), (1, "inactive"))]))
+        for collect in self.collectors:
+            metrics.extend(await collect())
+        lines: list[str] = []
+        for name, help_text, kind, samples in metrics:
+            lines.append(f"# HELP {name} {help_text}")
+            lines.append(f"# TYPE {name} {kind}")
+            for labels, value in samples:
+                text = ",".join(f'{k}="{_label(str(v))}"' for k, v in labels.items())
+                lines.append(f"{name}{{{text}}} {value}" if text else f"{name} {value}")
+        return "\n".join(lines) + "\n"

@@ -1,0 +1,85 @@
+"""Settings and maintenance: change the admin password, see every setting and where it came from,
+download a consistent backup of the database (SQLite's online backup API)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import tempfile
+import time
+
+from starlette.background import BackgroundTask
+from starlette.requests import Request
+from starlette.responses import FileResponse
+from starlette.routing import Route
+
+from appliance.settings import SETTINGS
+
+from .. import auth
+
+# Settings whose values are secret or personal: shown redacted.
+SECRET_SETTINGS = {"metrics_token"}
+PUBKEY_SETTINGS = {"admin_pubkeys", "relay_pubkey"}
+
+
+def routes(admin) -> list[Route]:
+    settings = admin.settings
+
+    def rows() -> list[tuple[str, str, str, str]]:
+        out = []
+        for s in SETTINGS:
+            value = settings.values[s.name]
+            if s.name in SECRET_SETTINGS:
+                shown = "(set)" if value else "(empty)"
+            elif s.name in PUBKEY_SETTINGS:
+                values = value if isinstance(value, (list, tuple)) else ([value] if value else [])
+                shown = ", ".join(admin.redactor.fingerprint(v, "pk") for v in values) or "(empty)"
+            else:
+                shown = str(value)
+            out.append((s.name, shown, settings.sources.get(s.name, "default"), s.help))
+        return out
+
+    async def page(request: Request, error: str = "", status: int = 200):
+        extra = [await section.settings_context(admin) for section in admin.sections.values()
+                 if hasattr(section, "settings_context")]
+        return admin.render(request, "admin/settings.html", status=status, section="settings", rows=rows(),
+                            error=error, extra_sections=extra, data_dir=str(settings.data_path.resolve()))
+
+    async def password(request: Request):
+        form = request.state.form
+        current, new, confirm = (str(form.get(k, "")) for k in ("current", "password", "confirm"))
+        row = await admin.read(auth.rows.auth_row)
+        if not await asyncio.to_thread(auth.verify_password, current, row.password_hash):
+            return await page(request, "The current password is wrong.", 400)
+        problem = auth.password_problem(new, confirm)
+        if problem:
+            return await page(request, problem.capitalize() + ".", 400)
+        hashed = await asyncio.to_thread(auth.hash_password, new)
+        now = int(time.time())
+
+        def op(conn):
+            auth.rows.set_password(conn, hashed, now)  # ends every session, this one too
+            return auth.new_session(conn, now, settings.admin_session_ttl)
+
+        session_id = await admin.app.store.write(op)
+        response = admin.redirect("/settings", "Password changed; other sessions were signed out.")
+        admin._cookie(response, auth.SESSION_COOKIE, session_id, max_age=settings.admin_session_ttl)
+        return response
+
+    async def backup(request: Request):
+        fd, name = tempfile.mkstemp(prefix=".backup-", suffix=".sqlite3", dir=settings.data_path)
+        os.close(fd)
+        try:
+            await asyncio.to_thread(admin.app.store.backup, name)
+        except Exception:
+            os.unlink(name)
+            raise
+        stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+        return FileResponse(name, media_type="application/vnd.sqlite3",
+                            filename=f"appliance-{stamp}.sqlite3", background=BackgroundTask(os.unlink, name))
+
+    return [
+        Route("/settings", admin.guard(page), methods=["GET"]),
+        Route("/settings/password", admin.guard(password), methods=["POST"]),
+        Route("/settings/backup", admin.guard(backup), methods=["POST"]),
+    ]

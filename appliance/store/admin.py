@@ -1,0 +1,116 @@
+"""The dashboard's rows: the operator password and setup token, sessions, moderation notes and
+settings saved from the dashboard. Functions take an apsw connection (writes inside the writer's
+transaction)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import apsw
+
+SQL_AUTH = "SELECT password_hash, setup_token_hash, setup_token_expires, changed_at FROM admin_auth WHERE id = 1"
+SQL_SET_PASSWORD = (
+    "UPDATE admin_auth SET password_hash = ?, setup_token_hash = NULL, setup_token_expires = NULL, "
+    "changed_at = ? WHERE id = 1"
+)
+SQL_SET_TOKEN = "UPDATE admin_auth SET setup_token_hash = ?, setup_token_expires = ? WHERE id = 1"
+SQL_CLEAR_PASSWORD = "UPDATE admin_auth SET password_hash = NULL, changed_at = ? WHERE id = 1"
+# Spends the token: only one request can see its hash match (the writer is single-threaded).
+SQL_SPEND_TOKEN = (
+    "UPDATE admin_auth SET setup_token_hash = NULL, setup_token_expires = NULL "
+    "WHERE id = 1 AND setup_token_hash = ? AND setup_token_expires > ?"
+)
+
+SQL_SESSION = "SELECT created_at, expires_at FROM admin_sessions WHERE id_hash = ?"
+SQL_NEW_SESSION = "INSERT INTO admin_sessions (id_hash, created_at, expires_at) VALUES (?, ?, ?)"
+SQL_END_SESSION = "DELETE FROM admin_sessions WHERE id_hash = ?"
+SQL_END_ALL_SESSIONS = "DELETE FROM admin_sessions"
+SQL_PURGE_SESSIONS = "DELETE FROM admin_sessions WHERE expires_at <= ?"
+
+SQL_NOTES = "SELECT value, reason, created_at FROM moderation_notes WHERE origin = ? AND subject = ? ORDER BY value"
+SQL_SAVE_NOTE = (
+    "INSERT INTO moderation_notes (origin, subject, value, reason, created_at) VALUES (?, ?, ?, ?, ?) "
+    "ON CONFLICT (origin, subject, value) DO UPDATE SET reason = excluded.reason, created_at = excluded.created_at"
+)
+SQL_DROP_NOTE = "DELETE FROM moderation_notes WHERE origin = ? AND subject = ? AND value = ?"
+
+SQL_STORED_SETTINGS = "SELECT name, value FROM stored_settings"
+SQL_SAVE_SETTING = (
+    "INSERT INTO stored_settings (name, value) VALUES (?, ?) ON CONFLICT (name) DO UPDATE SET value = excluded.value"
+)
+SQL_DROP_SETTING = "DELETE FROM stored_settings WHERE name = ?"
+
+NOTE_SUBJECTS = ("banned_pubkey", "allowed_pubkey", "banned_event", "allowed_event", "blocked_ip")
+
+
+@dataclass(frozen=True)
+class AuthRow:
+    password_hash: str | None
+    setup_token_hash: str | None
+    setup_token_expires: int | None
+    changed_at: int
+
+
+def auth_row(conn: apsw.Connection) -> AuthRow:
+    return AuthRow(*conn.execute(SQL_AUTH).fetchone())
+
+
+def set_password(conn: apsw.Connection, password_hash: str, now: int) -> None:
+    """Set the password; any setup token is spent and every session ends."""
+    conn.execute(SQL_SET_PASSWORD, (password_hash, now))
+    conn.execute(SQL_END_ALL_SESSIONS)
+
+
+def set_setup_token(conn: apsw.Connection, token_hash: str, expires: int) -> None:
+    conn.execute(SQL_SET_TOKEN, (token_hash, expires))
+
+
+def clear_password(conn: apsw.Connection, now: int) -> None:
+    """Forget the password and end every session (`appliance admin reset`)."""
+    conn.execute(SQL_CLEAR_PASSWORD, (now,))
+    conn.execute(SQL_END_ALL_SESSIONS)
+
+
+def spend_setup_token(conn: apsw.Connection, token_hash: str, now: int) -> bool:
+    conn.execute(SQL_SPEND_TOKEN, (token_hash, now))
+    return conn.changes() == 1
+
+
+def session_row(conn: apsw.Connection, id_hash: str) -> tuple[int, int] | None:
+    return conn.execute(SQL_SESSION, (id_hash,)).fetchone()
+
+
+def new_session(conn: apsw.Connection, id_hash: str, now: int, expires: int) -> None:
+    conn.execute(SQL_PURGE_SESSIONS, (now,))
+    conn.execute(SQL_NEW_SESSION, (id_hash, now, expires))
+
+
+def end_session(conn: apsw.Connection, id_hash: str) -> None:
+    conn.execute(SQL_END_SESSION, (id_hash,))
+
+
+def notes(conn: apsw.Connection, origin: int, subject: str) -> dict[str, tuple[str, int]]:
+    """value -> (reason, created_at) of one origin's notes on one subject."""
+    return {value: (reason, created) for value, reason, created in conn.execute(SQL_NOTES, (origin, subject))}
+
+
+def save_note(conn: apsw.Connection, origin: int, subject: str, value: str, reason: str, now: int) -> None:
+    conn.execute(SQL_SAVE_NOTE, (origin, subject, value, reason, now))
+
+
+def drop_note(conn: apsw.Connection, origin: int, subject: str, value: str) -> None:
+    conn.execute(SQL_DROP_NOTE, (origin, subject, value))
+
+
+def stored_settings(conn: apsw.Connection) -> dict[str, Any]:
+    return {name: json.loads(value) for name, value in conn.execute(SQL_STORED_SETTINGS)}
+
+
+def save_setting(conn: apsw.Connection, name: str, value: Any) -> None:
+    conn.execute(SQL_SAVE_SETTING, (name, json.dumps(value)))
+
+
+def drop_setting(conn: apsw.Connection, name: str) -> None:
+    conn.execute(SQL_DROP_SETTING, (name,))

@@ -1,0 +1,72 @@
+"""Helpers for dashboard tests: an in-process appliance with its dashboard (httpx over ASGI, no
+lifespan: background loops are driven by the tests), and the setup/sign-in steps."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import httpx
+
+from appliance.admin import install
+from appliance.app import asgi, build
+from appliance.settings import load
+
+PASSWORD = "correct horse battery"
+CSRF = re.compile(r'name="csrf" value="([^"]+)"')
+
+
+def csrf_of(html: str) -> str:
+    m = CSRF.search(html)
+    assert m, "no CSRF field on the page"
+    return m.group(1)
+
+
+def setup_token(app) -> str:
+    line = next(line for line in app.banner if line.startswith("  admin  "))
+    assert "token=" in line, line
+    return line.split("token=", 1)[1]
+
+
+class Dashboard:
+    """A built appliance with its dashboard, served in-process."""
+
+    def __init__(self, data_dir: Path, config: str | None = None, **flags):
+        cfg = None
+        if config is not None:
+            cfg = data_dir.parent / f"{data_dir.name}.toml"
+            cfg.write_text(config)
+        self.settings = load(flags={"data_dir": str(data_dir), **{k: str(v) for k, v in flags.items()}},
+                             environ={}, config_path=cfg)
+        self.app = build(self.settings)
+        self.admin = install(self.app, fetch_assets=False)
+        self.client = httpx.AsyncClient(transport=httpx.ASGITransport(app=asgi(self.app)),
+                                        base_url="http://127.0.0.1:7777")
+
+    async def close(self) -> None:
+        await self.client.aclose()
+        if self.app.push is not None:
+            self.app.push.close()
+        self.app.relay.close()
+        self.app.store.close()
+
+    async def get(self, path: str, **kw) -> httpx.Response:
+        return await self.client.get(path, **kw)
+
+    async def post_form(self, path: str, data: dict | list, *, page: str | None = None, files=None,
+                        **kw) -> httpx.Response:
+        """POST a form with the CSRF token of `page` (default: `path`)."""
+        html = (await self.client.get(page or path)).text
+        items = list(data.items()) if isinstance(data, dict) else list(data)
+        form: dict[str, list] = {"csrf": [csrf_of(html)]}
+        for key, value in items:
+            form.setdefault(key, []).append(value)
+        return await self.client.post(path, data=form, files=files, **kw)
+
+    async def set_up(self, password: str = PASSWORD) -> None:
+        token = setup_token(self.app)
+        page = await self.client.get(f"/admin/setup?token={token}")
+        assert page.status_code == 200, page.text
+        r = await self.client.post("/admin/setup", data={"csrf": csrf_of(page.text), "token": token,
+                                                         "password": password, "confirm": password})
+        assert r.status_code == 303, r.text
