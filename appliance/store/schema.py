@@ -232,6 +232,8 @@ MIGRATIONS: tuple[str, ...] = (
         window_start INTEGER NOT NULL,
         admitted    INTEGER NOT NULL,
         PRIMARY KEY (app_profile, token_sha256)
+    ) WITHOUT ROWID;
+    """,
     # 6: the admin dashboard: the operator password and one-time setup token, signed-in sessions,
     # the reasons given for moderation decisions (NIP-86 lists them), settings saved from the dashboard.
     """
