@@ -17,7 +17,7 @@ from collections import OrderedDict
 from typing import Any, Callable
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, PlainTextResponse, Response
 
 from appliance.commands import moderation
 from appliance.errors import ConfigError
@@ -113,7 +113,9 @@ class Management:
     async def handle(self, request: Request, origin) -> Response:
         ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
         if ctype != CONTENT_TYPE:
-            return JSONResponse({"error": f"unsupported content type: use {CONTENT_TYPE} (NIP-86)"}, status_code=415)
+            # Not a NIP-86 call at all: answered as the relay's other non-websocket requests are.
+            return PlainTextResponse(f"unsupported media type: a relay URL takes POSTs only as NIP-86 calls "
+                                     f"({CONTENT_TYPE})\n", status_code=415)
         body = await request.body()
         if len(body) > MAX_BODY:
             return JSONResponse({"error": "request too large"}, status_code=413)
