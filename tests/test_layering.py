@@ -34,7 +34,8 @@ ALLOWED = {
     "bench_leases": {"nostr", "errors", "store", "origins", "settings", "relay", "push", "app", "bench"},
     "bench_gateway": {"nostr", "errors", "store", "settings", "gateway", "testing", "bench"},
     # The dashboard drives the appliance through the same functions as the CLI (`commands`).
-    "admin": {"nostr", "errors", "store", "origins", "settings", "relay", "push", "gateway", "app", "commands",
+    "admin": {"nostr", "errors", "store", "origins", "settings", "relay", "push", "gateway", "transports", "app",
+              "commands",
               "__init__"},
     "cli": {"nostr", "errors", "store", "origins", "settings", "relay", "push", "gateway", "app", "server",
             "commands", "admin", "bench", "bench_leases", "__init__"},
