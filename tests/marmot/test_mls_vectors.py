@@ -51,7 +51,6 @@ from appliance.marmot.mls.structs import (
     UpdatePath,
     decode_proposal,
     encode_content_body,
-    encode_proposal,
     read_extensions,
     read_ratchet_tree_nodes,
 )

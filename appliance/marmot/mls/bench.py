@@ -56,7 +56,7 @@ def bench_add(adds: int, repeat: int) -> list[tuple[str, float]]:
 
     t_process, _ = _median(process, repeat)
     return [(f"add {adds} members in one Commit (build, incl. Welcome)", t_build),
-            (f"process that Commit as a member", t_process)]
+            ("process that Commit as a member", t_process)]
 
 
 def bench_external(size: int, repeat: int) -> list[tuple[str, float]]:

@@ -6,14 +6,13 @@ import os
 
 from . import crypto
 from .codec import Reader, u8, u32, u64, vl
-from .errors import DecodeError, DecryptError, MembershipTagError, SignatureError
+from .errors import DecodeError, MembershipTagError, SignatureError
 from .keyschedule import sender_data_key_nonce
 from .secrettree import APPLICATION, HANDSHAKE, SecretTree
 from .structs import (
     CT_APPLICATION,
-    CT_COMMIT,
     SENDER_MEMBER,
-    WF_PRIVATE_MESSAGE,
+    WF_PUBLIC_MESSAGE,
     AuthenticatedContent,
     FramedContent,
     FramedContentAuthData,
@@ -40,7 +39,6 @@ def verify_content(wire_format: int, content: FramedContent, auth: FramedContent
 
 def membership_tag(membership_key: bytes, content: FramedContent, auth: FramedContentAuthData,
                    context: GroupContext) -> bytes:
-    from .structs import WF_PUBLIC_MESSAGE
     tbm = framed_content_tbs(WF_PUBLIC_MESSAGE, content, context) + auth.encode()
     return crypto.mac(membership_key, tbm)
 
@@ -115,5 +113,4 @@ def authenticated_content(wire_format: int, content: FramedContent, auth: Framed
 
 
 __all__ = ["sign_content", "verify_content", "membership_tag", "protect_public", "check_membership_tag",
-           "protect_private", "unprotect_private", "authenticated_content", "DecryptError", "CT_COMMIT",
-           "WF_PRIVATE_MESSAGE"]
+           "protect_private", "unprotect_private", "authenticated_content"]

@@ -8,7 +8,7 @@ the caller keeps the state bytes it had. `Group.to_bytes()` / `Group.from_bytes(
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Iterable
 
 import cbor2
@@ -21,7 +21,6 @@ from .errors import (
     EpochError,
     MLSError,
     ProposalError,
-    SignatureError,
     StateError,
     TreeError,
     UnsupportedError,
@@ -38,7 +37,6 @@ from .framing import (
 )
 from .secrettree import SecretTree
 from .structs import (
-    CRED_BASIC,
     CT_APPLICATION,
     CT_COMMIT,
     CT_PROPOSAL,
@@ -50,7 +48,6 @@ from .structs import (
     EXT_RATCHET_TREE,
     EXT_REQUIRED_CAPABILITIES,
     MLS10,
-    P_ADD,
     P_APP_DATA_UPDATE,
     P_EXTERNAL_INIT,
     P_GROUP_CONTEXT_EXTENSIONS,
@@ -68,13 +65,11 @@ from .structs import (
     SRC_KEY_PACKAGE,
     SRC_UPDATE,
     WF_GROUP_INFO,
-    WF_KEY_PACKAGE,
     WF_PRIVATE_MESSAGE,
     WF_PUBLIC_MESSAGE,
     WF_WELCOME,
     APP_DATA_OP_REMOVE,
     Add,
-    AppDataUpdate,
     Capabilities,
     Commit,
     Credential,
@@ -566,22 +561,12 @@ class Group:
         path_secrets: list = []
         fdp: list = []
         if staged.path_required or force_path:
-            tree = staged.tree
-            fdp = tree.filtered_direct_path(g.own_leaf)
-            path_secrets, keys, commit_secret = derive_path(len(fdp), crypto.random_bytes())
-            leaf_priv, leaf_pub = crypto.hpke_keypair()
-            parent_hash = tree.set_path(g.own_leaf, [(fdp[i][0], keys[i][1]) for i in range(len(fdp))])
             old = g.own_leaf_node
-            leaf = _sign_leaf(LeafNode(leaf_pub, old.signature_key, old.credential, old.capabilities, SRC_COMMIT,
-                                       None, parent_hash, old.extensions), g.signature_priv, g.group_id, g.own_leaf)
-            tree.set_node(2 * g.own_leaf, leaf)
-            provisional = GroupContext(MLS10, g.context.cipher_suite, g.group_id, g.epoch + 1, tree.tree_hash(),
-                                       g.context.confirmed_transcript_hash, staged.extensions)
-            exclude = {i for i, _ in staged.added}
-            nodes = encrypt_path(tree, fdp, path_secrets, [k[1] for k in keys], provisional.encode(), exclude)
-            path = UpdatePath(leaf, nodes)
-            g.privs = {2 * g.own_leaf: leaf_priv}
-            g.privs.update({fdp[i][0]: keys[i][0] for i in range(len(fdp))})
+            leaf = LeafNode(b"", old.signature_key, old.credential, old.capabilities, SRC_COMMIT, None, b"",
+                            old.extensions)
+            path, g.privs, fdp, path_secrets, commit_secret = _encap(
+                staged.tree, g.own_leaf, leaf, g.signature_priv, g.context, staged.extensions,
+                {i for i, _ in staged.added})
         commit = Commit(tuple(ProposalRef(ref) if ref is not None else p for p, _, ref in items), path)
         content = FramedContent(g.group_id, g.epoch, me, authenticated_data, CT_COMMIT, commit)
         signature = sign_content(wire_format, content, g.context, g.signature_priv)
@@ -755,7 +740,8 @@ class Group:
                              psk_secret, context.encode())
         tag = crypto.mac(secrets.confirmation_key, confirmed)
         resumption = dict(self.resumption)
-        resumption[self.epoch] = self.secrets.resumption_psk
+        if self.secrets is not None:  # None for an external joiner: it has no past epoch
+            resumption[self.epoch] = self.secrets.resumption_psk
         for e in sorted(resumption)[:-RESUMPTION_HISTORY]:
             del resumption[e]
         new = Group(context, tree, self.own_leaf, self.signature_priv, self.privs, secrets,
@@ -1073,40 +1059,50 @@ def external_join(group_info: bytes, credential: Credential | bytes, signature_p
         props.append(Remove(remove_leaf))
     props += [PreSharedKey(PreSharedKeyID.external(pid, crypto.random_bytes())) for pid in psk_values]
     props += list(proposals)
-    enc_priv, enc_pub = crypto.hpke_keypair()
     sig_pub = crypto.signature_public(signature_priv)
     g = Group(context, tree, -1, signature_priv, {}, None, SecretTree(None, 1),
               ks.interim_transcript_hash(context.confirmed_transcript_hash, gi.confirmation_tag), gi.confirmation_tag)
     me = Sender(SENDER_NEW_MEMBER_COMMIT)
-    draft_leaf = LeafNode(enc_pub, sig_pub, credential, capabilities or Capabilities(), SRC_COMMIT, None, b"",
+    # a placeholder with a fresh key: it marks where the joiner lands; _encap replaces it
+    draft_leaf = LeafNode(crypto.hpke_keypair()[1], sig_pub, credential, capabilities, SRC_COMMIT, None, b"",
                           tuple(leaf_extensions))
     policy = ExternalCommitPolicy(frozenset(p.proposal_type for p in props))
     staged = g._stage([(p, me, None) for p in props], me, psk_values, None, None, policy, draft_leaf,
                       authenticated_data)
-    t = staged.tree
-    own = t.add_leaf(draft_leaf)
-    fdp = t.filtered_direct_path(own)
-    path_secrets, keys, commit_secret = derive_path(len(fdp), crypto.random_bytes())
-    parent_hash = t.set_path(own, [(fdp[i][0], keys[i][1]) for i in range(len(fdp))])
-    leaf = _sign_leaf(LeafNode(enc_pub, sig_pub, credential, draft_leaf.capabilities, SRC_COMMIT, None,
-                               parent_hash, draft_leaf.extensions), signature_priv, context.group_id, own)
-    _check_leaf(leaf, t, staged.extensions, source=SRC_COMMIT, group_id=context.group_id, leaf_index=own,
-                replacing=own, skip_node=2 * own)
-    t.set_node(2 * own, leaf)
-    provisional = GroupContext(MLS10, context.cipher_suite, context.group_id, context.epoch + 1, t.tree_hash(),
-                               context.confirmed_transcript_hash, staged.extensions)
-    nodes = encrypt_path(t, fdp, path_secrets, [k[1] for k in keys], provisional.encode(), set())
-    commit = Commit(tuple(props), UpdatePath(leaf, nodes))
+    own = staged.tree.add_leaf(draft_leaf)
+    path, privs, _, _, commit_secret = _encap(staged.tree, own, draft_leaf, signature_priv, context,
+                                              staged.extensions, set(), check=True)
+    commit = Commit(tuple(props), path)
     content = FramedContent(context.group_id, context.epoch, me, authenticated_data, CT_COMMIT, commit)
     signature = sign_content(WF_PUBLIC_MESSAGE, content, context, signature_priv)
-    g.own_leaf = own
-    g.privs = {2 * own: enc_priv, **{fdp[i][0]: keys[i][0] for i in range(len(fdp))}}
-    g.secrets = ks.EpochSecrets(*([b""] * 11), init_secret=b"")
+    g.own_leaf, g.privs = own, privs
     new = g._advance(staged, content, WF_PUBLIC_MESSAGE, signature, commit_secret, init_secret, psk_values)
-    new.resumption = {}
     auth = FramedContentAuthData(signature, new.confirmation_tag)
     message = MLSMessage(WF_PUBLIC_MESSAGE, PublicMessage(content, auth, None)).encode()
     return new, message
+
+
+def _encap(tree: RatchetTree, leaf_index: int, leaf: LeafNode, signature_priv: bytes, context: GroupContext,
+           extensions, exclude, check: bool = False):
+    """TreeKEM for a committer at `leaf_index` of the staged `tree` (changed in place): fresh leaf key,
+    path secrets and keys on the filtered direct path, parent hashes, signed leaf, path secrets
+    encrypted under the provisional GroupContext. Returns (UpdatePath, {node: priv}, filtered direct
+    path, path secrets, commit secret). `leaf` supplies everything but the keys and parent hash."""
+    fdp = tree.filtered_direct_path(leaf_index)
+    path_secrets, keys, commit_secret = derive_path(len(fdp), crypto.random_bytes())
+    leaf_priv, leaf_pub = crypto.hpke_keypair()
+    parent_hash = tree.set_path(leaf_index, [(fdp[i][0], keys[i][1]) for i in range(len(fdp))])
+    leaf = _sign_leaf(LeafNode(leaf_pub, leaf.signature_key, leaf.credential, leaf.capabilities, SRC_COMMIT, None,
+                               parent_hash, leaf.extensions), signature_priv, context.group_id, leaf_index)
+    if check:
+        _check_leaf(leaf, tree, extensions, source=SRC_COMMIT, group_id=context.group_id, leaf_index=leaf_index,
+                    replacing=leaf_index, skip_node=2 * leaf_index)
+    tree.set_node(2 * leaf_index, leaf)
+    provisional = GroupContext(MLS10, context.cipher_suite, context.group_id, context.epoch + 1, tree.tree_hash(),
+                               context.confirmed_transcript_hash, tuple(extensions))
+    nodes = encrypt_path(tree, fdp, path_secrets, [k[1] for k in keys], provisional.encode(), exclude)
+    privs = {2 * leaf_index: leaf_priv, **{fdp[i][0]: keys[i][0] for i in range(len(fdp))}}
+    return UpdatePath(leaf, nodes), privs, fdp, path_secrets, commit_secret
 
 
 # -- leaf validation (§7.3) -----------------------------------------------------------------------------
@@ -1244,5 +1240,4 @@ def _apply_app_data_updates(extensions, updates, updater) -> tuple:
 __all__ = ["Group", "KeyPackageSecrets", "create_key_package", "parse_key_package", "verify_key_package",
            "key_package_ref", "join_from_welcome", "external_join", "ExternalCommitPolicy", "ExternalCommitView",
            "RFC_EXTERNAL_COMMIT_POLICY", "CommitOutcome", "Processed", "Member", "CommitView",
-           "decode_app_data_dictionary", "encode_app_data_dictionary", "external_pub_extension", "capabilities_for",
-           "SignatureError", "WF_KEY_PACKAGE", "field", "CRED_BASIC"]
+           "decode_app_data_dictionary", "encode_app_data_dictionary", "external_pub_extension", "capabilities_for"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from . import crypto
-from .codec import u16, u32, vl
+from .codec import u16, vl
 from .structs import PreSharedKeyID
 
 ZERO = bytes(crypto.NH)
@@ -109,4 +109,4 @@ def sender_data_key_nonce(sender_data_secret: bytes, ciphertext: bytes) -> tuple
 
 
 __all__ = ["EpochSecrets", "joiner_secret", "from_joiner", "advance", "welcome_key_nonce", "psk_secret", "exporter",
-           "confirmed_transcript_hash", "interim_transcript_hash", "sender_data_key_nonce", "ZERO", "u32"]
+           "confirmed_transcript_hash", "interim_transcript_hash", "sender_data_key_nonce", "ZERO"]

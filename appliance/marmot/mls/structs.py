@@ -9,7 +9,7 @@ re-encode byte for byte.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 
 from .codec import Reader, decode_exact, optional, u8, u16, u32, u64, vl, vl_list
 from .errors import DecodeError
@@ -856,4 +856,4 @@ def read_ratchet_tree_nodes(r: Reader) -> list:
     return r.vl_list(lambda rr: rr.optional(read_node))
 
 
-__all__ = [name for name in dir() if not name.startswith("_")] + ["replace", "field"]
+

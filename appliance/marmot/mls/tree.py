@@ -19,7 +19,7 @@ from .structs import (
     encode_ratchet_tree,
     read_ratchet_tree_nodes,
 )
-from .treemath import direct_path, is_leaf, leaves_under, left, level, parent, right, root
+from .treemath import direct_path, is_leaf, leaves_under, left, parent, right, root
 
 
 class RatchetTree:
