@@ -427,11 +427,21 @@ def _event_loop_runner():
         return asyncio.run
 
 
-def measure(relay: RelayProcess, raws: list[bytes], factory: EventFactory, args: argparse.Namespace) -> RunResult:
+def measure(relay: RelayProcess, raws: list[bytes], factory: EventFactory, args: argparse.Namespace,
+            wal: Path | None = None, read_path: "ReadPathResult | None" = None) -> RunResult:
     arun = _event_loop_runner()
     info(f"{relay.name}: publishing {len(raws):,} events from {args.clients} clients "
          f"(window {args.window}) to {relay.url}")
-    result = arun(ingest(relay.url, raws, args.clients, args.window, args.compression))
+
+    async def run_ingest() -> IngestResult:
+        if wal is None or read_path is None:
+            return await ingest(relay.url, raws, args.clients, args.window, args.compression)
+        with WalSampler(wal) as sampler:
+            r = await ingest(relay.url, raws, args.clients, args.window, args.compression)
+        read_path.wal_peak_ingest = sampler.peak
+        return r
+
+    result = arun(run_ingest())
     rate = result.accepted / result.seconds if result.seconds else 0.0
     info(f"{relay.name}: {result.accepted:,} accepted in {result.seconds:.2f} s ({rate:,.0f} events/s)"
          + (f", rejected {result.reasons}" if result.rejected else ""))
@@ -442,6 +452,357 @@ def measure(relay: RelayProcess, raws: list[bytes], factory: EventFactory, args:
     req_p, n_p = arun(query_latency(relay.url, by_p, warm, args.compression))
     req_a, n_a = arun(query_latency(relay.url, by_author, warm, args.compression))
     return RunResult(relay.name, result, req_p, req_a, n_p, n_a)
+
+
+
+# -- read path, fan-out, abuse (`appliance bench relay`, the appliance only) --------------------
+
+
+class WalSampler:
+    """Samples the WAL file's size every few milliseconds while running; `peak` in bytes."""
+
+    def __init__(self, path: Path, every: float = 0.01):
+        self.path = path
+        self.every = every
+        self.peak = 0
+        self._task: asyncio.Task | None = None
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                self.peak = max(self.peak, self.path.stat().st_size)
+            except OSError:
+                pass
+            await asyncio.sleep(self.every)
+
+    def __enter__(self) -> "WalSampler":
+        self._task = asyncio.get_running_loop().create_task(self._run())
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._task is not None:
+            self._task.cancel()
+        try:
+            self.peak = max(self.peak, self.path.stat().st_size)
+        except OSError:
+            pass
+
+
+def rss_mb(pid: int) -> float:
+    try:
+        with open(f"/proc/{pid}/status") as fh:
+            for line in fh:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return float("nan")
+
+
+async def _round_trips(ws, messages: list[str], sub_ids: list[str], latencies: list[float]) -> int:
+    """Send each REQ/COUNT and wait for its EOSE/COUNT/CLOSED; returns events received."""
+    n = 0
+    perf = time.perf_counter
+    for text, sub in zip(messages, sub_ids):
+        t0 = perf()
+        await ws.send(text)
+        async with asyncio.timeout(60):
+            while True:
+                msg = orjson.loads(await ws.recv())
+                if msg[1] != sub:
+                    continue
+                if msg[0] == "EVENT":
+                    n += 1
+                    continue
+                break
+        latencies.append(perf() - t0)
+        if msg[0] == "EOSE":
+            await ws.send('["CLOSE",' + orjson.dumps(sub).decode() + "]")
+    return n
+
+
+def req_shapes(factory: EventFactory, rng: random.Random, n: int) -> dict[str, list[dict]]:
+    """The REQ shapes the read-path targets name (issue: read path as fast as strfry)."""
+    return {
+        "REQ kinds+#p limit 50": [{"kinds": [1], "#p": [rng.choice(factory.recipients)], "limit": 50} for _ in range(n)],
+        "REQ authors limit 50": [{"authors": [rng.choice(factory.pubkeys)], "limit": 50} for _ in range(n)],
+        "REQ kinds+#p limit 1": [{"kinds": [1], "#p": [rng.choice(factory.recipients)], "limit": 1} for _ in range(n)],
+    }
+
+
+async def read_latencies(url: str, shapes: dict[str, list[dict]], out: dict[str, list[float]],
+                         returned: dict[str, int], warm: int = 0) -> None:
+    """Sequential REQs of each shape on one connection (opened before the clock)."""
+    ws = await _connect(url, False)
+    try:
+        for name, filters in shapes.items():
+            msgs, subs = [], []
+            for i, f in enumerate(filters):
+                subs.append(f"r{i}")
+                msgs.append(orjson.dumps(["REQ", f"r{i}", f]).decode())
+            lat: list[float] = []
+            n = await _round_trips(ws, msgs, subs, lat)
+            out.setdefault(name, []).extend(lat[warm:])
+            returned[name] = returned.get(name, 0) + n
+    finally:
+        await ws.close()
+
+
+async def count_latencies(url: str, filters: list[dict]) -> list[float]:
+    ws = await _connect(url, False)
+    try:
+        msgs = [orjson.dumps(["COUNT", f"c{i}", f]).decode() for i, f in enumerate(filters)]
+        lat: list[float] = []
+        await _round_trips(ws, msgs, [f"c{i}" for i in range(len(filters))], lat)
+        return lat
+    finally:
+        await ws.close()
+
+
+async def after_bursts(url: str, bursts: list[list[bytes]], clients: int, window: int,
+                       shapes_per_burst: list[dict[str, list[dict]]]) -> tuple[dict[str, list[float]], float]:
+    """Publish each burst, then at once time REQs of every shape; (latencies by shape, ingest/s)."""
+    out: dict[str, list[float]] = {}
+    returned: dict[str, int] = {}
+    accepted, seconds = 0, 0.0
+    for burst, shapes in zip(bursts, shapes_per_burst):
+        r = await ingest(url, burst, clients, window, False)
+        accepted += r.accepted
+        seconds += r.seconds
+        await read_latencies(url, shapes, out, returned)
+    return out, accepted / seconds if seconds else 0.0
+
+
+async def ingest_with_readers(url: str, raws: list[bytes], clients: int, window: int, readers: int,
+                              factory: EventFactory, rng: random.Random) -> tuple[IngestResult, list[float]]:
+    """Ingest while `readers` connections issue REQs back to back (the WAL-growth scenario)."""
+    stop = asyncio.Event()
+    lat: list[float] = []
+
+    async def reader(seed: int) -> None:
+        ws = await _connect(url, False)
+        r = random.Random(seed)
+        i = 0
+        try:
+            while not stop.is_set():
+                f = {"kinds": [1], "#p": [r.choice(factory.recipients)], "limit": 50}
+                i += 1
+                await _round_trips(ws, [orjson.dumps(["REQ", f"w{i}", f]).decode()], [f"w{i}"], lat)
+        finally:
+            await ws.close()
+
+    tasks = [asyncio.create_task(reader(rng.randrange(1 << 30))) for _ in range(readers)]
+    try:
+        result = await ingest(url, raws, clients, window, False)
+    finally:
+        stop.set()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    return result, lat
+
+
+async def fanout(url: str, connections: int, rounds: int, factory: EventFactory) -> list[float]:
+    """One event to `connections` subscribers: seconds from its EVENT sent until the last has it."""
+    import websockets
+
+    from appliance.nostr.event import sign_event
+
+    subs = [await websockets.connect(url, compression=None, max_size=None, open_timeout=60, ping_interval=None)
+            for _ in range(connections)]
+    pub = await _connect(url, False)
+    try:
+        for ws in subs:
+            await ws.recv()  # AUTH
+            await ws.send('["REQ","live",{"kinds":[1],"#t":["fanout"]}]')
+        for ws in subs:
+            async with asyncio.timeout(60):
+                while orjson.loads(await ws.recv())[0] != "EOSE":
+                    pass
+        secret = factory.secrets[0]
+        lat: list[float] = []
+        for i in range(rounds):
+            ev = sign_event(secret, 1, [["t", "fanout"]], f"fan-out {i} {time.time()}")
+            text = '["EVENT",' + ev.to_json() + "]"
+
+            async def one(ws) -> None:
+                async with asyncio.timeout(60):
+                    while True:
+                        msg = orjson.loads(await ws.recv())
+                        if msg[0] == "EVENT" and msg[2]["id"] == ev.id:
+                            return
+
+            waiters = [asyncio.create_task(one(ws)) for ws in subs]
+            await asyncio.sleep(0)
+            t0 = time.perf_counter()
+            await pub.send(text)
+            await asyncio.gather(*waiters)
+            lat.append(time.perf_counter() - t0)
+            await asyncio.sleep(0.05)
+        return lat
+    finally:
+        await pub.close()
+        await asyncio.gather(*(ws.close() for ws in subs), return_exceptions=True)
+
+
+HEAVY_COUNT_FILTERS = 16
+
+
+async def abuse(url: str, attackers: int, seconds: float, factory: EventFactory, rng: random.Random,
+                in_flight: int = 5) -> tuple[list[float], int, int]:
+    """`attackers` connections keep heavy COUNTs (16 filters over every kind-1 event) in flight
+    while a bystander times trivial REQs; (bystander latencies, COUNTs answered, COUNTs refused)."""
+    heavy = orjson.dumps([{"kinds": [1], "since": k} for k in range(HEAVY_COUNT_FILTERS)]).decode()[1:-1]
+    stop = asyncio.Event()
+    answered = refused = 0
+
+    async def attacker(a: int) -> None:
+        nonlocal answered, refused
+        ws = await _connect(url, False)
+        try:
+            sent = 0
+            pending = 0
+
+            async def send_one() -> None:
+                nonlocal sent, pending
+                sent += 1
+                pending += 1
+                await ws.send(f'["COUNT","a{a}.{sent}",{heavy}]')
+
+            for _ in range(in_flight):
+                await send_one()
+            while pending:
+                msg = orjson.loads(await asyncio.wait_for(ws.recv(), 120))
+                if msg[0] in ("COUNT", "CLOSED"):
+                    pending -= 1
+                    if msg[0] == "COUNT":
+                        answered += 1
+                    else:
+                        refused += 1
+                    if not stop.is_set():
+                        await send_one()
+        finally:
+            await ws.close()
+
+    tasks = [asyncio.create_task(attacker(a)) for a in range(attackers)]
+    await asyncio.sleep(0.5)  # the attack is under way
+    lat: list[float] = []
+    ws = await _connect(url, False)
+    try:
+        deadline = time.perf_counter() + seconds
+        i = 0
+        while time.perf_counter() < deadline:
+            f = {"kinds": [1], "#p": [rng.choice(factory.recipients)], "limit": 50}
+            i += 1
+            await _round_trips(ws, [orjson.dumps(["REQ", f"b{i}", f]).decode()], [f"b{i}"], lat)
+            await asyncio.sleep(0.01)
+    finally:
+        stop.set()
+        await ws.close()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    return lat, answered, refused
+
+
+@dataclass
+class ReadPathResult:
+    quiet: dict[str, list[float]] = field(default_factory=dict)
+    quiet_returned: dict[str, int] = field(default_factory=dict)
+    after_burst: dict[str, list[float]] = field(default_factory=dict)
+    count: list[float] = field(default_factory=list)
+    fanout: list[float] = field(default_factory=list)
+    fanout_connections: int = 0
+    abuse: list[float] = field(default_factory=list)
+    abuse_counts: tuple[int, int] = (0, 0)
+    abuse_attackers: int = 0
+    abuse_rss: tuple[float, float, float] = (float("nan"),) * 3
+    wal_peak_ingest: int = 0
+    wal_peak_readers: int = 0
+    wal_reader_lat: list[float] = field(default_factory=list)
+    wal_ingest_rate: float = 0.0
+    burst_rate: float = 0.0
+
+
+def measure_read_path(relay: RelayProcess, wal_path: Path, extra: list[list[bytes]], factory: EventFactory,
+                      args: argparse.Namespace, result: ReadPathResult) -> None:
+    """Quiet and after-burst REQs, COUNT, ingest with readers (WAL peak), fan-out, abuse."""
+    arun = _event_loop_runner()
+    rng = random.Random(args.seed + 7)
+    n = args.queries
+    time.sleep(2.0)  # quiet: checkpoints done, nothing else running
+    info("appliance: REQ latency, quiet")
+    arun(read_latencies(relay.url, req_shapes(factory, rng, n + 10), result.quiet, result.quiet_returned, warm=10))
+    info("appliance: COUNT latency, quiet")
+    result.count = arun(count_latencies(relay.url, [{"kinds": [1], "#p": [rng.choice(factory.recipients)]}
+                                                    for _ in range(n)]))
+    bursts, wal_events = extra[:-1], extra[-1]
+    if bursts:
+        info(f"appliance: REQ latency right after each of {len(bursts)} bursts of {len(bursts[0]):,} events")
+
+        async def bursts_run():
+            with WalSampler(wal_path):
+                return await after_bursts(relay.url, bursts, args.clients, args.window,
+                                          [req_shapes(factory, rng, max(10, n // len(bursts))) for _ in bursts])
+
+        result.after_burst, result.burst_rate = arun(bursts_run())
+    if wal_events:
+        info(f"appliance: ingest of {len(wal_events):,} events from 4 clients with 2 readers (WAL peak)")
+
+        async def wal_run():
+            with WalSampler(wal_path) as sampler:
+                r, lat = await ingest_with_readers(relay.url, wal_events, 4, args.window, 2, factory, rng)
+            return r, lat, sampler.peak
+
+        r, result.wal_reader_lat, result.wal_peak_readers = arun(wal_run())
+        result.wal_ingest_rate = r.accepted / r.seconds if r.seconds else 0.0
+    if args.fanout:
+        info(f"appliance: live fan-out to {args.fanout} connections")
+        result.fanout_connections = args.fanout
+        result.fanout = arun(fanout(relay.url, args.fanout, 30, factory))
+    if args.attackers:
+        info(f"appliance: bystander REQs while {args.attackers} connections send {HEAVY_COUNT_FILTERS}-filter COUNTs")
+        before = rss_mb(relay.proc.pid)
+        result.abuse_attackers = args.attackers
+        result.abuse, answered, refused = arun(abuse(relay.url, args.attackers, args.abuse_seconds, factory, rng))
+        during = rss_mb(relay.proc.pid)
+        time.sleep(3.0)
+        result.abuse_counts = (answered, refused)
+        result.abuse_rss = (before, during, rss_mb(relay.proc.pid))
+
+
+def read_path_table(r: ReadPathResult, stored: int) -> str:
+    rows = [["figure", "p50 (ms)", "p99 (ms)", "n", "target"]]
+    targets = {"REQ kinds+#p limit 50": "p50 <= 0.7, p99 <= 3", "REQ authors limit 50": "p50 <= 0.7, p99 <= 3",
+               "REQ kinds+#p limit 1": "p50 <= 0.3, p99 <= 3"}
+    for name, lat in r.quiet.items():
+        per = r.quiet_returned.get(name, 0) / max(1, len(lat))
+        rows.append([f"{name}, quiet ({per:.1f} events)", _ms(lat, 50), _ms(lat, 99), str(len(lat)), targets[name]])
+    for name, lat in r.after_burst.items():
+        rows.append([f"{name}, right after a burst", _ms(lat, 50), _ms(lat, 99), str(len(lat)), "p50 <= 1.0, p99 <= 3"])
+    rows.append(["COUNT kinds+#p", _ms(r.count, 50), _ms(r.count, 99), str(len(r.count)), "p50 <= 1 (at 1M)"])
+    if r.wal_reader_lat:
+        rows.append(["REQ kinds+#p limit 50, during ingest", _ms(r.wal_reader_lat, 50), _ms(r.wal_reader_lat, 99),
+                     str(len(r.wal_reader_lat)), ""])
+    if r.fanout:
+        rows.append([f"live fan-out, 1 event to {r.fanout_connections} connections", _ms(r.fanout, 50),
+                     _ms(r.fanout, 99), str(len(r.fanout)), "about 18 before"])
+    if r.abuse_attackers:
+        rows.append([f"abuse: bystander REQ, {r.abuse_attackers} conns x {HEAVY_COUNT_FILTERS}-filter COUNTs",
+                     _ms(r.abuse, 50), _ms(r.abuse, 99), str(len(r.abuse)), "p99 < 250"])
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    out = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths)))
+           for row in rows]
+    out.insert(1, "  ".join("-" * w for w in widths))
+    mib = 1024 * 1024
+    out.append("")
+    out.append(f"stored events: {stored:,}")
+    out.append(f"WAL peak: {r.wal_peak_ingest / mib:.1f} MiB during the ingest run; "
+               f"{r.wal_peak_readers / mib:.1f} MiB during an ingest with 2 readers "
+               f"({r.wal_ingest_rate:,.0f} events/s) (target < 64 MiB)")
+    if r.burst_rate:
+        out.append(f"ingest during the bursts: {r.burst_rate:,.0f} events/s")
+    if r.abuse_attackers:
+        a, b, c = r.abuse_rss
+        out.append(f"abuse: {r.abuse_counts[0]:,} heavy COUNTs answered, {r.abuse_counts[1]:,} refused (CLOSED); "
+                   f"relay RSS {a:,.0f} MB before, {b:,.0f} MB at the end of the attack, {c:,.0f} MB 3 s later")
+    return "\n".join(out)
 
 
 # -- report ------------------------------------------------------------------------------------
@@ -523,6 +884,18 @@ def _relay_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data-dir", metavar="DIR",
                    help="use (and keep) this directory instead of a temporary one")
     p.add_argument("--seed", type=int, default=1, help="random seed for queries and content (default 1)")
+    p.add_argument("--bursts", type=int, default=5, metavar="B",
+                   help="write bursts after which REQ latency is timed at once (default 5; 0 skips)")
+    p.add_argument("--burst-events", type=int, default=3000, metavar="N", help="events per burst (default 3000)")
+    p.add_argument("--wal-events", type=int, default=20_000, metavar="N",
+                   help="events ingested by 4 clients while 2 clients REQ back to back, for the WAL peak "
+                        "(default 20000; 0 skips)")
+    p.add_argument("--fanout", type=int, default=300, metavar="C",
+                   help="subscribed connections for the live fan-out figure (default 300; 0 skips)")
+    p.add_argument("--attackers", type=int, default=10, metavar="A",
+                   help="connections sending heavy 16-filter COUNTs for the abuse figure (default 10; 0 skips)")
+    p.add_argument("--abuse-seconds", type=float, default=5.0, metavar="S",
+                   help="how long the abuse figure's bystander measures (default 5)")
     p.add_argument("--server-arg", action="append", default=[], metavar="ARG",
                    help="extra argument for `appliance serve` (repeatable), e.g. --server-arg=--write-batch=1000")
 
@@ -550,18 +923,25 @@ def run_relay(args: argparse.Namespace) -> int:
             info(f"preloaded {preloaded:,} events in {secs:.1f} s ({preloaded / secs:,.0f} events/s, "
                  f"signing included); database {size / 1e6:,.0f} MB")
         t0 = time.perf_counter()
-        raws = factory.sign(args.events, newest=now, spread=600)
-        info(f"pre-signed {len(raws):,} events in {time.perf_counter() - t0:.2f} s ({factory.workers} processes)")
+        extra_n = args.bursts * args.burst_events + args.wal_events
+        signed = factory.sign(args.events + extra_n, newest=now, spread=600)
+        raws = signed[: args.events]
+        extra = [signed[args.events + i * args.burst_events: args.events + (i + 1) * args.burst_events]
+                 for i in range(args.bursts)] + [signed[args.events + args.bursts * args.burst_events:]]
+        info(f"pre-signed {len(signed):,} events in {time.perf_counter() - t0:.2f} s ({factory.workers} processes)")
         factory.close()
 
         relay = appliance_process(data_dir, free_port(), work / "appliance.log", args.sync_mode, args.server_arg)
         relay.start()
+        read_path = ReadPathResult()
         try:
-            r = measure(relay, raws, factory, args)
+            r = measure(relay, raws, factory, args, wal=data_dir / "appliance.sqlite3-wal", read_path=read_path)
+            measure_read_path(relay, data_dir / "appliance.sqlite3-wal", extra, factory, args, read_path)
         finally:
             relay.stop()
         results.append(r)
         stored[r.name] = preloaded + r.ingest.accepted
+        total_stored = stored[r.name] + sum(len(b) for b in extra) + (read_path.fanout and len(read_path.fanout) or 0)
 
         if not args.no_compare:
             if nostr_relay_available():
@@ -586,6 +966,8 @@ def run_relay(args: argparse.Namespace) -> int:
           f"preload {args.preload:,}, sync_mode {args.sync_mode}, "
           f"{os.cpu_count()} CPUs, compression {'on' if args.compression else 'off'}")
     print(table(results, stored, args.queries))
+    print(f"\nread path (appliance; quiet = 2 s after the ingest; a shared or busy machine gives noisy figures)")
+    print(read_path_table(read_path, total_stored))
     if len(results) == 2:
         a, b = (res.ingest.accepted / res.ingest.seconds if res.ingest.seconds else 0 for res in results)
         if b:

@@ -217,7 +217,9 @@ SETTINGS: tuple[Setting, ...] = (
        "Most writes grouped into one commit. Larger batches amortise fsync; 500 keeps OK latency low.",
        minimum=1, maximum=100000),
     _s("reader_threads", _int, 4,
-       "Threads answering REQ/COUNT queries, each with its own read connection.", minimum=1, maximum=64),
+       "REQ/COUNT queries running at once (each on its own reader thread and connection). Connections "
+       "share them fairly, in 10 ms time slices: an expensive query pauses while others wait, so more "
+       "than about twice the cores buys nothing.", minimum=1, maximum=64),
     _s("purge_interval", _int, 60,
        "Seconds between sweeps that delete expired (NIP-40) events.", minimum=1),
     _s("lease_workers", _int, 1,

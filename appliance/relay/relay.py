@@ -232,7 +232,9 @@ class Relay:
 
     # -- reading --------------------------------------------------------------------------------
 
-    async def query(self, origin: Origin, reader: str | None, filters: list[Filter]) -> list[str]:
+    async def query(self, origin: Origin, reader: str | None, filters: list[Filter], owner: object = None) -> list[str]:
+        """Stored events matching `filters` that `reader` may read; `owner` (the asking connection)
+        shares the reader threads fairly with other connections."""
         scope = read_scope(origin, reader, self.groups)
         now = int(time.time())
         s = self.settings
@@ -242,10 +244,11 @@ class Relay:
                 max_bytes=s.max_query_bytes,
             ),
             timeout=s.query_timeout,
+            owner=owner,
         )
 
-    async def count(self, origin: Origin, reader: str | None, filters: list[Filter]) -> int:
+    async def count(self, origin: Origin, reader: str | None, filters: list[Filter], owner: object = None) -> int:
         scope = read_scope(origin, reader, self.groups)
         now = int(time.time())
         return await self.store.read(lambda conn: count_events(conn, origin.id, filters, scope, now),
-                                     timeout=self.settings.query_timeout)
+                                     timeout=self.settings.query_timeout, owner=owner)

@@ -36,9 +36,8 @@ DEFAULT_FAIR_SHARE = 1024 * 1024
 # EVENTs one connection may have in flight (verifying or committing) at once.
 DEFAULT_MAX_INFLIGHT = 512
 MAX_SUB_ID_LENGTH = 64
-# REQ/COUNT queries one connection may have in the database at once; the rest wait their turn on
-# that connection, so one client cannot occupy every reader thread.
-DEFAULT_QUERIES_IN_FLIGHT = 2
+# (REQ/COUNT queries one connection may have in the database at once, and their fair share of the
+# reader threads: see appliance.store.sqlite.ReadPool.)
 # Rate-limited messages a connection may send before it is closed: past this it is flooding.
 DEFAULT_MAX_REFUSALS = 1000
 REFUSAL_WINDOW_SECONDS = 60.0
@@ -77,7 +76,6 @@ class Session:
         # replacing REQ cancels it, and only the subscription it belongs to may send its answer.
         self.queries: dict[str, asyncio.Task] = {}
         self.counts: set[asyncio.Task] = set()
-        self.query_slots = asyncio.Semaphore(DEFAULT_QUERIES_IN_FLIGHT)
         self.refusals = 0
         self.refusals_since = time.monotonic()
         self.held_bytes = 0  # live events held behind pending stored answers (see live_event)
@@ -426,25 +424,6 @@ class Session:
             return sub_id, None
         return sub_id, filters
 
-    async def _in_slot(self, work):
-        """Run a database query in one of this connection's slots. The slot is held until the
-        query itself ends: cancelling the waiter (CLOSE, disconnect) does not stop a read already
-        running on a reader thread, so it must not free the slot for another one either."""
-        try:
-            await self.query_slots.acquire()
-        except BaseException:
-            work.close()
-            raise
-        fut = asyncio.ensure_future(work)
-
-        def done(f: asyncio.Future) -> None:
-            self.query_slots.release()
-            if not f.cancelled():
-                f.exception()  # retrieved: an abandoned query's error is not "never retrieved"
-
-        fut.add_done_callback(done)
-        return await asyncio.shield(fut)
-
     def on_count(self, msg: list) -> None:
         args = self._req_arguments(msg, "COUNT")
         if args is not None and args[1] is not None:
@@ -454,7 +433,7 @@ class Session:
 
     async def _answer_count(self, sub_id: str, filters: list[Filter]) -> None:
         try:
-            n = await self._in_slot(self.relay.count(self.origin, self.reader, filters))
+            n = await self.relay.count(self.origin, self.reader, filters, owner=self)
         except asyncio.CancelledError:
             return  # the connection is gone
         except QueryTimeout:
@@ -491,7 +470,7 @@ class Session:
     async def _answer_req(self, sub: Subscription) -> None:
         sub_id = sub.sub_id
         try:
-            stored = await self._in_slot(self.relay.query(self.origin, self.reader, sub.filters))
+            stored = await self.relay.query(self.origin, self.reader, sub.filters, owner=self)
         except asyncio.CancelledError:
             return  # closed or replaced meanwhile: its answer is not wanted
         except Exception as exc:

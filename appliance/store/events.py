@@ -375,7 +375,9 @@ def _in(column: str, values: Iterable, params: list) -> str:
 
 def _scope_sql(scope: ReadScope, now: int, params: list) -> str:
     """The read-authorization rule as SQL over `e` (mirrors relay.authz.can_read)."""
-    clauses = ["(e.expiration IS NULL OR e.expiration > ?)"]
+    # Expired events not purged yet, found through the partial index on expiration (a handful at
+    # any time): the check needs no event row, so index-only scans (COUNT by kind) stay index-only.
+    clauses = ["e.rowid NOT IN (SELECT rowid FROM events WHERE expiration IS NOT NULL AND expiration <= ?)"]
     params.append(now)
     gated = sorted(scope.gated_kinds)
     author_only = sorted(scope.author_only_kinds)
@@ -399,7 +401,8 @@ def _scope_sql(scope: ReadScope, now: int, params: list) -> str:
     return " AND ".join(clauses)
 
 
-def build_query(origin: int, f: Filter, scope: ReadScope, now: int, limit: int, *, count: bool = False):
+def build_query(origin: int, f: Filter, scope: ReadScope | None, now: int, limit: int, *, count: bool = False,
+                rowids: bool = False, condition: bool = False):
     """SQL and bindings for one filter: pick the most selective index to drive the scan."""
     params: list = []
     where: list[str] = []
@@ -438,11 +441,18 @@ def build_query(origin: int, f: Filter, scope: ReadScope, now: int, limit: int, 
         cond = _in("x.value", sorted(values), sub_params)
         where.append(f"EXISTS (SELECT 1 FROM tags x WHERE x.event = e.rowid AND x.name = ? AND {cond})")
         params.extend(sub_params)
-    where.append(_scope_sql(scope, now, params))
+    if condition:  # the filter as a condition on `events e` past its origin (None: it drives from tags)
+        if drive_tag is not None:
+            return None, None
+        return " AND ".join(where[1:]) or "1", params[1:]
+    if scope is not None:
+        where.append(_scope_sql(scope, now, params))
     clause = " AND ".join(where)
     # Driving from the tag index, an event carrying several of the wanted values appears once per
     # value: count distinct rows, and over-fetch so deduplication cannot starve the limit.
     fanout = len(drive_tag[1]) if drive_tag is not None else 1
+    if rowids:  # the matching rows, for a COUNT over several filters
+        return f"SELECT e.rowid FROM {source} WHERE {clause}", params
     if count:
         what = "count(DISTINCT e.rowid)" if fanout > 1 else "count(*)"
         return f"SELECT {what} FROM {source} WHERE {clause}", params
@@ -503,19 +513,37 @@ def query_events(
 
 
 def count_events(conn: apsw.Connection, origin: int, filters: list[Filter], scope: ReadScope, now: int) -> int:
-    """NIP-45 COUNT: distinct events matching any filter (limits do not apply)."""
+    """NIP-45 COUNT: distinct events matching any filter (limits do not apply), counted by SQLite
+    in one statement (several filters: the UNION of their rows), never by collecting ids here."""
     live = [f for f in filters if not _matches_nothing(f) and f.search is None]
     if not live:
         return 0
     if len(live) == 1:
         sql, params = build_query(origin, live[0], scope, now, 0, count=True)
         return conn.execute(sql, params).fetchone()[0]
-    ids: set[str] = set()
+    # Broad filters (kinds, times, secondary tags; no ids, authors or driving tag): one pass over
+    # the origin's events with all of them OR-ed, each event counted once. Selective filters: the
+    # UNION of the (few) rows each one's own index finds.
+    conditions, params = [], []
     for f in live:
-        sql, params = build_query(origin, f, scope, now, 0, count=True)
-        sql = sql.replace("SELECT count(DISTINCT e.rowid)", "SELECT e.id", 1).replace("SELECT count(*)", "SELECT e.id", 1)
-        ids.update(row[0] for row in conn.execute(sql, params))
-    return len(ids)
+        if f.ids is not None or f.authors is not None:
+            break
+        cond, cond_params = build_query(origin, f, None, now, 0, condition=True)
+        if cond is None:
+            break
+        conditions.append(f"({cond})")
+        params += cond_params
+    else:
+        scope_params: list = []
+        scope_sql = _scope_sql(scope, now, scope_params)
+        sql = f"SELECT count(*) FROM events e WHERE e.origin = ? AND ({' OR '.join(conditions)}) AND {scope_sql}"
+        return conn.execute(sql, [origin, *params, *scope_params]).fetchone()[0]
+    parts, params = [], []
+    for f in live:
+        part, part_params = build_query(origin, f, scope, now, 0, rowids=True)
+        parts.append(part)
+        params += part_params
+    return conn.execute(f"SELECT count(*) FROM ({' UNION '.join(parts)})", params).fetchone()[0]
 
 
 SQL_TOP_AUTHORS_SINCE = (

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import os
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from collections import deque
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
@@ -28,6 +29,21 @@ DB_FILENAME = "appliance.sqlite3"
 CHECKPOINT_INTERVAL = 1.0
 # SQLite VM steps between checks of a read's deadline: a few microseconds of work each.
 PROGRESS_STEPS = 10_000
+# Reads one owner (a connection) may have started at once; its others wait behind every other
+# owner's first read (see ReadPool).
+DEFAULT_READS_PER_OWNER = 2
+# Uninterrupted work a read may do while others wait before it pauses for them (strfry's
+# queryTimesliceBudgetMicroseconds is 10 ms too).
+DEFAULT_READ_SLICE = 0.010
+# Reader threads (and connections) at most: one per started read, running or paused.
+DEFAULT_MAX_READER_THREADS = 24
+# Page cache of each reader connection. Small: there can be many of them (ReadPool), the OS page
+# cache holds the file anyway, and a query's working set is a few index pages. (Memory-mapping
+# the file instead would count it once per connection in the process's RSS.)
+READER_CACHE_KIB = 4 * 1024
+# Reader threads beyond `reader_threads` (started for paused reads) end after this long idle, and
+# their connections' memory goes back.
+READER_IDLE_SECONDS = 5.0
 
 
 class QueryTimeout(StoreError):
@@ -36,6 +52,15 @@ class QueryTimeout(StoreError):
 
 # WAL file size kept after a checkpoint; larger WALs are truncated back to this.
 WAL_SIZE_LIMIT = 64 * 1024 * 1024
+# Pages in the WAL past which the checkpointer restarts it (RESTART: everything copied back, the
+# next commit writes from the start of the file again), rather than letting a write burst with
+# readers present grow it without bound: every read searches the WAL index, so a big WAL slows
+# reads too. 4,096 pages of 4 KiB: 16 MiB.
+WAL_RESTART_PAGES = 4096
+# How long a RESTART waits for readers on older snapshots and for the writer's transaction (it
+# holds new writes back meanwhile); if they are not done by then, a PASSIVE round copies what it
+# can and the next commit tries again.
+WAL_RESTART_WAIT_MS = 100
 
 _bestpractice_applied = False
 
@@ -77,7 +102,7 @@ def _apply_bestpractice() -> None:
         _bestpractice_applied = True
 
 
-def connect(path: Path, *, sync_mode: str = "full", readonly: bool = False) -> apsw.Connection:
+def connect(path: Path, *, sync_mode: str = "full", readonly: bool = False, reader: bool = False) -> apsw.Connection:
     """A connection with the appliance's pragmas (WAL, foreign keys, busy timeout, sync mode)."""
     _apply_bestpractice()
     flags = apsw.SQLITE_OPEN_READONLY if readonly else apsw.SQLITE_OPEN_READWRITE | apsw.SQLITE_OPEN_CREATE
@@ -90,9 +115,254 @@ def connect(path: Path, *, sync_mode: str = "full", readonly: bool = False) -> a
         conn.execute("PRAGMA secure_delete = FAST")
     conn.execute(f"PRAGMA synchronous = {'FULL' if sync_mode == 'full' else 'NORMAL'}")
     conn.execute("PRAGMA foreign_keys = ON")
-    conn.execute("PRAGMA cache_size = -65536")  # 64 MiB page cache per connection
+    if reader:
+        conn.execute(f"PRAGMA cache_size = -{READER_CACHE_KIB}")
+    else:
+        conn.execute("PRAGMA cache_size = -65536")  # 64 MiB page cache for the writer
     conn.execute("PRAGMA temp_store = MEMORY")
     return conn
+
+
+class _Read:
+    """One read: waiting to start, running on a reader thread, or paused between time slices."""
+
+    __slots__ = ("fn", "deadline", "timeout", "owner", "seq", "fut", "loop", "resume", "slice_start")
+
+    def __init__(self, fn, deadline, timeout, owner, seq, fut, loop):
+        self.fn, self.deadline, self.timeout, self.owner, self.seq, self.fut, self.loop = (
+            fn, deadline, timeout, owner, seq, fut, loop)
+        self.resume: threading.Event | None = None  # set while paused
+        self.slice_start = 0.0
+
+
+class ReadPool:
+    """Reader threads shared fairly between owners (websocket connections), in time slices.
+
+    At most `active` reads run at once (each holds a run slot). The next read to get a slot
+    belongs to the owner with the fewest reads running, oldest first: an owner's second read
+    waits behind every other owner's first. A read that has run `slice_seconds` while others wait
+    pauses (SQLite's progress handler blocks its thread, its snapshot kept) and goes to the back of
+    the queue, so an expensive query is paused, not allowed to block (strfry's query time slices).
+    Among owners with as many running, the one served longest ago goes first (round robin). An
+    owner never has more than `per_owner` reads started. A read's time budget counts from when
+    it was submitted, waiting and pauses included. A read whose waiter was cancelled before it
+    started never runs; one already started finishes, its owner's slot taken until then.
+
+    Threads: one per started read (running or paused), created as needed up to `max_threads`,
+    each with its own connection; idle ones wait for the next read.
+    """
+
+    def __init__(self, store: "SqliteStore", active: int, per_owner: int = DEFAULT_READS_PER_OWNER,
+                 max_threads: int | None = None, slice_seconds: float = DEFAULT_READ_SLICE):
+        self._store = store
+        self._active_max = active
+        self._per_owner = per_owner
+        self._max_threads = max_threads or max(active, DEFAULT_MAX_READER_THREADS)
+        self._slice = slice_seconds
+        self._cv = threading.Condition(threading.Lock())
+        self._queue: list[_Read] = []  # waiting to start or to resume
+        self._active: dict[Any, int] = {}  # owner -> reads holding a run slot
+        self._started: dict[Any, int] = {}  # owner -> reads started and not finished
+        # owner -> when it last got a run slot, while it has reads started or waiting: among
+        # owners with as few running, the one served longest ago goes first (round robin).
+        self._last: dict[Any, int] = {}
+        self._dispatches = itertools.count()
+        self.active = 0
+        self._idle: list["_ReaderThread"] = []
+        self._threads: list["_ReaderThread"] = []
+        self._seq = itertools.count()
+        self._stopping = False
+        self.pauses = 0
+
+    def submit(self, fn: Callable[[apsw.Connection], T], timeout: float | None, owner: Any) -> asyncio.Future:
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+        read = _Read(fn, time.monotonic() + timeout if timeout else None, timeout,
+                     owner if owner is not None else object(), next(self._seq), fut, loop)
+        with self._cv:
+            self._queue.append(read)
+            self._dispatch()
+        return fut
+
+    # -- scheduling (lock held) ----------------------------------------------------------------
+
+    def _pickable(self, read: _Read) -> bool:
+        return read.resume is not None or self._started.get(read.owner, 0) < self._per_owner
+
+    def _pick(self) -> _Read | None:
+        best, best_key = None, None
+        queue = self._queue
+        i = 0
+        while i < len(queue):
+            read = queue[i]
+            if read.resume is None and read.fut.cancelled():
+                queue.pop(i)  # its waiter is gone and it never started
+                if read.owner not in self._started and not any(r.owner is read.owner for r in queue):
+                    self._last.pop(read.owner, None)
+                continue
+            if self._pickable(read):
+                key = (self._active.get(read.owner, 0), self._last.get(read.owner, -1), read.seq)
+                if best_key is None or key < best_key:
+                    best, best_key = i, key
+            i += 1
+        return None if best is None else queue[best]
+
+    def _dispatch(self) -> None:
+        """Give free run slots to the most deserving waiting reads."""
+        while self.active < self._active_max and not self._stopping:
+            read = self._pick()
+            if read is None:
+                return
+            if read.resume is None:  # a new read needs a thread of its own
+                if self._idle:
+                    thread = self._idle.pop()
+                elif len(self._threads) < self._max_threads:
+                    thread = _ReaderThread(self, len(self._threads))
+                    self._threads.append(thread)
+                else:
+                    return  # every thread holds a started read; one finishing dispatches again
+                self._started[read.owner] = self._started.get(read.owner, 0) + 1
+                thread.give(read)
+            self._queue.remove(read)
+            self.active += 1
+            self._active[read.owner] = self._active.get(read.owner, 0) + 1
+            self._last[read.owner] = next(self._dispatches)
+            read.slice_start = time.monotonic()
+            if read.resume is not None:
+                resume, read.resume = read.resume, None
+                resume.set()
+
+    def _release_slot(self, read: _Read) -> None:
+        self.active -= 1
+        n = self._active[read.owner] - 1
+        if n:
+            self._active[read.owner] = n
+        else:
+            del self._active[read.owner]
+
+    def _finished(self, read: _Read, thread: "_ReaderThread") -> None:
+        with self._cv:
+            self._release_slot(read)
+            n = self._started[read.owner] - 1
+            if n:
+                self._started[read.owner] = n
+            else:
+                del self._started[read.owner]
+                if not any(r.owner is read.owner for r in self._queue):
+                    self._last.pop(read.owner, None)  # its next read is a first read again
+            self._idle.append(thread)
+            self._dispatch()
+
+    # -- time slices (reader threads, from SQLite's progress handler) ----------------------------
+
+    def maybe_pause(self, read: _Read) -> None:
+        """Called every PROGRESS_STEPS VM steps of `read`: past its slice, with a read waiting
+        that could run, step aside until it is this read's turn again."""
+        if not self._queue or time.monotonic() - read.slice_start < self._slice:
+            return
+        with self._cv:
+            if not any(self._pickable(r) for r in self._queue if r is not read):
+                read.slice_start = time.monotonic()
+                return
+            resume = read.resume = threading.Event()
+            read.seq = next(self._seq)  # to the back of the queue
+            self._queue.append(read)
+            self._release_slot(read)
+            self.pauses += 1
+            self._dispatch()
+        timeout = None if read.deadline is None else max(0.0, read.deadline - time.monotonic())
+        if not resume.wait(timeout):
+            with self._cv:
+                if read.resume is resume:  # still waiting: leave the queue, take a slot back
+                    read.resume = None
+                    self._queue.remove(read)
+                    self.active += 1
+                    self._active[read.owner] = self._active.get(read.owner, 0) + 1
+                    return  # the caller's deadline check abandons the read
+            resume.wait()  # dispatched meanwhile: the slot is ours already
+
+    def _retire(self, thread: "_ReaderThread") -> bool:
+        """An extra thread idle for READER_IDLE_SECONDS leaves (True), unless a read was just
+        given to it."""
+        with self._cv:
+            if thread._ready.is_set() or thread not in self._idle:
+                return False
+            self._idle.remove(thread)
+            self._threads.remove(thread)
+            return True
+
+    def stop(self) -> None:
+        with self._cv:
+            self._stopping = True
+            for thread in self._threads:
+                thread.give(None)
+        for thread in self._threads:
+            thread.join()
+
+
+class _ReaderThread(threading.Thread):
+    """One reader connection and the thread that runs reads on it."""
+
+    def __init__(self, pool: ReadPool, n: int):
+        super().__init__(name=f"appliance-reader-{n}", daemon=True)
+        self.pool = pool
+        self.n = n
+        self._next: list = []
+        self._ready = threading.Event()
+        self.start()
+
+    def give(self, read: _Read | None) -> None:
+        self._next.append(read)
+        self._ready.set()
+
+    def run(self) -> None:
+        pool = self.pool
+        store = pool._store
+        conn = store._reader()
+        try:
+            while True:
+                if not self._ready.wait(None if self.n < pool._active_max else READER_IDLE_SECONDS):
+                    if pool._retire(self):
+                        _trim_heap()
+                        return
+                    continue
+                self._ready.clear()
+                read = self._next.pop()
+                if read is None:
+                    return
+                try:
+                    if read.deadline is not None and time.monotonic() >= read.deadline:
+                        raise QueryTimeout(f"query took longer than {read.timeout:g} s (waiting for a reader)")
+                    result, exc = store._read_on(conn, read.fn, read.deadline, read.timeout,
+                                                 lambda read=read: pool.maybe_pause(read)), None
+                except BaseException as e:  # noqa: BLE001 - handed to the waiter
+                    result, exc = None, e
+                pool._finished(read, self)
+                try:
+                    read.loop.call_soon_threadsafe(_settle, read.fut, result, exc)
+                except RuntimeError:  # the loop is closed (shutdown)
+                    pass
+        finally:
+            store._forget_reader(conn)
+
+
+def _trim_heap() -> None:
+    """Hand freed heap memory back to the OS (glibc keeps it otherwise); a no-op elsewhere."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+def _settle(fut: asyncio.Future, result: Any, exc: BaseException | None) -> None:
+    if fut.cancelled():
+        return
+    if exc is not None:
+        fut.set_exception(exc)
+    else:
+        fut.set_result(result)
 
 
 class SqliteStore:
@@ -106,7 +376,7 @@ class SqliteStore:
         self.reader_threads = reader_threads
         self._write_conn: apsw.Connection | None = None
         self._writer: Writer | None = None
-        self._pool: ThreadPoolExecutor | None = None
+        self._pool: ReadPool | None = None
         self._local = threading.local()
         self._reader_conns: list[apsw.Connection] = []
         self._lock = threading.Lock()
@@ -132,24 +402,55 @@ class SqliteStore:
         # stall every waiting OK); the WAL is truncated back to this size after each one.
         self._write_conn.execute("PRAGMA wal_autocheckpoint = 0")
         self._write_conn.execute(f"PRAGMA journal_size_limit = {WAL_SIZE_LIMIT}")
+        self._stop_checkpoints = threading.Event()
+        self._wal_big = threading.Event()
+        self.wal_pages = 0
+        self.wal_restarts = 0
+        self._write_conn.set_wal_hook(self._wal_hook)
         self._writer = Writer(self._write_conn, self.write_batch)
         self._writer.start()
-        self._stop_checkpoints = threading.Event()
         self._checkpointer = threading.Thread(target=self._checkpoint_loop, name="appliance-checkpoint", daemon=True)
         self._checkpointer.start()
-        self._pool = ThreadPoolExecutor(self.reader_threads, thread_name_prefix="appliance-reader")
+        self._pool = ReadPool(self, self.reader_threads)
         return self
+
+    def _wal_hook(self, _conn: apsw.Connection, _db: str, pages: int) -> int:
+        """After each commit (writer thread): a WAL past WAL_RESTART_PAGES wakes the checkpointer."""
+        self.wal_pages = pages
+        if pages >= WAL_RESTART_PAGES:
+            self._wal_big.set()
+        return apsw.SQLITE_OK
 
     def _checkpoint_loop(self) -> None:
         conn = connect(self.path, sync_mode=self.sync_mode)
         try:
-            while not self._stop_checkpoints.wait(CHECKPOINT_INTERVAL):
+            while not self._stop_checkpoints.is_set():
+                big = self._wal_big.wait(CHECKPOINT_INTERVAL)
+                if self._stop_checkpoints.is_set():
+                    break
+                self._wal_big.clear()
                 try:
+                    if big and self._restart_wal(conn):
+                        continue
                     conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
                 except apsw.Error as exc:  # busy or locked: the next round catches up
                     log.debug("checkpoint skipped: %s", exc)
         finally:
             conn.close()
+
+    def _restart_wal(self, conn: apsw.Connection) -> bool:
+        """Copy the whole WAL back and have the next commit start it afresh; False if readers or
+        the writer kept it busy past WAL_RESTART_WAIT_MS."""
+        conn.set_busy_timeout(WAL_RESTART_WAIT_MS)
+        try:
+            busy, _frames, _copied = conn.execute("PRAGMA wal_checkpoint(RESTART)").fetchone()
+        except apsw.BusyError:
+            busy = 1
+        finally:
+            conn.set_busy_timeout(BUSY_TIMEOUT_MS)
+        if not busy:
+            self.wal_restarts += 1
+        return not busy
 
     def scrub_wal(self) -> bool:
         """Checkpoint everything and truncate the WAL to zero bytes, so page images written before
@@ -182,13 +483,14 @@ class SqliteStore:
     def close(self) -> None:
         if getattr(self, "_checkpointer", None) is not None:
             self._stop_checkpoints.set()
+            self._wal_big.set()
             self._checkpointer.join()
             self._checkpointer = None
         if self._writer is not None:
             self._writer.stop()
             self._writer = None
         if self._pool is not None:
-            self._pool.shutdown(wait=True)
+            self._pool.stop()
             self._pool = None
         with self._lock:
             for conn in self._reader_conns:
@@ -230,21 +532,39 @@ class SqliteStore:
     def _reader(self) -> apsw.Connection:
         conn = getattr(self._local, "conn", None)
         if conn is None:
-            conn = connect(self.path, sync_mode=self.sync_mode)
+            conn = connect(self.path, sync_mode=self.sync_mode, reader=True)
             self._local.conn = conn
             with self._lock:
                 self._reader_conns.append(conn)
         return conn
 
+    def _forget_reader(self, conn: apsw.Connection) -> None:
+        with self._lock:
+            if conn in self._reader_conns:
+                self._reader_conns.remove(conn)
+        conn.close()
+
     def read_sync(self, fn: Callable[[apsw.Connection], T], timeout: float | None = None) -> T:
         """Run `fn(conn)` on this thread's reader connection, in one read transaction. With
         `timeout` (seconds), SQLite abandons it past that time: QueryTimeout."""
-        conn = self._reader()
-        if not timeout:
+        return self._read_on(self._reader(), fn, time.monotonic() + timeout if timeout else None, timeout)
+
+    @staticmethod
+    def _read_on(conn: apsw.Connection, fn: Callable[[apsw.Connection], T], deadline: float | None,
+                 timeout: float | None, every: Callable[[], None] | None = None) -> T:
+        """`fn(conn)` in one read transaction; `every` runs now and then while SQLite works (the
+        pool's time slices), and past `deadline` the read is abandoned (QueryTimeout)."""
+        if deadline is None and every is None:
             with conn:
                 return fn(conn)
-        deadline = time.monotonic() + timeout
-        conn.set_progress_handler(lambda: time.monotonic() > deadline, PROGRESS_STEPS, id="timeout")
+        clock = time.monotonic
+
+        def progress() -> bool:
+            if every is not None:
+                every()
+            return deadline is not None and clock() > deadline
+
+        conn.set_progress_handler(progress, PROGRESS_STEPS, id="timeout")
         try:
             with conn:
                 return fn(conn)
@@ -253,8 +573,10 @@ class SqliteStore:
         finally:
             conn.set_progress_handler(None, id="timeout")
 
-    async def read(self, fn: Callable[[apsw.Connection], T], timeout: float | None = None) -> T:
-        """Run `fn(conn)` on a reader thread (a consistent snapshot) without blocking the loop."""
+    async def read(self, fn: Callable[[apsw.Connection], T], timeout: float | None = None, owner: Any = None) -> T:
+        """Run `fn(conn)` on a reader thread (a consistent snapshot) without blocking the loop.
+
+        `owner` (a connection) shares the readers fairly with the other owners (see ReadPool);
+        `timeout` counts from now, waiting included."""
         assert self._pool is not None, "store is not open"
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._pool, self.read_sync, fn, timeout)
+        return await self._pool.submit(fn, timeout, owner)

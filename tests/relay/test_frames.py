@@ -1,0 +1,73 @@
+"""Frames the relay builds itself (connections without compression) are the frames websockets builds."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import websockets
+from websockets.frames import Frame, Opcode
+
+from appliance.relay import frames
+
+pytestmark = pytest.mark.anyio
+
+
+class _Conn:
+    extensions: list = []
+
+    def data_to_send(self):
+        return [b"PONG"]
+
+
+class _Transport:
+    def __init__(self):
+        self.out = b""
+
+    def write(self, data):
+        self.out += data
+
+    def is_closing(self):
+        return False
+
+
+class _Proto:
+    def __init__(self):
+        import asyncio
+
+        self.conn, self.transport = _Conn(), _Transport()
+        self.writable = asyncio.Event()
+        self.writable.set()
+        self.disconnected = self.close_sent = False
+
+
+@pytest.mark.parametrize("n", [0, 1, 125, 126, 127, 65535, 65536, 200_000])
+async def test_text_frames_match_websockets(n):
+    text = "é" * (n // 2) + "x" * (n % 2)
+    writer = frames.FrameWriter({}, None)
+    writer._proto = _Proto()
+    assert await writer.send_all([text, "[]"])
+    expected = b"PONG" + Frame(Opcode.TEXT, text.encode()).serialize(mask=False) + \
+        Frame(Opcode.TEXT, b"[]").serialize(mask=False)
+    assert writer._proto.transport.out == expected
+
+
+async def test_uncompressed_client_reads_every_size(server, alice, connect):
+    c = await connect(server.url)
+    sizes = [0, 40, 200, 65_400]  # the last answer is over 65,535 bytes: 8-byte length
+    ids = []
+    for size in sizes:
+        ev = alice.sign(1, [["t", "sizes"]], "y" * size)
+        assert (await c.publish(ev))[0]
+        ids.append(ev.id)
+    ws = await websockets.connect(server.url, compression=None, max_size=None)
+    await ws.recv()
+    await ws.send(json.dumps(["REQ", "s", {"#t": ["sizes"]}]))
+    got = []
+    while True:
+        msg = json.loads(await ws.recv())
+        if msg[0] == "EOSE":
+            break
+        got.append(msg[2]["id"])
+    assert sorted(got) == sorted(ids)
+    await ws.close()

@@ -1,0 +1,130 @@
+"""The reader pool shares SQLite fairly: ordering and budget properties, never wall-clock speed.
+
+A "long" read is a recursive CTE of a few million rows: CPU-bound work that takes far longer than
+one 10 ms time slice on any machine, so the assertions are about order, not about speed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from appliance.store.sqlite import QueryTimeout, ReadPool, SqliteStore
+
+pytestmark = pytest.mark.anyio
+
+LONG = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < 3000000) SELECT count(*) FROM c"
+
+
+def long_read(conn):
+    return conn.execute(LONG).fetchone()[0]
+
+
+def short_read(conn):
+    return conn.execute("SELECT 42").fetchone()[0]
+
+
+@pytest.fixture
+def store(tmp_path):
+    s = SqliteStore(tmp_path / "data", sync_mode="normal", reader_threads=1).open()
+    yield s
+    s.close()
+
+
+def use_pool(store, **kw) -> ReadPool:
+    store._pool.stop()
+    store._pool = ReadPool(store, 1, **kw)
+    return store._pool
+
+
+async def test_a_newcomer_runs_before_a_long_read_finishes(store):
+    """One run slot: a connection's long reads pause for another connection's first read."""
+    pool = use_pool(store)
+    finished: list[str] = []
+    hog, bystander = object(), object()
+
+    async def run(name, fn, owner):
+        await store.read(fn, owner=owner)
+        finished.append(name)
+
+    hogs = [asyncio.create_task(run(f"hog{i}", long_read, hog)) for i in range(2)]
+    while pool.active == 0:
+        await asyncio.sleep(0.001)
+    await run("bystander", short_read, bystander)
+    await asyncio.gather(*hogs)
+    assert finished[0] == "bystander", finished
+    assert pool.pauses >= 1
+
+
+async def test_an_owners_second_read_waits_behind_others_first(store):
+    """No time slices (one very long slice): the queue order alone is fair."""
+    pool = use_pool(store, slice_seconds=3600)
+    a, b, c = object(), object(), object()
+    order: list[str] = []
+
+    async def run(name, owner):
+        await store.read(long_read if name == "a1" else short_read, owner=owner)
+        order.append(name)
+
+    first = asyncio.create_task(run("a1", a))
+    while pool.active == 0:
+        await asyncio.sleep(0.001)
+    # Queued while a1 runs: a's second and third reads first, then b's and c's first reads.
+    rest = [asyncio.create_task(run(n, o)) for n, o in (("a2", a), ("a3", a), ("b1", b), ("c1", c))]
+    await asyncio.gather(first, *rest)
+    assert order[0] == "a1"
+    assert order.index("b1") < order.index("a3") and order.index("c1") < order.index("a3"), order
+
+
+async def test_waiting_counts_against_the_budget(store):
+    use_pool(store, slice_seconds=3600)
+    hog = asyncio.create_task(store.read(long_read, owner="hog"))
+    while store._pool.active == 0:
+        await asyncio.sleep(0.001)
+    with pytest.raises(QueryTimeout):
+        await store.read(short_read, timeout=0.05, owner="bystander")
+    assert await hog == 3000000
+
+
+async def test_a_cancelled_waiting_read_never_runs(store):
+    use_pool(store, slice_seconds=3600)
+    ran: list[int] = []
+    hog = asyncio.create_task(store.read(long_read, owner="hog"))
+    while store._pool.active == 0:
+        await asyncio.sleep(0.001)
+    waiting = asyncio.create_task(store.read(lambda conn: ran.append(1), owner="other"))
+    await asyncio.sleep(0.01)
+    waiting.cancel()
+    await hog
+    assert await store.read(short_read, owner="other") == 42
+    assert ran == []
+
+
+async def test_an_owner_never_has_more_than_two_started(store):
+    pool = ReadPool(store, 4, per_owner=2)
+    try:
+        peak = 0
+        live = 0
+        lock = asyncio.Lock()
+
+        def counted(conn):
+            return conn.execute(LONG.replace("3000000", "300000")).fetchone()[0]
+
+        async def one():
+            nonlocal live, peak
+            fut = pool.submit(counted, None, "greedy")
+            await fut
+
+        async def watch():
+            nonlocal peak
+            while True:
+                peak = max(peak, pool._started.get("greedy", 0))
+                await asyncio.sleep(0.001)
+
+        watcher = asyncio.create_task(watch())
+        await asyncio.gather(*(one() for _ in range(6)))
+        watcher.cancel()
+        assert 1 <= peak <= 2
+    finally:
+        pool.stop()
