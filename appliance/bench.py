@@ -871,9 +871,10 @@ def _relay_args(p: argparse.ArgumentParser) -> None:
                    help="first store N signed events directly in the database (10k per transaction)")
     p.add_argument("--queries", type=int, default=200, metavar="Q",
                    help="REQs timed per query shape (default 200, after 10 warm-up queries)")
-    p.add_argument("--authors", type=int, default=1000, metavar="K", help="distinct author keys (default 1000)")
-    p.add_argument("--recipients", type=int, default=1000, metavar="K",
-                   help="distinct p-tagged recipients (default 1000)")
+    p.add_argument("--authors", type=int, default=300, metavar="K",
+                   help="distinct author keys (default 300: REQs by author return their full limit of 50)")
+    p.add_argument("--recipients", type=int, default=300, metavar="K",
+                   help="distinct p-tagged recipients (default 300: #p REQs return their full limit of 50)")
     p.add_argument("--sync-mode", default="full", choices=("full", "normal"),
                    help="the appliance's sync_mode (default full: durable commits)")
     p.add_argument("--compression", action="store_true",

@@ -66,11 +66,12 @@ class FrameWriter:
             for text in texts:
                 await asyncio.wait_for(self._send_text(text), self.stall_seconds)
             return True
-        try:
-            await asyncio.wait_for(proto.writable.wait(), self.stall_seconds)  # the server's flow control
-        except asyncio.TimeoutError:
-            self.abort()
-            return False
+        if not proto.writable.is_set():  # the server's flow control: the peer is behind
+            try:
+                await asyncio.wait_for(proto.writable.wait(), self.stall_seconds)
+            except asyncio.TimeoutError:
+                self.abort()
+                return False
         if proto.disconnected or proto.close_sent or proto.transport.is_closing():
             return False
         conn = proto.conn
