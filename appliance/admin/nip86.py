@@ -28,7 +28,7 @@ log = logging.getLogger("appliance.admin")
 CONTENT_TYPE = "application/nostr+json+rpc"
 # Largest call accepted (a method name and a few short parameters).
 MAX_BODY = 64 * 1024
-# NIP-98 events are single-use: ids seen within the time window are refused (bounded memory).
+# NIP-98 events authorizing a change are single-use within the time window (bounded memory).
 AUTH_WINDOW = 60
 MAX_SEEN = 100_000
 
@@ -138,8 +138,6 @@ class Management:
                                 headers={"WWW-Authenticate": "Nostr"})
         if event.pubkey not in self.app.settings.admin_pubkeys:
             return JSONResponse({"error": "restricted: this pubkey is not an admin of this relay"}, status_code=403)
-        if not self._burn(event.id, now):
-            return JSONResponse({"error": "unauthorized: this authorization event was already used"}, status_code=401)
         try:
             call = json.loads(body)
         except ValueError:
@@ -155,6 +153,10 @@ class Management:
         if entry is None:
             return JSONResponse({"result": None, "error": f"unsupported method: {method}"})
         handler, writes = entry
+        # A change is made once per authorization event (a replayed request cannot undo a later
+        # decision); reads may repeat (a client listing twice within a second signs the same event).
+        if writes and not self._burn(event.id, now):
+            return JSONResponse({"error": "unauthorized: this authorization event was already used"}, status_code=401)
         try:
             if writes:
                 await self.app.store.write(lambda conn: handler(conn, origin.id, params))

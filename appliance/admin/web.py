@@ -236,13 +236,13 @@ class Admin:
             host = request.headers.get("host", "")
             if urlsplit(origin).netloc != host:
                 return "the request came from another site"
-        token = request.headers.get(auth.CSRF_HEADER) or token
+        tokens = [t for t in (request.headers.get(auth.CSRF_HEADER), token) if t]
         session_id = getattr(request.state, "session_id", None)
         if session_id:
-            ok = self.signer.check_csrf(session_id, token)
+            ok = any(self.signer.check_csrf(session_id, t) for t in tokens)
         else:
             pre = request.cookies.get(auth.PRESESSION_COOKIE)
-            ok = bool(pre) and self.signer.check_csrf("pre:" + pre, token)
+            ok = bool(pre) and any(self.signer.check_csrf("pre:" + pre, t) for t in tokens)
         return None if ok else "the form's CSRF token is missing or wrong (reload the page and try again)"
 
     async def form(self, request: Request) -> dict[str, Any]:

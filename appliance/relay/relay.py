@@ -171,7 +171,14 @@ class Relay:
             raise Rejected("restricted", "this pubkey may not publish here")
 
     async def publish(self, origin: Origin, authed: str | None, ev: Event) -> str:
-        """Admit, store and fan out one event; return the OK message or raise Rejected."""
+        """Admit, store and fan out one event; return the OK message or raise Rejected (counted)."""
+        try:
+            return await self._publish(origin, authed, ev)
+        except Rejected as exc:
+            self.rejected(origin, ev, exc)
+            raise
+
+    async def _publish(self, origin: Origin, authed: str | None, ev: Event) -> str:
         now = int(time.time())
         admit = self.admission.get(ev.kind)
         if admit is not None:

@@ -360,8 +360,7 @@ class Session:
                 self.relay.stats["duplicate"] += 1
                 self.ok(ev.id, True, exc.wire)
                 return
-            except Rejected as exc:
-                self.relay.rejected(self.origin, ev, exc)
+            except Rejected as exc:  # counted by the relay
                 self.ok(ev.id, False, exc.wire)
                 return
             except Exception:

@@ -70,3 +70,29 @@ class Dashboard:
         r = await self.client.post("/admin/setup", data={"csrf": csrf_of(page.text), "token": token,
                                                          "password": password, "confirm": password})
         assert r.status_code == 303, r.text
+
+
+PUSH_FORM = {
+    "origin": "1", "push_enabled": "on", "push_kinds": "9, 1059, 7", "urgent_kinds": "9",
+    "h_grammar": "uuid-v4-lowercase", "new_profile_id": "com.example.app/ios", "new_profile_transport": "apns",
+    "cs_apns_silent": "on", "cs_apns_default": "on", "cs_apns_time_sensitive": "on", "cs_apns_urgent": "on",
+}
+
+
+async def nip11(dash) -> dict:
+    r = await dash.get("/", headers={"Accept": "application/nostr+json"})
+    assert r.status_code == 200
+    return r.json()
+
+
+async def enable_push(dash, **over) -> None:
+    """Turn push on at the default origin through the descriptor page."""
+    r = await dash.post_form("/admin/descriptor", {**PUSH_FORM, **over}, page="/admin/descriptor?origin=1")
+    assert r.status_code == 303, r.text
+
+
+async def publish(dash, authed: str | None, event: dict, origin: str = "ws://push.test") -> str:
+    """Publish an event through the relay in-process (as a session authenticated as `authed`)."""
+    from appliance.nostr.event import parse_event
+
+    return await dash.app.relay.publish(dash.app.relay.origins.by_origin(origin), authed, parse_event(event))
