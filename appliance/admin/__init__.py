@@ -41,6 +41,10 @@ def install(app, *, fetch_assets: bool = True) -> Admin | None:
     if admin.base_url is None:
         return None
     admin.management = management
+    if app.gateway is not None:
+        from .pages.gateway import GatewaySection
+
+        admin.sections["gateway"] = GatewaySection()
     if fetch_assets:
         admin.assets = _assets(settings)
     machines = Machines(admin)

@@ -28,10 +28,20 @@ def add_parser(parser: argparse.ArgumentParser, add_setting_flags: Callable) -> 
     add_setting_flags(rot)
 
 
+def rotate_grant_key(conn, keyfile, now: int):
+    """A new current grant-sealing key (the old one keeps opening its grants until they expire)."""
+    from appliance.gateway import authority
+    from appliance.store.meta import bump_generation
+
+    authority.ensure_grant_key(conn, keyfile, now)
+    kid = authority.rotate_grant_key(conn, keyfile, now)
+    bump_generation(conn)
+    return next(k for k in authority.grant_keys(conn) if k.key_id == kid)
+
+
 def run(args: argparse.Namespace, settings: Settings) -> int:
     from appliance.gateway import authority
     from appliance.store.keyfile import KeyFile
-    from appliance.store.meta import bump_generation
 
     with open_data(settings) as (store, _registry):
         now = int(time.time())
@@ -40,12 +50,5 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
                 print(json.dumps(row.to_json()))
             return 0
         keyfile = KeyFile.for_store(settings.data_path, store)
-
-        def op(conn):
-            authority.ensure_grant_key(conn, keyfile, now)
-            kid = authority.rotate_grant_key(conn, keyfile, now)
-            bump_generation(conn)
-            return next(k for k in authority.grant_keys(conn) if k.key_id == kid)
-
-        print(json.dumps(store.write_sync(op).to_json()))
+        print(json.dumps(store.write_sync(lambda conn: rotate_grant_key(conn, keyfile, now)).to_json()))
     return 0
