@@ -153,9 +153,17 @@ def _encrypt_context(label: bytes, context: bytes) -> bytes:
     return vl(_LABEL_PREFIX + label) + vl(context)
 
 
+def _sender_context(pub: bytes, info: bytes):
+    key = _pub(pub)
+    try:
+        return _HPKE.create_sender_context(key, info)
+    except Exception as exc:  # e.g. a low-order X25519 point: the shared secret is all zeros
+        raise DecryptError(f"HPKE setup failed: unusable public key ({type(exc).__name__})") from None
+
+
 def encrypt_with_label(pub: bytes, label: bytes, context: bytes, plaintext: bytes) -> tuple[bytes, bytes]:
     """EncryptWithLabel: returns (kem_output, ciphertext)."""
-    enc, ctx = _HPKE.create_sender_context(_pub(pub), _encrypt_context(label, context))
+    enc, ctx = _sender_context(pub, _encrypt_context(label, context))
     return enc, ctx.seal(plaintext, b"")
 
 
@@ -171,7 +179,7 @@ def decrypt_with_label(priv: bytes, label: bytes, context: bytes, kem_output: by
 
 def export_sender(pub: bytes, exporter_context: bytes, length: int) -> tuple[bytes, bytes]:
     """SetupBaseS(pub, "") then Export: returns (kem_output, secret). For ExternalInit."""
-    enc, ctx = _HPKE.create_sender_context(_pub(pub), b"")
+    enc, ctx = _sender_context(pub, b"")
     return enc, ctx.export(exporter_context, length)
 
 

@@ -3,7 +3,8 @@
     MLSError                    base: bad input or an impossible operation; state bytes are never changed
     ├── DecodeError             bytes are truncated, trailing, non-minimal or of an unknown fixed shape
     ├── UnsupportedError        a cipher suite, version, credential or wire format outside this core
-    ├── DecryptError            HPKE/AEAD open failed, or no key for that generation/epoch
+    ├── DecryptError            HPKE/AEAD setup or open failed (e.g. an unusable public key), or no key
+    │                           for that generation/epoch
     ├── StateError              state bytes unusable, or the operation does not fit the state
     └── ValidationError         an object breaks an RFC 9420 rule
         ├── SignatureError      a signature does not verify

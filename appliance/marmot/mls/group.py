@@ -692,6 +692,7 @@ class Group:
         if gce is not None or updates:
             for i, leaf in tree.leaves():
                 _check_leaf_supports(leaf, extensions, f"leaf {i}")
+        _check_proposal_support(types, tree, {i for i, _ in added})
         # 5. PSKs
         psk_ids = []
         for p in proposals:
@@ -901,7 +902,7 @@ class Group:
             if len(path.nodes) != len(fdp):
                 raise ValidationError(f"update path has {len(path.nodes)} nodes, the filtered direct path {len(fdp)}")
             keys = [n.encryption_key for n in path.nodes]
-            if len(set(keys)) != len(keys) or any(
+            if len(set(keys)) != len(keys) or path.leaf_node.encryption_key in keys or any(
                     node is not None and node.encryption_key in keys for node in tree.nodes):
                 raise TreeError("update path reuses an encryption key")
             parent_hash = tree.set_path(committer_index, [(fdp[i][0], keys[i]) for i in range(len(fdp))])
@@ -966,8 +967,7 @@ def _verified_group_info(group_info: bytes | GroupInfo, ratchet_tree: bytes | No
         raise TreeError("ratchet tree does not match the GroupContext tree hash")
     tree.verify_parent_hashes()
     tree.verify_leaves(gi.group_context.group_id)
-    for i, leaf in tree.leaves():
-        _check_leaf_supports(leaf, gi.group_context.extensions, f"leaf {i}")
+    _check_tree_leaves(tree, gi.group_context.extensions)
     signer = tree.leaf(gi.signer)
     if signer is None:
         raise ValidationError("GroupInfo signer is not a member")
@@ -1140,8 +1140,15 @@ class _KeyIndex:
     """What leaf validation needs to know about a tree, gathered once (adds update it as they go)."""
 
     def __init__(self, tree: RatchetTree):
-        self.signature_keys = {leaf.signature_key: i for i, leaf in tree.leaves()}
-        self.encryption_keys = {node.encryption_key: i for i, node in enumerate(tree.nodes) if node is not None}
+        # key -> every leaf (signature) or node (encryption) holding it: a leaf being checked may
+        # already sit in the tree (an External Commit's joiner), so "another holder" means any other
+        self.signature_keys: dict[bytes, list[int]] = {}
+        self.encryption_keys: dict[bytes, list[int]] = {}
+        for i, leaf in tree.leaves():
+            self.signature_keys.setdefault(leaf.signature_key, []).append(i)
+        for i, node in enumerate(tree.nodes):
+            if node is not None:
+                self.encryption_keys.setdefault(node.encryption_key, []).append(i)
         self.cred_types: dict[int, int] = {}  # credential type -> how many leaves use it
         self.supported: dict[int, int] = {}  # credential type -> how many leaves support it
         self.n = 0
@@ -1155,8 +1162,53 @@ class _KeyIndex:
         for c in set(leaf.capabilities.credentials):
             self.supported[c] = self.supported.get(c, 0) + 1
         if node_index is not None:
-            self.signature_keys[leaf.signature_key] = node_index // 2
-            self.encryption_keys[leaf.encryption_key] = node_index
+            self.signature_keys.setdefault(leaf.signature_key, []).append(node_index // 2)
+            self.encryption_keys.setdefault(leaf.encryption_key, []).append(node_index)
+
+
+def _check_leaf_alone(leaf: LeafNode, group_exts, what: str) -> None:
+    """The §7.3 rules one leaf meets on its own: version and suite, its extensions listed in its
+    capabilities, its own credential type supported, and the group's requirements."""
+    caps = leaf.capabilities
+    if MLS10 not in caps.versions or crypto.CIPHER_SUITE not in caps.cipher_suites:
+        raise TreeError(f"{what} does not support this protocol version and cipher suite")
+    _check_unique_extensions(leaf.extensions, f"{what} node")
+    for e in leaf.extensions:
+        if e.extension_type not in DEFAULT_EXTENSIONS and e.extension_type not in caps.extensions:
+            raise TreeError(f"{what} carries extension 0x{e.extension_type:04x} it does not list in its capabilities")
+    _check_leaf_supports(leaf, group_exts, what)
+    if leaf.credential.credential_type not in caps.credentials:
+        raise TreeError(f"{what} does not support its own credential type")
+
+
+def _check_tree_leaves(tree: RatchetTree, group_exts) -> None:
+    """§12.4.3.1: every leaf of a tree we join is valid by §7.3 (signatures and key uniqueness are
+    RatchetTree.verify_leaves'), and every member supports every credential type in use."""
+    used: set[int] = set()
+    supported: set[int] | None = None
+    for i, leaf in tree.leaves():
+        _check_leaf_alone(leaf, group_exts, f"leaf {i}")
+        used.add(leaf.credential.credential_type)
+        caps = set(leaf.capabilities.credentials)
+        supported = caps if supported is None else supported & caps
+    missing = used - (supported or set())
+    if missing:
+        raise TreeError(f"credential type(s) {sorted(missing)} in use are not supported by every member")
+
+
+def _check_proposal_support(types, tree: RatchetTree, added: set[int]) -> None:
+    """§12.2: a proposal of a non-default type must be supported by every member that will process
+    the Commit (members it adds or removes need not support it; removed ones are blank already)."""
+    custom = {t for t in types if t not in DEFAULT_PROPOSALS}
+    if not custom:
+        return
+    for i, leaf in tree.leaves():
+        if i in added:
+            continue
+        lacking = custom - set(leaf.capabilities.proposals)
+        if lacking:
+            raise ProposalError(f"leaf {i} does not support proposal type(s) "
+                                f"{', '.join(f'0x{t:04x}' for t in sorted(lacking))}")
 
 
 def _check_leaf(leaf: LeafNode, tree: RatchetTree, group_exts, *, source: int, group_id: bytes,
@@ -1168,26 +1220,17 @@ def _check_leaf(leaf: LeafNode, tree: RatchetTree, group_exts, *, source: int, g
     if source != SRC_KEY_PACKAGE:
         crypto.require_signature(leaf.signature_key, b"LeafNodeTBS", leaf.tbs(group_id, leaf_index), leaf.signature,
                                  "leaf node")
+    _check_leaf_alone(leaf, group_exts, "leaf")
     caps = leaf.capabilities
-    if MLS10 not in caps.versions or crypto.CIPHER_SUITE not in caps.cipher_suites:
-        raise TreeError("leaf does not support this protocol version and cipher suite")
-    _check_unique_extensions(leaf.extensions, "leaf node")
-    for e in leaf.extensions:
-        if e.extension_type not in DEFAULT_EXTENSIONS and e.extension_type not in caps.extensions:
-            raise TreeError(f"leaf carries extension 0x{e.extension_type:04x} it does not list in its capabilities")
-    _check_leaf_supports(leaf, group_exts, "leaf")
-    if leaf.credential.credential_type not in caps.credentials:
-        raise TreeError("leaf does not support its own credential type")
     if source == SRC_KEY_PACKAGE and now is not None and leaf.lifetime is not None:
         if not leaf.lifetime.not_before <= now <= leaf.lifetime.not_after:
             raise TreeError("leaf lifetime is not current")
     if index is None:
         index = _KeyIndex(tree)
-    holder = index.signature_keys.get(leaf.signature_key)
-    if holder is not None and holder != replacing:
+    holder = next((i for i in index.signature_keys.get(leaf.signature_key, ()) if i != replacing), None)
+    if holder is not None:
         raise TreeError(f"signature key already used by leaf {holder}")
-    node = index.encryption_keys.get(leaf.encryption_key)
-    if node is not None and node != skip_node:
+    if any(i != skip_node for i in index.encryption_keys.get(leaf.encryption_key, ())):
         raise TreeError("encryption key already used in the tree")
     # every other member must support this credential type, and this leaf every type in use
     others = index.n - (1 if replacing is not None and tree.leaf(replacing) is not None else 0)

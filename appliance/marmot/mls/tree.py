@@ -221,34 +221,39 @@ class RatchetTree:
         sib = self.tree_hash(sibling, frozenset(node.unmerged_leaves))
         return crypto.hash(vl(node.encryption_key) + vl(node.parent_hash) + vl(sib))
 
+    def _stored_parent_hash(self, x: int) -> bytes | None:
+        node = self.nodes[x]
+        if isinstance(node, LeafNode):
+            return node.parent_hash if node.leaf_node_source == SRC_COMMIT else None
+        return node.parent_hash
+
     def verify_parent_hashes(self) -> None:
-        """Every non-blank parent node must be reachable from a leaf by a chain of parent hashes."""
-        n = self.n_leaves
-        r = root(n)
+        """Every non-blank parent P is parent-hash valid with respect to exactly one descendant D (§7.9.2,
+        top down): D is in the resolution of P's child C on its side, D's parent_hash is the parent hash
+        of P with copath child S, and P's unmerged leaves under C are exactly the rest of C's resolution."""
         nodes = self.nodes
-        covered = set()
-        for d, node in enumerate(nodes):
-            if node is None or d == r:
-                continue
-            if is_leaf(d) and node.leaf_node_source != SRC_COMMIT:
-                continue
-            x, p = d, None
-            while x != r:
-                x = parent(x, n)
-                if nodes[x] is not None:
-                    p = x
-                    break
-            if p is None:
-                continue
-            sibling = right(p) if d < p else left(p)
-            if node.parent_hash == self.parent_hash(p, sibling):
-                covered.add(p)
         for p in range(1, len(nodes), 2):
-            if nodes[p] is not None and p not in covered:
+            node = nodes[p]
+            if node is None:
+                continue
+            found = 0
+            for c, s in ((left(p), right(p)), (right(p), left(p))):
+                res = self.resolution(c)
+                candidates = [d for d in res if self._stored_parent_hash(d) is not None]
+                if not candidates:
+                    continue
+                ph = self.parent_hash(p, s)
+                under = leaves_under(c)
+                unmerged = {2 * u for u in node.unmerged_leaves if u in under}
+                for d in candidates:
+                    if self._stored_parent_hash(d) == ph and unmerged == set(res) - {d}:
+                        found += 1
+            if found != 1:
                 raise TreeError(f"parent node {p} is not parent-hash valid")
 
     def verify_leaves(self, group_id: bytes) -> None:
-        """Leaf signatures, and unique encryption and signature keys across the tree (§7.3, §7.9)."""
+        """Leaf signatures, unique encryption and signature keys across the tree (§7.3, §7.9), and
+        consistent unmerged leaves (§12.4.3.1)."""
         seen_sig, seen_enc = set(), set()
         for i, node in enumerate(self.nodes):
             if node is None:
@@ -271,6 +276,12 @@ class RatchetTree:
             for u in node.unmerged_leaves:
                 if u not in span or self.nodes[2 * u] is None:
                     raise TreeError(f"parent node {p}: invalid unmerged leaf {u}")
+                # §12.4.3.1: every non-blank node between the leaf and p lists it as unmerged too
+                x = 2 * u
+                while (x := parent(x, self.n_leaves)) != p:
+                    below = self.nodes[x]
+                    if below is not None and u not in below.unmerged_leaves:
+                        raise TreeError(f"parent node {x}: leaf {u} is unmerged above it but not in it")
 
     # -- TreeKEM ------------------------------------------------------------------------------
 

@@ -1,0 +1,252 @@
+"""RFC 9420 rules the engine must enforce on what others send: proposal lists (§12.2), leaf nodes
+(§7.3), parent hashes (§7.9.2), tree validation on join (§12.4.3.1), key uniqueness in Commits and
+External Commits (§12.4.2), and typed errors for bad public keys. Each case is built so that it
+would pass without the rule it checks (a positive control sits next to each refusal)."""
+
+from __future__ import annotations
+
+import pytest
+
+from appliance.marmot.mls import (
+    AppEphemeral,
+    Capabilities,
+    Credential,
+    Extension,
+    ExternalCommitPolicy,
+    Group,
+    MLSError,
+    ProposalError,
+    TreeError,
+    UnknownProposal,
+    create_key_package,
+    crypto,
+    external_join,
+    join_from_welcome,
+)
+from appliance.marmot.mls.group import _sign_leaf, external_pub_extension
+from appliance.marmot.mls.structs import (
+    EXT_RATCHET_TREE,
+    MLS10,
+    P_APP_EPHEMERAL,
+    SRC_COMMIT,
+    WF_GROUP_INFO,
+    GroupContext,
+    LeafNode,
+    MLSMessage,
+    ParentNode,
+)
+from appliance.marmot.mls.tree import RatchetTree
+
+EPHEMERAL_CAPS = Capabilities(proposals=(P_APP_EPHEMERAL,))
+
+
+def make_group(*capabilities):
+    """Alice (with capabilities[0]) and one member per further entry, all joined by Welcome."""
+    alice = Group.create(b"rules", b"alice", capabilities=capabilities[0])
+    kps = [create_key_package(b"m%d" % i, capabilities=c) for i, c in enumerate(capabilities[1:])]
+    out = alice.commit(add=[k.key_package for k in kps])
+    return [out.group] + [join_from_welcome(out.welcome, k) for k in kps]
+
+
+# -- §12.2: a non-default proposal type every remaining member must support ----------------------
+
+def test_commit_with_a_proposal_type_some_member_does_not_support_is_refused():
+    alice, bob, carol = make_group(EPHEMERAL_CAPS, EPHEMERAL_CAPS, None)  # carol lists no AppEphemeral
+    eph = AppEphemeral(0x800A, b"proof")
+    with pytest.raises(ProposalError):
+        alice.commit(proposals=[eph])
+    with pytest.raises(ProposalError):
+        alice.commit(proposals=[UnknownProposal(0xF00D, b"x")])
+    # the same Commit made by a committer that skips the rule: every receiver refuses it
+    forged = _commit_without_support_check(alice, proposals=[eph])
+    for member in (bob, carol):
+        before = member.to_bytes()
+        with pytest.raises(ProposalError):
+            member.process(forged.message)
+        assert member.to_bytes() == before
+    # members being removed by the Commit need not support it (RFC 9420 §12.2)
+    out = alice.commit(proposals=[eph], remove=[carol.own_leaf])
+    assert bob.process(out.message).group.epoch_authenticator == out.group.epoch_authenticator
+    # and neither do members being added
+    alice, bob = make_group(EPHEMERAL_CAPS, EPHEMERAL_CAPS)
+    newcomer = create_key_package(b"newcomer")
+    out = alice.commit(proposals=[eph], add=[newcomer.key_package])
+    assert bob.process(out.message).group.epoch_authenticator == out.group.epoch_authenticator
+    assert join_from_welcome(out.welcome, newcomer).epoch_authenticator == out.group.epoch_authenticator
+
+
+def test_external_commit_with_a_proposal_type_some_member_does_not_support_is_refused():
+    alice, bob = make_group(EPHEMERAL_CAPS, None)
+    policy = ExternalCommitPolicy(frozenset({P_APP_EPHEMERAL}))
+    eph = AppEphemeral(0x800A, b"proof")
+    import appliance.marmot.mls.group as engine
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(engine, "_check_proposal_support", lambda *a, **k: None, raising=False)
+        _, commit = external_join(alice.group_info(), b"device", capabilities=EPHEMERAL_CAPS, proposals=[eph])
+    with pytest.raises(ProposalError):
+        bob.process(commit, external_commit_policy=policy)
+    with pytest.raises(ProposalError):
+        external_join(alice.group_info(), b"device", capabilities=EPHEMERAL_CAPS, proposals=[eph])
+    # positive control: when every member supports it, the same External Commit goes through
+    alice, bob = make_group(EPHEMERAL_CAPS, EPHEMERAL_CAPS)
+    joiner, commit = external_join(alice.group_info(), b"device", capabilities=EPHEMERAL_CAPS, proposals=[eph])
+    assert bob.process(commit, external_commit_policy=policy).group.epoch_authenticator == joiner.epoch_authenticator
+
+
+def _commit_without_support_check(group, **kwargs):
+    import appliance.marmot.mls.group as engine
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(engine, "_check_proposal_support", lambda *a, **k: None, raising=False)
+        return group.commit(**kwargs)
+
+
+# -- §7.3 / §12.4.2: keys stay unique across the tree ----------------------------------------------
+
+def test_external_joiner_reusing_a_members_signature_key_is_refused():
+    alice, bob, carol = make_group(None, None, None)  # no blank leaf: the joiner lands at the right edge
+    with pytest.raises(TreeError):
+        external_join(alice.group_info(), b"alice-again", alice.signature_priv)
+    commit = _unchecked_external_join(alice.group_info(), b"alice-again", alice.signature_priv)
+    before = bob.to_bytes()
+    with pytest.raises(TreeError):
+        bob.process(commit)
+    assert bob.to_bytes() == before
+    bob.process(external_join(alice.group_info(), b"someone-else")[1])  # positive control
+
+
+def test_external_joiner_reusing_a_members_encryption_key_is_refused():
+    alice, bob = make_group(None, None)
+    victim = alice.own_leaf_node.encryption_key
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(crypto, "hpke_keypair", lambda: (bytes(31) + b"\x01", victim))
+        with pytest.raises(TreeError):
+            external_join(alice.group_info(), b"device")
+        commit = _unchecked_external_join(alice.group_info(), b"device")
+    with pytest.raises(TreeError):
+        bob.process(commit)
+
+
+def _unchecked_external_join(group_info, identity, signature_priv=None):
+    """An External Commit made by a joiner that skips its own leaf checks (as a hostile one would)."""
+    import appliance.marmot.mls.group as engine
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(engine, "_check_leaf", lambda *a, **k: None)
+        return external_join(group_info, identity, signature_priv)[1]
+
+
+def test_commit_whose_leaf_key_repeats_a_path_key_is_refused():
+    alice, bob, carol = make_group(None, None, None)
+    derived = []
+    real_derive, real_keypair = crypto.derive_keypair, crypto.hpke_keypair
+
+    def remember(ikm):
+        derived.append(real_derive(ikm))
+        return derived[-1]
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(crypto, "derive_keypair", remember)
+        mp.setattr(crypto, "hpke_keypair", lambda: derived[0] if derived else real_keypair())
+        out = bob.commit()
+    path = MLSMessage.decode(out.message).body.content.content.path
+    assert path.leaf_node.encryption_key == path.nodes[0].encryption_key
+    for member in (alice, carol):
+        with pytest.raises(TreeError):
+            member.process(out.message)
+
+
+# -- §7.9.2 and §12.4.3.1: parent hashes and unmerged leaves of a tree we join ---------------------
+
+def _leaf(identity: bytes, capabilities=None, extensions=(), credential=None):
+    kp = create_key_package(identity, capabilities=capabilities, leaf_extensions=extensions)
+    leaf = kp.key_package.leaf_node
+    if credential is not None:
+        leaf = _sign_leaf(LeafNode(leaf.encryption_key, leaf.signature_key, credential, leaf.capabilities,
+                                   leaf.leaf_node_source, leaf.lifetime, b"", leaf.extensions),
+                          kp.signature_priv)
+    return leaf
+
+
+def _crafted_tree(p3_unmerged, node1=None):
+    """Four leaves: leaf 0 committed (its parent hash chains to node 1 or 3), leaves 1 and 2 added
+    later, leaf 3 blank. Returns (tree, leaf 0's signature key)."""
+    group_id = b"crafted"
+    sig_priv, sig_pub = crypto.signature_keypair()
+    base = LeafNode(crypto.hpke_keypair()[1], sig_pub, Credential.basic(b"committer"), Capabilities(), SRC_COMMIT)
+    nodes = [base, node1, _leaf(b"one"), ParentNode(crypto.hpke_keypair()[1], b"", p3_unmerged), _leaf(b"two")]
+    tree = RatchetTree.from_nodes(nodes)
+    if node1 is not None:  # node 1 chains to node 3, leaf 0 to node 1
+        tree.set_node(1, ParentNode(node1.encryption_key, tree.parent_hash(3, 5), node1.unmerged_leaves))
+        ph = tree.parent_hash(1, 2)
+    else:
+        ph = tree.parent_hash(3, 5)
+    leaf0 = _sign_leaf(LeafNode(base.encryption_key, sig_pub, base.credential, base.capabilities, SRC_COMMIT, None,
+                                ph), sig_priv, group_id, 0)
+    tree.set_node(0, leaf0)
+    return tree, sig_priv
+
+
+def _group_info_for(tree: RatchetTree, signer_priv: bytes, signer: int = 0, group_id: bytes = b"crafted") -> bytes:
+    from appliance.marmot.mls.structs import GroupInfo
+    context = GroupContext(MLS10, 1, group_id, 7, tree.tree_hash(), crypto.random_bytes(), ())
+    exts = (Extension(EXT_RATCHET_TREE, tree.encode()), external_pub_extension(crypto.hpke_keypair()[1]))
+    gi = GroupInfo(context, exts, crypto.random_bytes(), signer)
+    gi = GroupInfo(context, exts, gi.confirmation_tag, signer,
+                   crypto.sign_with_label(signer_priv, b"GroupInfoTBS", gi.tbs()))
+    return MLSMessage(WF_GROUP_INFO, gi).encode()
+
+
+def test_parent_hash_valid_only_if_unmerged_leaves_match_the_resolution():
+    # node 1 blank: node 3's chain comes from leaf 0, so leaf 1 (beside it) must be unmerged at node 3
+    good, priv = _crafted_tree((1, 2))
+    good.verify_parent_hashes()
+    external_join(_group_info_for(good, priv), b"joiner")  # positive control
+    bad, priv = _crafted_tree((2,))
+    with pytest.raises(TreeError):
+        bad.verify_parent_hashes()
+    with pytest.raises(TreeError):
+        external_join(_group_info_for(bad, priv), b"joiner")
+
+
+def test_unmerged_leaf_must_be_listed_by_every_non_blank_node_below():
+    key = crypto.hpke_keypair()[1]
+    good, priv = _crafted_tree((1, 2), node1=ParentNode(key, b"", (1,)))
+    good.verify_parent_hashes()
+    external_join(_group_info_for(good, priv), b"joiner")  # positive control
+    bad, priv = _crafted_tree((1, 2), node1=ParentNode(key, b"", ()))
+    with pytest.raises(TreeError):
+        external_join(_group_info_for(bad, priv), b"joiner")
+
+
+@pytest.mark.parametrize("case", ["extension not in capabilities", "no MLS 1.0", "no cipher suite 1",
+                                  "credential type others lack"])
+def test_tree_leaves_are_validated_on_join(case):
+    alice = Group.create(b"crafted", b"alice")
+    if case == "extension not in capabilities":
+        leaf = _leaf(b"bad", extensions=[Extension(0xF0F0, b"")])
+    elif case == "no MLS 1.0":
+        leaf = _leaf(b"bad", capabilities=Capabilities(versions=(2,)))
+    elif case == "no cipher suite 1":
+        leaf = _leaf(b"bad", capabilities=Capabilities(cipher_suites=(3,)))
+    else:
+        leaf = _leaf(b"bad", capabilities=Capabilities(credentials=(1, 0xF000)), credential=Credential(0xF000, b"x"))
+    tree = RatchetTree.from_nodes([alice.own_leaf_node, None, leaf])
+    # the joiner itself supports everything the crafted leaf uses: only tree validation can refuse
+    joiner_caps = Capabilities(credentials=(1, 0xF000))
+    with pytest.raises(TreeError):
+        external_join(_group_info_for(tree, alice.signature_priv), b"joiner", capabilities=joiner_caps)
+    # positive control: the same tree with a well-formed second leaf
+    ok = RatchetTree.from_nodes([alice.own_leaf_node, None, _leaf(b"fine")])
+    external_join(_group_info_for(ok, alice.signature_priv), b"joiner")
+
+
+# -- typed errors for public keys an X25519 exchange refuses ----------------------------------------
+
+@pytest.mark.parametrize("pub", [bytes(32), b"\x01" + bytes(31)], ids=["zero", "low-order"])
+def test_low_order_hpke_public_keys_raise_typed_errors(pub):
+    alice = Group.create(b"g", b"alice")
+    exts = [Extension(EXT_RATCHET_TREE, alice.tree.encode()), external_pub_extension(pub)]
+    gi = MLSMessage(WF_GROUP_INFO, alice._signed_group_info(alice.context, exts, alice.confirmation_tag)).encode()
+    with pytest.raises(MLSError):
+        external_join(gi, b"joiner")
+    with pytest.raises(MLSError):
+        crypto.encrypt_with_label(pub, b"Welcome", b"", b"secret")
