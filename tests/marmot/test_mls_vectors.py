@@ -5,6 +5,8 @@ Each test is parametrized by case, so the pytest summary gives per-file pass cou
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from appliance.marmot.mls import crypto
@@ -238,12 +240,26 @@ def _reencode(obj) -> bytes:
     return obj.encode()
 
 
+def _drop_encoding_caches(obj) -> None:
+    """Forget the parsed bytes LeafNode and KeyPackage keep, so encode() must rebuild them from fields."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        obj.__dict__.pop("_enc", None)
+        for f in dataclasses.fields(obj):
+            _drop_encoding_caches(getattr(obj, f.name))
+    elif isinstance(obj, (list, tuple)):
+        for item in obj:
+            _drop_encoding_caches(item)
+
+
 @pytest.mark.parametrize("v", cases("messages", suite_field=False))
 def test_messages_roundtrip_byte_exact(v):
     assert set(v) <= set(_MESSAGE_DECODERS), set(v) - set(_MESSAGE_DECODERS)
     for name, hexdata in v.items():
         data = h(hexdata)
-        assert _reencode(_MESSAGE_DECODERS[name](data)) == data, name
+        obj = _MESSAGE_DECODERS[name](data)
+        assert _reencode(obj) == data, name
+        _drop_encoding_caches(obj)
+        assert _reencode(obj) == data, f"{name} re-encoded from its fields"
         if len(data) > 1:
             with pytest.raises(DecodeError):
                 _MESSAGE_DECODERS[name](data[:-1])
