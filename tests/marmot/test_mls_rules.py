@@ -11,6 +11,7 @@ from appliance.marmot.mls import (
     AppEphemeral,
     Capabilities,
     Credential,
+    DecodeError,
     Extension,
     ExternalCommitPolicy,
     Group,
@@ -18,6 +19,7 @@ from appliance.marmot.mls import (
     ProposalError,
     TreeError,
     UnknownProposal,
+    ValidationError,
     create_key_package,
     crypto,
     external_join,
@@ -250,3 +252,48 @@ def test_low_order_hpke_public_keys_raise_typed_errors(pub):
         external_join(gi, b"joiner")
     with pytest.raises(MLSError):
         crypto.encrypt_with_label(pub, b"Welcome", b"", b"secret")
+
+
+# -- §13.4: no list of extensions carries one type twice --------------------------------------------
+
+DUPLICATES = (Extension(0xF0F0, b"a"), Extension(0xF0F0, b"b"))
+
+
+def _raw_extensions(exts) -> bytes:
+    from appliance.marmot.mls.codec import vl_list
+    return vl_list(e.encode() for e in exts)
+
+
+def test_extension_lists_with_a_repeated_type_are_refused():
+    from appliance.marmot.mls.codec import u16, vl
+    from appliance.marmot.mls.structs import GroupInfo, KeyPackage
+    caps = Capabilities(extensions=(0xF0F0,))
+    # built by us: refused before anything is signed or sent
+    with pytest.raises(ValidationError):
+        Group.create(b"g", b"alice", capabilities=caps, extensions=DUPLICATES)
+    with pytest.raises(ValidationError):
+        create_key_package(b"bob", extensions=DUPLICATES)
+    alice = Group.create(b"g", b"alice", capabilities=caps)
+    with pytest.raises(ValidationError):
+        alice.group_info(extensions=DUPLICATES)
+    # received: a signed KeyPackage whose extension list repeats a type does not decode
+    kp = create_key_package(b"bob")
+    leaf = kp.key_package.leaf_node
+    tbs = u16(1) + u16(1) + vl(kp.key_package.init_key) + leaf.encode() + _raw_extensions(DUPLICATES)
+    raw = tbs + vl(crypto.sign_with_label(kp.signature_priv, b"KeyPackageTBS", tbs))
+    with pytest.raises(DecodeError):
+        KeyPackage.decode(raw)
+    with pytest.raises(DecodeError):
+        alice.commit(add=[raw])
+    # a GroupInfo with two external_pub extensions (which key would a joiner use?)
+    gi = GroupInfo(alice.context, (), alice.confirmation_tag, 0)
+    tbs = (alice.context.encode() + _raw_extensions([Extension(EXT_RATCHET_TREE, alice.tree.encode()),
+                                                     external_pub_extension(alice.external_pub()),
+                                                     external_pub_extension(crypto.hpke_keypair()[1])])
+           + vl(gi.confirmation_tag) + bytes(4))
+    raw = MLSMessage(WF_GROUP_INFO, gi).encode()[:4] + tbs + vl(
+        crypto.sign_with_label(alice.signature_priv, b"GroupInfoTBS", tbs))
+    with pytest.raises(DecodeError):
+        external_join(raw, b"joiner")
+    # positive control: the same GroupInfo with one external_pub joins
+    external_join(alice.group_info(), b"joiner")

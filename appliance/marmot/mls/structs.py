@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .codec import Reader, decode_exact, optional, u8, u16, u32, u64, vl, vl_list
-from .errors import DecodeError
+from .errors import DecodeError, ValidationError
 
 # -- registries (RFC 9420 §17, draft-ietf-mls-extensions) ---------------------------------------
 MLS10 = 1
@@ -97,12 +97,27 @@ class Extension:
         return cls(r.u16(), r.vl())
 
 
+def _repeated_type(exts) -> int | None:
+    seen = set()
+    for e in exts:
+        if e.extension_type in seen:
+            return e.extension_type
+        seen.add(e.extension_type)
+    return None
+
+
 def enc_extensions(exts) -> bytes:
+    """Extension extensions<V>; a list never carries one type twice (RFC 9420 §13.4)."""
+    if (t := _repeated_type(exts)) is not None:
+        raise ValidationError(f"extension type 0x{t:04x} appears twice in one extension list")
     return vl_list(e.encode() for e in exts)
 
 
 def read_extensions(r: Reader) -> list[Extension]:
-    return r.vl_list(Extension.read)
+    exts = r.vl_list(Extension.read)
+    if (t := _repeated_type(exts)) is not None:
+        raise DecodeError(f"extension type 0x{t:04x} appears twice in one extension list")
+    return exts
 
 
 def find_extension(exts, extension_type: int) -> Extension | None:
