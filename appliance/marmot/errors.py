@@ -10,7 +10,23 @@
     ├── PairingError                a pairing payload cannot be sealed or opened
     │   ├── PairingExpired          outside its validity window
     │   └── PairingReused           its single use is already spent
-    └── DraftDisabled               a draft-only operation was asked for without the draft switch
+    ├── DraftDisabled               a draft-only operation was asked for without the draft switch
+    └── MultiDeviceError            a draft multi-device External Commit breaks a rule (one class per rule):
+        ├── SignalingGateInactive           the group has not negotiated the multi-device gate
+        ├── JoiningLeafProofInvalid         the joining leaf's 0x8009 account identity proof is missing/invalid
+        ├── UnknownJoiningAccount           no existing member has the joining leaf's account identity
+        ├── ExternalInitMissing             the Commit has no ExternalInit
+        ├── JoinPskInvalid                  not exactly one PreSharedKey, or not the join PSK id
+        ├── AuthorizationMissing            no AppEphemeral for 0x800a
+        ├── AuthorizationDuplicated         more than one AppEphemeral for 0x800a
+        ├── AuthorizationWrongComponent     an AppEphemeral for another component id
+        ├── ExtraProposal                   a proposal beyond ExternalInit, the PSK and the AppEphemeral
+        ├── AuthorizationInvalid            the AppEphemeral data is not one valid proof
+        ├── SignerNotAdmin                  the proof signer is not an active admin of the parent state
+        ├── AuthorizationBindingMismatch    the proof does not verify over this GroupContext and leaf
+        ├── AuthenticatedDataMisuse         FramedContent.authenticated_data is not empty
+        ├── StaleEpoch                      the Commit was built for another epoch
+        └── ExternalCommitMlsInvalid        ordinary MLS validation failed (e.g. confirmation tag)
 
 Every error carries a `code` (for example `proof.bad_signature`) so the CLI can print a pinned JSON
 shape and tests can tell one failure from another without matching prose.
@@ -31,6 +47,22 @@ __all__ = [
     "PairingExpired",
     "PairingReused",
     "DraftDisabled",
+    "MultiDeviceError",
+    "SignalingGateInactive",
+    "JoiningLeafProofInvalid",
+    "UnknownJoiningAccount",
+    "ExternalInitMissing",
+    "JoinPskInvalid",
+    "AuthorizationMissing",
+    "AuthorizationDuplicated",
+    "AuthorizationWrongComponent",
+    "ExtraProposal",
+    "AuthorizationInvalid",
+    "SignerNotAdmin",
+    "AuthorizationBindingMismatch",
+    "AuthenticatedDataMisuse",
+    "StaleEpoch",
+    "ExternalCommitMlsInvalid",
 ]
 
 
@@ -79,3 +111,28 @@ class PairingReused(PairingError):
 
 class DraftDisabled(MarmotError):
     default_code = "draft.disabled"
+
+
+class MultiDeviceError(MarmotError):
+    default_code = "multi_device.invalid"
+
+
+def _rule(name: str, code: str) -> type:
+    return type(name, (MultiDeviceError,), {"default_code": code, "__doc__": f"Rule failure `{code}`."})
+
+
+SignalingGateInactive = _rule("SignalingGateInactive", "multi_device.gate_inactive")
+JoiningLeafProofInvalid = _rule("JoiningLeafProofInvalid", "multi_device.account_proof")
+UnknownJoiningAccount = _rule("UnknownJoiningAccount", "multi_device.unknown_account")
+ExternalInitMissing = _rule("ExternalInitMissing", "multi_device.external_init")
+JoinPskInvalid = _rule("JoinPskInvalid", "multi_device.join_psk")
+AuthorizationMissing = _rule("AuthorizationMissing", "multi_device.authorization_missing")
+AuthorizationDuplicated = _rule("AuthorizationDuplicated", "multi_device.authorization_duplicated")
+AuthorizationWrongComponent = _rule("AuthorizationWrongComponent", "multi_device.authorization_component")
+ExtraProposal = _rule("ExtraProposal", "multi_device.extra_proposal")
+AuthorizationInvalid = _rule("AuthorizationInvalid", "multi_device.authorization_invalid")
+SignerNotAdmin = _rule("SignerNotAdmin", "multi_device.signer_not_admin")
+AuthorizationBindingMismatch = _rule("AuthorizationBindingMismatch", "multi_device.authorization_binding")
+AuthenticatedDataMisuse = _rule("AuthenticatedDataMisuse", "multi_device.authenticated_data")
+StaleEpoch = _rule("StaleEpoch", "multi_device.stale_epoch")
+ExternalCommitMlsInvalid = _rule("ExternalCommitMlsInvalid", "multi_device.mls")

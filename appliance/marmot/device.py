@@ -1,0 +1,278 @@
+"""One Marmot device of one account: key packages, groups, messages, and the draft multi-device
+join, over the Nostr transport. Pure: state is a JSON-ready dict the caller stores (the CLI keeps it
+in its state directory, tests in memory); every operation returns what to publish.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from appliance.nostr import nip59
+from appliance.nostr.event import Event
+from appliance.nostr.keys import public_key
+
+from . import mls, multidevice, profile, transport
+from .errors import MarmotError, TransportError
+from .mls.structs import SENDER_NEW_MEMBER_COMMIT, MLSMessage, WF_PUBLIC_MESSAGE
+
+__all__ = ["Device", "Received"]
+
+# Outer (kind 445) keys of past epochs kept so a late message of the previous epoch still opens.
+EPOCH_KEYS_KEPT = 4
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def _unb64(text: str) -> bytes:
+    return base64.b64decode(text)
+
+
+@dataclass
+class Received:
+    type: str                     # "application" | "commit" | "proposal"
+    group_id: str
+    epoch: int
+    rumor: dict | None = None
+    sender: str | None = None     # the MLS-authenticated account
+    external_join: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"type": self.type, "group_id": self.group_id, "epoch": self.epoch}
+        if self.rumor is not None:
+            out["rumor"] = self.rumor
+        if self.sender is not None:
+            out["sender"] = self.sender
+        if self.external_join:
+            out["external_join"] = True
+        return out
+
+
+@dataclass
+class Device:
+    secret: str
+    key_packages: dict[str, dict] = field(default_factory=dict)   # ref hex -> {"secrets": b64, "event": id}
+    groups: dict[str, dict] = field(default_factory=dict)         # group id hex -> record
+
+    @property
+    def account(self) -> str:
+        return public_key(self.secret)
+
+    # -- key packages ------------------------------------------------------------------------------
+
+    def new_key_package(self, relays: list[str], *, device_label: str | None = None) -> Event:
+        kps = profile.create_key_package(self.secret, device_label=device_label)
+        ev = profile.key_package_event(self.secret, kps, relays)
+        ref = mls.key_package_ref(kps.key_package).hex()
+        self.key_packages[ref] = {"secrets": _b64(kps.to_bytes()), "event": ev.id}
+        return ev
+
+    # -- groups ----------------------------------------------------------------------------------------
+
+    def _record(self, group: mls.Group, *, name: str = "", draft: bool = False) -> dict:
+        gid = group.group_id.hex()
+        record = self.groups.get(gid, {"name": name, "draft": draft, "event_keys": []})
+        state = profile.read_group_state(group.context)
+        keys = [k for k in record["event_keys"] if k["epoch"] != group.epoch]
+        keys.append({"epoch": group.epoch, "key": multidevice.group_event_key(group).hex()})
+        record.update({"state": _b64(group.to_bytes()), "h": state.h, "relays": state.relays,
+                       "event_keys": keys[-EPOCH_KEYS_KEPT:]})
+        self.groups[gid] = record
+        return record
+
+    def group(self, group_id: str) -> mls.Group:
+        record = self.groups.get(group_id)
+        if record is None:
+            raise MarmotError(f"no group {group_id} in this state", "state.unknown_group")
+        return mls.Group.from_bytes(_unb64(record["state"]))
+
+    def group_by_h(self, h: str) -> str:
+        for gid, record in self.groups.items():
+            if record["h"] == h:
+                return gid
+        raise MarmotError(f"no group with nostr_group_id {h} in this state", "state.unknown_group")
+
+    def create_group(self, name: str, relays: list[str], members: list[Event], *, admins: list[str] | None = None,
+                     multi_device: bool = False) -> tuple[str, list[dict]]:
+        """A new group with the given members' key package events; returns (group id, kind 444 rumors)."""
+        sig_priv, sig_pub = mls.crypto.signature_keypair()
+        admins = sorted({self.account, *(admins or [])})
+        exts = profile.group_extensions(admins=[bytes.fromhex(a) for a in admins], nostr_group_id=os.urandom(32),
+                                        relays=relays, multi_device=multi_device)
+        group = mls.Group.create(profile.new_group_id(), profile.credential_of(self.secret), sig_priv,
+                                 capabilities=profile.leaf_capabilities(),
+                                 leaf_extensions=profile.leaf_extensions(self.secret, sig_pub), extensions=exts)
+        rumors = []
+        if members:
+            kps = [self._member_key_package(ev) for ev in members]
+            out = group.commit(add=[kp for kp, _ in kps])
+            group = out.group
+            for _, ev in kps:
+                rumors.append(transport.build_welcome_rumor(self.account, out.welcome, ev.id, relays))
+        self._record(group, name=name, draft=multi_device)
+        return group.group_id.hex(), rumors
+
+    def _member_key_package(self, ev: Event):
+        """A member's key package event, checked: outer rules, MLS signatures, author == credential, 0x8009."""
+        parsed = transport.parse_key_package_event(ev)
+        try:
+            kp = mls.parse_key_package(parsed.key_package)
+        except mls.MLSError as exc:
+            raise TransportError(f"key package does not decode or verify: {exc}", "transport.key_package") from None
+        if kp.leaf_node.credential.identity != bytes.fromhex(ev.pubkey):
+            raise TransportError("the key package's credential is not the event author", "transport.key_package")
+        if parsed.ref is not None and parsed.ref != mls.key_package_ref(kp).hex():
+            raise TransportError("the i tag is not the KeyPackageRef", "transport.i_tag")
+        profile.account_of_leaf(kp.leaf_node, kp.cipher_suite)
+        return kp, ev
+
+    def join(self, rumor: dict) -> str:
+        """Join from a kind 444 welcome rumor (as unwrapped from its gift wrap)."""
+        welcome = transport.parse_welcome_rumor(rumor)
+        last_error: Exception | None = None
+        for ref, record in list(self.key_packages.items()):
+            kps = mls.KeyPackageSecrets.from_bytes(_unb64(record["secrets"]))
+            try:
+                group = mls.join_from_welcome(welcome.welcome, kps)
+            except mls.StateError as exc:  # addressed to another of our key packages
+                last_error = exc
+                continue
+            except mls.MLSError as exc:
+                raise MarmotError(f"the welcome does not join: {exc}", "welcome.invalid") from None
+            state = profile.read_group_state(group.context)
+            if state.profile == "components":
+                for index, leaf in group.tree.leaves():
+                    profile.account_of_leaf(leaf, group.context.cipher_suite)
+            del self.key_packages[ref]  # consumed: its init key is gone with it
+            self._record(group, draft=group.context.extension(0xF2F0) is not None)
+            return group.group_id.hex()
+        raise MarmotError(f"the welcome is not addressed to any key package in this state ({last_error})",
+                          "welcome.not_ours")
+
+    def members(self, group_id: str) -> list[str]:
+        return [m.identity.hex() for m in self.group(group_id).members() if m.identity]
+
+    # -- messages ------------------------------------------------------------------------------------
+
+    def _publish(self, group_id: str, group_before: mls.Group, message: bytes) -> Event:
+        record = self.groups[group_id]
+        key = multidevice.group_event_key(group_before)
+        return transport.encrypt_group_message(key, bytes.fromhex(record["h"]), message)
+
+    def send(self, group_id: str, content: str, kind: int = 9, tags: list | None = None) -> Event:
+        group = self.group(group_id)
+        rumor = nip59.make_rumor(self.account, kind, tags or [], content)
+        new, message = group.encrypt(json.dumps(rumor, separators=(",", ":")).encode())
+        ev = self._publish(group_id, group, message)
+        self._record(new)
+        return ev
+
+    def commit(self, group_id: str, *, add: list[Event] = (), remove: list[str] = ()) -> tuple[Event, list[dict]]:
+        """Add members (key package events), remove accounts, or update our leaf (neither); returns the
+        kind 445 commit to publish first and the welcome rumors to send after it."""
+        group = self.group(group_id)
+        kps = [self._member_key_package(ev) for ev in add]
+        leaves = [i for i, leaf in group.tree.leaves() if leaf.credential.identity and
+                  leaf.credential.identity.hex() in set(remove)]
+        out = group.commit(add=[kp for kp, _ in kps], remove=leaves)
+        ev = self._publish(group_id, group, out.message)
+        relays = self.groups[group_id]["relays"]
+        rumors = [transport.build_welcome_rumor(self.account, out.welcome, e.id, relays) for _, e in kps]
+        self._record(out.group)
+        return ev, rumors
+
+    def receive(self, ev: Event, *, draft: bool = False) -> Received:
+        """Process one kind 445 event of a group we are in."""
+        h = transport.check_group_message(ev)
+        gid = self.group_by_h(h)
+        record = self.groups[gid]
+        group = self.group(gid)
+        message = None
+        for entry in reversed(record["event_keys"]):
+            try:
+                message = transport.decrypt_group_message(bytes.fromhex(entry["key"]), ev)
+                break
+            except TransportError as exc:
+                if exc.code != "transport.decrypt":
+                    raise
+        if message is None:
+            raise TransportError("no epoch key of this group opens the event", "transport.decrypt")
+        external = _is_external_commit(message)
+        try:
+            if external:
+                if not draft:
+                    raise MarmotError("External Commits are refused: the multi-device join is a draft "
+                                      "(enable it with the draft switch)", "draft.disabled")
+                processed = multidevice.process_external_commit(group, message)
+            else:
+                processed = group.process(message)
+        except mls.MLSError as exc:
+            raise MarmotError(f"the MLS message is invalid: {exc}", "mls.invalid") from None
+        sender_leaf = processed.sender_leaf
+        sender = sender_leaf.credential.identity.hex() if sender_leaf and sender_leaf.credential.identity else None
+        rumor = None
+        if processed.kind == "application":
+            rumor = _application_rumor(processed.application_data, sender)
+        if processed.removed_self:
+            del self.groups[gid]
+        else:
+            self._record(processed.group)
+        return Received(processed.kind, gid, processed.epoch, rumor, sender, external)
+
+    # -- the draft multi-device join -----------------------------------------------------------------
+
+    def pairing_entry(self, group_id: str) -> tuple[bytes, bytes, bytes]:
+        """(group_event_key, join_psk, GroupInfo) of the group's current epoch, for a pairing payload."""
+        group = self.group(group_id)
+        _, psk = multidevice.join_psk(group)
+        return multidevice.group_event_key(group), psk, group.group_info()
+
+    def finish_external_join(self, pending: multidevice.PendingJoin, proof: bytes, *, name: str = "") -> Event:
+        group, message = multidevice.finish_external_join(pending, self.secret, proof)
+        h = profile.read_group_state(pending.candidate_context()).h
+        # Published under the parent epoch's outer key (the one the pairing payload carried).
+        ev = transport.encrypt_group_message(_parent_event_key(pending), bytes.fromhex(h), message)
+        self._record(group, name=name, draft=True)
+        return ev
+
+    # -- persistence -----------------------------------------------------------------------------------
+
+    def to_json(self) -> dict:
+        return {"key_packages": self.key_packages, "groups": self.groups}
+
+    @classmethod
+    def from_json(cls, secret: str, data: dict | None) -> "Device":
+        data = data or {}
+        return cls(secret, dict(data.get("key_packages", {})), dict(data.get("groups", {})))
+
+
+def _parent_event_key(pending: multidevice.PendingJoin) -> bytes:
+    key = pending.group_event_key
+    if len(key) != 32:
+        raise MarmotError("the pending join does not carry the epoch's group_event_key", "state.pending")
+    return key
+
+
+def _is_external_commit(message: bytes) -> bool:
+    try:
+        msg = MLSMessage.decode(message)
+    except mls.MLSError:
+        return False
+    return msg.wire_format == WF_PUBLIC_MESSAGE and msg.body.content.sender.sender_type == SENDER_NEW_MEMBER_COMMIT
+
+
+def _application_rumor(data: bytes, sender: str | None) -> dict:
+    """The unsigned Nostr rumor an application message carries; its author must be the MLS sender."""
+    try:
+        rumor = nip59.parse_rumor(json.loads(data))
+    except (ValueError, nip59.UnwrapError) as exc:
+        raise MarmotError(f"the application payload is not an unsigned Nostr event: {exc}", "payload.invalid") from None
+    if sender is not None and rumor["pubkey"] != sender:
+        raise MarmotError("the application payload's pubkey is not the MLS sender's account", "payload.sender")
+    return rumor
+

@@ -1,0 +1,204 @@
+"""The Marmot MLS profile the appliance speaks: what its leaves advertise and carry, how it builds
+groups, and how it reads group state (its own app components, or MDK's 0xf2ee group data).
+
+- Every leaf (KeyPackage or group member) carries `marmot.member.account-identity-proof.v2`
+  (component 0x8009) in its `app_data_dictionary` and lists the components it supports under
+  `app_components` (0x0001); it advertises the extension and proposal types below, including
+  MDK's 0xf2ee so the appliance can join MDK groups (spec note M4).
+- Groups the appliance creates carry their state as app components: admin policy (0x8003) and
+  Nostr routing (0x8004), required with 0x8009 through `app_components`; with the draft switch also
+  the multi-device gate (0xf2f0, 0x0009, 0x800a).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from appliance.nostr.event import Event
+from appliance.nostr.keys import public_key
+
+from . import components as comp
+from . import mls, proofs, transport
+from .errors import ComponentError, MarmotError, ProofError
+from .extensions import EncryptedDeviceName, MultiDeviceExtension
+from .mls import crypto
+from .mls.codec import Reader, decode_exact, u16, vl
+from .mls.structs import (
+    EXT_APP_DATA_DICTIONARY,
+    EXT_REQUIRED_CAPABILITIES,
+    Capabilities,
+    Credential,
+    Extension,
+    GroupContext,
+    LeafNode,
+    RequiredCapabilities,
+)
+
+__all__ = [
+    "CIPHERSUITE",
+    "SIGNATURE_SCHEME",
+    "LEAF_EXTENSIONS",
+    "LEAF_PROPOSALS",
+    "SUPPORTED_COMPONENTS",
+    "encode_components_list",
+    "decode_components_list",
+    "leaf_capabilities",
+    "leaf_extensions",
+    "create_key_package",
+    "key_package_event",
+    "account_of_leaf",
+    "group_extensions",
+    "GroupState",
+    "read_group_state",
+]
+
+CIPHERSUITE = crypto.CIPHER_SUITE
+SIGNATURE_SCHEME = crypto.SIGNATURE_SCHEME
+
+LEAF_EXTENSIONS = (comp.APP_DATA_DICTIONARY, comp.EXT_MDK_GROUP_DATA, comp.EXT_ENCRYPTED_DEVICE_NAME,
+                   comp.EXT_MULTI_DEVICE)
+LEAF_PROPOSALS = (comp.APP_DATA_UPDATE, comp.APP_EPHEMERAL, comp.SELF_REMOVE)
+SUPPORTED_COMPONENTS = (comp.ADMIN_POLICY, comp.NOSTR_ROUTING, comp.ACCOUNT_IDENTITY_PROOF,
+                        comp.MULTI_DEVICE_JOIN_AUTHORIZATION)
+# What a key package event's capability tags say. MDK 0.8.0 refuses an mls_proposals tag other than
+# exactly 0x000a and requires 0x000a (LastResort) in mls_extensions (spec note M14); the KeyPackage's
+# own capabilities stay complete and are what MLS negotiates on.
+TAG_EXTENSIONS = (0x000A, comp.APP_DATA_DICTIONARY, comp.EXT_MDK_GROUP_DATA, comp.EXT_ENCRYPTED_DEVICE_NAME,
+                  comp.EXT_MULTI_DEVICE)
+TAG_PROPOSALS = (comp.SELF_REMOVE,)
+
+
+def encode_components_list(ids) -> bytes:
+    """The upstream `ComponentsList` (`ComponentID component_ids<V>`, MLS encoding)."""
+    return vl(b"".join(u16(i) for i in ids))
+
+
+def decode_components_list(data: bytes) -> list[int]:
+    return decode_exact(data, lambda r: r.vl_list(Reader.u16))
+
+
+def leaf_capabilities() -> Capabilities:
+    return Capabilities(extensions=LEAF_EXTENSIONS, proposals=LEAF_PROPOSALS)
+
+
+def leaf_extensions(account_secret: str, signature_public: bytes, *, device_label: str | None = None,
+                    created_at: int | None = None) -> tuple[Extension, ...]:
+    """The leaf's app_data_dictionary (supported components + the 0x8009 proof), and a label if any."""
+    proof = proofs.sign_proof(proofs.AccountIdentityBinding(CIPHERSUITE, SIGNATURE_SCHEME, signature_public),
+                              account_secret, created_at)
+    dictionary = mls.encode_app_data_dictionary([
+        (comp.APP_COMPONENTS, encode_components_list(SUPPORTED_COMPONENTS)),
+        (comp.ACCOUNT_IDENTITY_PROOF, proof.encode()),
+    ])
+    exts = [Extension(EXT_APP_DATA_DICTIONARY, dictionary)]
+    if device_label is not None:
+        exts.append(Extension(comp.EXT_ENCRYPTED_DEVICE_NAME,
+                              EncryptedDeviceName.seal(account_secret, device_label).encode()))
+    return tuple(exts)
+
+
+def create_key_package(account_secret: str, *, device_label: str | None = None) -> mls.KeyPackageSecrets:
+    """A fresh KeyPackage for this account (new MLS signature key, 0x8009 proof over it)."""
+    sig_priv, sig_pub = crypto.signature_keypair()
+    return mls.create_key_package(bytes.fromhex(public_key(account_secret)), sig_priv,
+                                  capabilities=leaf_capabilities(),
+                                  leaf_extensions=leaf_extensions(account_secret, sig_pub, device_label=device_label))
+
+
+def key_package_event(account_secret: str, kps: mls.KeyPackageSecrets, relays: list[str]) -> Event:
+    """The signed kind 30443 event: the bare KeyPackage bytes (what MDK accepts; spec note M3)."""
+    kp = kps.key_package
+    return transport.build_key_package_event(account_secret, kp.encode(), key_package_ref=mls.key_package_ref(kp),
+                                             ciphersuite=CIPHERSUITE, extensions=list(TAG_EXTENSIONS),
+                                             proposals=list(TAG_PROPOSALS), relays=relays)
+
+
+def app_data(extensions) -> dict[int, bytes]:
+    ext = next((e for e in extensions if e.extension_type == EXT_APP_DATA_DICTIONARY), None)
+    if ext is None:
+        return {}
+    try:
+        return dict(mls.decode_app_data_dictionary(ext.extension_data))
+    except mls.MLSError as exc:
+        raise ComponentError(f"app_data_dictionary is malformed: {exc}", "component.dictionary") from None
+
+
+def account_of_leaf(leaf: LeafNode, ciphersuite: int = CIPHERSUITE) -> bytes:
+    """The account a leaf belongs to, after every 0x8009 rule (account-identity-proof-v2.md, Validation)."""
+    identity = leaf.credential.identity
+    if identity is None:
+        raise ProofError("the leaf's credential is not a basic credential", "proof.credential_identity")
+    if comp.APP_DATA_DICTIONARY not in leaf.capabilities.extensions:
+        raise ProofError("the leaf does not carry an app_data_dictionary", "proof.component_absent")
+    data = app_data(leaf.extensions)
+    supported = decode_components_list(data[comp.APP_COMPONENTS]) if comp.APP_COMPONENTS in data else []
+    if comp.ACCOUNT_IDENTITY_PROOF not in supported:
+        raise ProofError("the leaf does not advertise component 0x8009", "proof.component_unsupported")
+    if comp.ACCOUNT_IDENTITY_PROOF not in data:
+        raise ProofError("the leaf has no account identity proof (0x8009)", "proof.component_absent")
+    if ciphersuite != CIPHERSUITE:
+        raise ProofError(f"ciphersuite 0x{ciphersuite:04x} is not supported", "proof.ciphersuite")
+    proofs.verify_account_identity_proof(data[comp.ACCOUNT_IDENTITY_PROOF], credential_identity=identity,
+                                         ciphersuite=ciphersuite, signature_scheme=SIGNATURE_SCHEME,
+                                         mls_signature_key=leaf.signature_key)
+    return identity
+
+
+def group_extensions(*, admins, nostr_group_id: bytes, relays, multi_device: bool) -> list[Extension]:
+    """GroupContext extensions of a group the appliance creates."""
+    required = [comp.ADMIN_POLICY, comp.NOSTR_ROUTING, comp.ACCOUNT_IDENTITY_PROOF]
+    req_ext, req_prop = [comp.APP_DATA_DICTIONARY], [comp.APP_DATA_UPDATE]
+    if multi_device:
+        required.append(comp.MULTI_DEVICE_JOIN_AUTHORIZATION)
+        req_ext.append(comp.EXT_MULTI_DEVICE)
+        req_prop.append(comp.APP_EPHEMERAL)
+    dictionary = mls.encode_app_data_dictionary([
+        (comp.APP_COMPONENTS, encode_components_list(required)),
+        (comp.ADMIN_POLICY, comp.AdminPolicy.of(admins).encode()),
+        (comp.NOSTR_ROUTING, comp.NostrRouting.of(nostr_group_id, relays).encode()),
+    ])
+    exts = [Extension(EXT_REQUIRED_CAPABILITIES, RequiredCapabilities(tuple(req_ext), tuple(req_prop)).encode()),
+            Extension(EXT_APP_DATA_DICTIONARY, dictionary)]
+    if multi_device:
+        exts.append(Extension(comp.EXT_MULTI_DEVICE, MultiDeviceExtension().encode()))
+    return exts
+
+
+@dataclass(frozen=True)
+class GroupState:
+    """What Marmot reads from a GroupContext: routing and admins, from app components or MDK data."""
+
+    profile: str                    # "components" or "mdk"
+    nostr_group_id: bytes
+    relays: list[str]
+    admins: frozenset[bytes]
+    required_components: tuple[int, ...]
+
+    @property
+    def h(self) -> str:
+        return self.nostr_group_id.hex()
+
+
+def read_group_state(context: GroupContext) -> GroupState:
+    data = app_data(context.extensions)
+    if comp.NOSTR_ROUTING in data:
+        routing = comp.NostrRouting.decode(data[comp.NOSTR_ROUTING])
+        admins = comp.AdminPolicy.decode(data[comp.ADMIN_POLICY]).admins if comp.ADMIN_POLICY in data else ()
+        required = decode_components_list(data[comp.APP_COMPONENTS]) if comp.APP_COMPONENTS in data else []
+        return GroupState("components", routing.nostr_group_id, routing.relay_urls(), frozenset(admins),
+                          tuple(required))
+    mdk = context.extension(comp.EXT_MDK_GROUP_DATA)
+    if mdk is not None:
+        gd = comp.MdkGroupData.decode(mdk.extension_data)
+        return GroupState("mdk", gd.nostr_group_id, gd.relay_urls(), frozenset(gd.admins), ())
+    raise MarmotError("the group carries neither Nostr routing (0x8004) nor MDK group data (0xf2ee)",
+                      "component.routing.absent")
+
+
+def new_group_id() -> bytes:
+    return os.urandom(32)
+
+
+def credential_of(account_secret: str) -> Credential:
+    return Credential.basic(bytes.fromhex(public_key(account_secret)))

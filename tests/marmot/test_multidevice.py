@@ -1,0 +1,266 @@
+"""The draft multi-device join: join PSK bytes, the signaling gate, the admin's kind 452 authorization,
+the External Commit built in two phases, and one negative test per validation rule (each its own
+error class, checked on every existing member, with nothing applied)."""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+
+from appliance.marmot import components as comp
+from appliance.marmot import errors as E
+from appliance.marmot import mls, multidevice as md, profile, proofs
+from appliance.marmot.device import Device
+from appliance.marmot.mls.structs import AppEphemeral, PreSharedKey, PreSharedKeyID, Remove
+from appliance.nostr.keys import generate_secret, public_key
+
+RELAYS = ["ws://127.0.0.1:7777"]
+
+
+def test_join_psk_id_bytes():
+    gc = b"any GroupContext bytes"
+    psk_id = md.join_psk_id(gc)
+    assert psk_id[0] == 0x1F and psk_id[1:32] == b"marmot.multi-device.join-psk.v1"
+    assert psk_id[32:] == hashlib.sha256(gc).digest() and len(psk_id) == 64
+
+
+class World:
+    """Alice (admin, device 1), Bob (member), and Alice's second device, in one multi-device group."""
+
+    def __init__(self, multi_device=True, admins_extra=()):
+        self.alice, self.bob = Device(generate_secret()), Device(generate_secret())
+        self.alice2_secret = self.alice.secret
+        kp = self.bob.new_key_package(RELAYS)
+        self.gid, rumors = self.alice.create_group("g", RELAYS, [kp], multi_device=multi_device,
+                                                   admins=list(admins_extra))
+        self.bob.join(rumors[0])
+
+    def parent(self) -> mls.Group:
+        return self.alice.group(self.gid)
+
+    def pending(self):
+        g = self.parent()
+        _, psk = md.join_psk(g)
+        return md.prepare_external_join(self.alice.secret, g.group_info(), psk, group_event_key=md.group_event_key(g))
+
+    def members(self):
+        return [self.alice.group(self.gid), self.bob.group(self.gid)]
+
+
+def test_full_join_every_member_agrees():
+    w = World()
+    pending, leaf = w.pending()
+    # The admin authorizes this exact leaf over this exact parent context (kind 452).
+    proof = md.authorize_join(w.alice.secret, pending.candidate_context(), leaf.encode())
+    new, message = md.finish_external_join(pending, w.alice.secret, proof)
+    results = [md.process_external_commit(g, message) for g in w.members()]
+    assert {r.group.epoch_authenticator for r in results} == {new.epoch_authenticator}
+    assert all(r.kind == "commit" and r.epoch == 2 for r in results)
+    accounts = sorted(m.identity.hex() for m in results[0].group.members())
+    assert accounts == sorted([w.alice.account, w.alice.account, w.bob.account])
+    assert md.group_event_key(new) == md.group_event_key(results[1].group)
+    # The new leaf carries a valid 0x8009 proof for the same account.
+    assert profile.account_of_leaf(new.own_leaf_node).hex() == w.alice.account
+
+
+def test_the_same_pending_join_rebuilds_the_same_leaf():
+    w = World()
+    pending, leaf = w.pending()
+    again = md.PendingJoin.from_bytes(pending.to_bytes())
+    _, leaf2, _ = md._assemble(again, None, w.alice.secret)
+    assert leaf2.encode() == leaf.encode()
+
+
+def test_only_an_admin_may_authorize():
+    w = World()
+    pending, leaf = w.pending()
+    with pytest.raises(E.SignerNotAdmin):
+        md.authorize_join(w.bob.secret, pending.candidate_context(), leaf)
+
+
+def _expect(w: World, message: bytes, error: type) -> None:
+    for g in w.members():
+        before = g.to_bytes()
+        with pytest.raises(error):
+            md.process_external_commit(g, message)
+        assert g.to_bytes() == before  # nothing applied
+
+
+def _build(w: World, *, proof_by=None, proof_for=None, proposals=None, authenticated_data=b"", leaf_ctx=None):
+    pending, leaf = w.pending()
+    signer = proof_by or w.alice.secret
+    ctx = leaf_ctx or pending.candidate_context()
+    binding = md.join_binding(ctx, proof_for or leaf)
+    proof = proofs.sign_proof(binding, signer).encode()
+    if proposals is not None:
+        proposals = proposals(pending, proof)
+    _, _, message = md._assemble(pending, AppEphemeral(comp.MULTI_DEVICE_JOIN_AUTHORIZATION, proof), w.alice.secret,
+                                 proposals=proposals, authenticated_data=authenticated_data)
+    return message
+
+
+def _psk(pending, psk_id=None):
+    ctx = pending.candidate_context()
+    return PreSharedKey(PreSharedKeyID.external(psk_id or md.join_psk_id(ctx.encode()), b"\x01" * 32))
+
+
+def test_rule_missing_gate():
+    w = World(multi_device=False)
+    _expect(w, _build(w), E.SignalingGateInactive)
+
+
+def test_rule_wrong_psk_id():
+    w = World()
+    message = _build(w, proposals=lambda p, proof: [_psk(p, b"\x1f" + b"x" * 63),
+                                                   AppEphemeral(0x800A, proof)])
+    _expect(w, message, E.JoinPskInvalid)
+
+
+def test_rule_two_psks():
+    w = World()
+    message = _build(w, proposals=lambda p, proof: [_psk(p), _psk(p, b"another external psk"),
+                                                   AppEphemeral(0x800A, proof)])
+    _expect(w, message, E.JoinPskInvalid)
+
+
+def test_rule_wrong_psk_value():
+    w = World()
+    pending, leaf = w.pending()
+    bad = md.PendingJoin(**{**pending.__dict__, "join_psk": b"\x00" * 32})
+    proof = md.authorize_join(w.alice.secret, pending.candidate_context(), leaf)
+    _, message = md.finish_external_join(bad, w.alice.secret, proof)
+    _expect(w, message, E.ExternalCommitMlsInvalid)
+
+
+def test_rule_stale_epoch():
+    w = World()
+    pending, leaf = w.pending()
+    proof = md.authorize_join(w.alice.secret, pending.candidate_context(), leaf)
+    _, message = md.finish_external_join(pending, w.alice.secret, proof)
+    # The group moves on (Bob updates his leaf) before the External Commit arrives.
+    ev, _ = w.bob.commit(w.gid)
+    w.alice.receive(ev)
+    _expect(w, message, E.StaleEpoch)
+
+
+def test_rule_extra_proposal():
+    w = World()
+    message = _build(w, proposals=lambda p, proof: [_psk(p), AppEphemeral(0x800A, proof), Remove(0)])  # an RFC resync
+    _expect(w, message, E.ExtraProposal)
+
+
+def test_rule_non_admin_signer():
+    w = World()
+    _expect(w, _build(w, proof_by=w.bob.secret), E.SignerNotAdmin)
+
+
+def test_rule_same_account_non_admin_device_cannot_authorize():
+    """Bob's second device: Bob is a member but not an admin, so his own proof cannot authorize it."""
+    w = World()
+    g = w.parent()
+    _, psk = md.join_psk(g)
+    pending, leaf = md.prepare_external_join(w.bob.secret, g.group_info(), psk)
+    proof = proofs.sign_proof(md.join_binding(pending.candidate_context(), leaf), w.bob.secret)
+    _, message = md.finish_external_join(pending, w.bob.secret, proof)
+    _expect(w, message, E.SignerNotAdmin)
+
+
+def test_rule_proof_bound_to_another_leaf():
+    w = World()
+    other_pending, other_leaf = w.pending()
+    _expect(w, _build(w, proof_for=other_leaf), E.AuthorizationBindingMismatch)
+
+
+def test_rule_proof_bound_to_another_group_context():
+    w = World()
+    old_ctx = w.parent().context
+    ev, _ = w.bob.commit(w.gid)
+    w.alice.receive(ev)
+    _expect(w, _build(w, leaf_ctx=old_ctx), E.AuthorizationBindingMismatch)
+
+
+def test_rule_duplicated_app_ephemeral():
+    w = World()
+    message = _build(w, proposals=lambda p, proof: [_psk(p), AppEphemeral(0x800A, proof), AppEphemeral(0x800A, proof)])
+    _expect(w, message, E.AuthorizationDuplicated)
+
+
+def test_rule_missing_app_ephemeral():
+    w = World()
+    _expect(w, _build(w, proposals=lambda p, proof: [_psk(p)]), E.AuthorizationMissing)
+
+
+def test_rule_wrong_component_id():
+    w = World()
+    _expect(w, _build(w, proposals=lambda p, proof: [_psk(p), AppEphemeral(0x8009, proof)]),
+            E.AuthorizationWrongComponent)
+
+
+def test_rule_invalid_proof_data():
+    w = World()
+    _expect(w, _build(w, proposals=lambda p, proof: [_psk(p), AppEphemeral(0x800A, proof[:-1])]),
+            E.AuthorizationInvalid)
+
+
+def test_rule_authenticated_data_misuse():
+    w = World()
+    def with_proof_in_aad(pending, proof):
+        return [_psk(pending), AppEphemeral(0x800A, proof)]
+    pending, leaf = w.pending()
+    proof = md.authorize_join(w.alice.secret, pending.candidate_context(), leaf).encode()
+    _, _, message = md._assemble(pending, AppEphemeral(0x800A, proof), w.alice.secret,
+                                 proposals=with_proof_in_aad(pending, proof), authenticated_data=proof)
+    _expect(w, message, E.AuthenticatedDataMisuse)
+
+
+def test_rule_unknown_account():
+    w = World()
+    stranger = generate_secret()
+    g = w.parent()
+    _, psk = md.join_psk(g)
+    pending, leaf = md.prepare_external_join(stranger, g.group_info(), psk)
+    proof = md.authorize_join(w.alice.secret, pending.candidate_context(), leaf)
+    _, message = md.finish_external_join(pending, stranger, proof)
+    _expect(w, message, E.UnknownJoiningAccount)
+
+
+def test_rule_joining_leaf_without_valid_account_proof():
+    w = World()
+    g = w.parent()
+    _, psk = md.join_psk(g)
+    # A leaf whose 0x8009 proof was made by another account than its credential's.
+    pending, _ = md.prepare_external_join(w.alice.secret, g.group_info(), psk)
+    sig_pub = mls.crypto.signature_public(pending.signature_priv)
+    forged = profile.leaf_extensions(generate_secret(), sig_pub)
+    pending = md.PendingJoin(**{**pending.__dict__, "leaf_extensions": b"".join(e.encode() for e in forged)})
+    _, leaf, _ = md._assemble(pending, None, w.alice.secret)
+    proof = md.authorize_join(w.alice.secret, pending.candidate_context(), leaf)
+    _, message = md.finish_external_join(pending, w.alice.secret, proof)
+    _expect(w, message, E.JoiningLeafProofInvalid)
+
+
+def test_external_commits_refused_without_the_draft_switch():
+    w = World()
+    pending, leaf = w.pending()
+    proof = md.authorize_join(w.alice.secret, pending.candidate_context(), leaf)
+    ev = Device(w.alice.secret).finish_external_join(pending, proof.encode())
+    with pytest.raises(E.MarmotError) as e:
+        w.bob.receive(ev)
+    assert e.value.code == "draft.disabled"
+    assert w.bob.receive(ev, draft=True).external_join
+
+
+def test_gate_names_the_missing_piece():
+    w = World()
+    g = w.parent()
+    md.check_signaling_gate(g.context, list(g.tree.leaves()))
+    from appliance.marmot.mls.structs import Capabilities, LeafNode
+
+    _, leaf = next(iter(g.tree.leaves()))
+    weak = LeafNode(leaf.encryption_key, leaf.signature_key, leaf.credential,
+                    Capabilities(extensions=(comp.APP_DATA_DICTIONARY,), proposals=(comp.APP_EPHEMERAL,)),
+                    leaf.leaf_node_source, leaf.lifetime, leaf.parent_hash, leaf.extensions, leaf.signature)
+    with pytest.raises(E.SignalingGateInactive, match="0xf2f0"):
+        md.check_signaling_gate(g.context, [(0, weak)])
+    assert public_key(w.alice.secret) == w.alice.account
