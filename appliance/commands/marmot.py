@@ -24,10 +24,14 @@ from typing import Any, Callable
 from appliance.errors import ApplianceError, ConfigError
 from appliance.marmot import components as comp
 from appliance.marmot import pairing as pair
-from appliance.marmot import proofs, transport
+from appliance.marmot import multidevice, proofs, transport
+from appliance.marmot.device import Device
+from appliance.marmot.mls import MLSError
+from appliance.marmot.mls.structs import LeafNode as MlsLeafNode
 from appliance.marmot.errors import DraftDisabled, MarmotError
 from appliance.marmot.extensions import EncryptedDeviceName, MultiDeviceExtension
 from appliance.nostr.event import InvalidEvent, parse_event
+from appliance.nostr.keys import public_key
 from appliance.nostr.nip19 import Nip19Error, parse_secret
 from appliance.settings import load
 
@@ -161,6 +165,247 @@ def cmd_decrypt_label(args, state) -> int:
     return emit({"label": ext.open(secret)}, draft=True)
 
 
+# -- groups and messages -----------------------------------------------------------------------------
+
+def load_device(args, state: StateDir) -> Device:
+    return Device.from_json(load_identity(args.identity), state.read("device", "state"))
+
+
+def save_device(state: StateDir, device: Device) -> None:
+    state.write("device", "state", device.to_json())
+
+
+def _group_summary(device: Device, gid: str) -> dict[str, Any]:
+    group = device.group(gid)
+    return {"group_id": gid, "nostr_group_id": device.groups[gid]["h"], "epoch": group.epoch}
+
+
+@command("key-package")
+def cmd_key_package(args, state) -> int:
+    """A signed kind 30443 key package event; its private part stays in the state directory."""
+    device = load_device(args, state)
+    if not args.relay:
+        raise Failed("usage", "key-package needs at least one --relay URL")
+    if args.device_label is not None and not args.draft_enabled:
+        raise DraftDisabled("--device-label is part of the draft multi-device feature: pass --draft-multi-device")
+    ev = device.new_key_package(args.relay, device_label=args.device_label)
+    save_device(state, device)
+    return emit(ev.to_dict(), draft=args.device_label is not None)
+
+
+@command("create-group")
+def cmd_create_group(args, state) -> int:
+    device = load_device(args, state)
+    if not args.relay:
+        raise Failed("usage", "create-group needs at least one --relay URL")
+    members = [read_event(path, "member key package") for path in args.member_key_package]
+    multi = args.draft_enabled
+    gid, rumors = device.create_group(args.name or "", args.relay, members, admins=args.admin,
+                                      multi_device=multi)
+    save_device(state, device)
+    return emit({**_group_summary(device, gid), "welcomes": rumors}, draft=multi)
+
+
+@command("join")
+def cmd_join(args, state) -> int:
+    """Join from a kind 444 rumor (as unwrapped), or from its kind 1059 gift wrap addressed to us."""
+    device = load_device(args, state)
+    if not args.welcome:
+        raise Failed("usage", "join needs --welcome FILE")
+    obj = read_json(args.welcome, "welcome")
+    if isinstance(obj, dict) and obj.get("kind") == 1059:
+        obj = transport.unwrap_welcome(parse_event(obj), device.secret).rumor
+    gid = device.join(obj)
+    save_device(state, device)
+    return emit({**_group_summary(device, gid), "members": device.members(gid)},
+                draft=bool(device.groups[gid].get("draft")))
+
+
+@command("send")
+def cmd_send(args, state) -> int:
+    device = load_device(args, state)
+    if args.group is None or args.content is None:
+        raise Failed("usage", "send needs --group ID and --content TEXT")
+    ev = device.send(args.group, args.content, args.kind)
+    save_device(state, device)
+    return emit(ev.to_dict())
+
+
+@command("receive")
+def cmd_receive(args, state) -> int:
+    device = load_device(args, state)
+    if not args.event:
+        raise Failed("usage", "receive needs --event FILE")
+    got = device.receive(read_event(args.event, "kind 445 event"),
+                         draft=args.draft_enabled)
+    save_device(state, device)
+    return emit(got.to_json(), draft=got.external_join)
+
+
+@command("commit")
+def cmd_commit(args, state) -> int:
+    """Add members (--add FILE with their key package events), remove accounts (--remove PUBKEY), or
+    with neither update our own leaf. Publish `commit` first, then the welcomes (gift-wrapped)."""
+    device = load_device(args, state)
+    if args.group is None:
+        raise Failed("usage", "commit needs --group ID")
+    adds = [read_event(path, "member key package") for path in args.add]
+    ev, rumors = device.commit(args.group, add=adds, remove=args.remove)
+    save_device(state, device)
+    return emit({**_group_summary(device, args.group), "commit": ev.to_dict(), "welcomes": rumors})
+
+
+@command("gift-wrap")
+def cmd_gift_wrap(args, state) -> int:
+    """The kind 1059 gift wrap of a kind 444 rumor for its recipient (publish it to their inbox relays)."""
+    secret = load_identity(args.identity)
+    if not args.rumor or not args.to:
+        raise Failed("usage", "gift-wrap needs --rumor FILE and --to PUBKEY")
+    rumor = read_json(args.rumor, "rumor")
+    return emit(transport.wrap_welcome(rumor, secret, args.to).to_dict())
+
+
+# -- the draft multi-device join ------------------------------------------------------------------------
+
+@command("group-info", draft=True)
+def cmd_group_info(args, state) -> int:
+    device = load_device(args, state)
+    group = device.group(_need(args.group, "--group ID"))
+    return emit({"group_id": args.group, "epoch": group.epoch, "group_info": _b64(group.group_info())}, draft=True)
+
+
+@command("join-psk", draft=True)
+def cmd_join_psk(args, state) -> int:
+    device = load_device(args, state)
+    group = device.group(_need(args.group, "--group ID"))
+    psk_id, psk = multidevice.join_psk(group)
+    doc = {"group_id": args.group, "epoch": group.epoch, "join_psk_id": psk_id.hex()}
+    if args.show_secrets:
+        doc["join_psk"] = psk.hex()
+    return emit(doc, draft=True)
+
+
+@command("pairing-seal", draft=True)
+def cmd_pairing_seal(args, state) -> int:
+    """Existing device: seal each named group's current join material to a new device's pairing key."""
+    device = load_device(args, state)
+    if not args.recipient or not args.group_list:
+        raise Failed("usage", "pairing-seal needs --recipient PAIRING_KEY and at least one --group ID")
+    entries = [pair.PairingGroupEntry(*device.pairing_entry(gid)) for gid in args.group_list]
+    envelope, payload = pair.seal_pairing(decode_blob(args.recipient, "pairing key"), entries,
+                                          validity=args.validity)
+    return emit({"envelope": _b64(envelope), "pairing_id": payload.pairing_id.hex(),
+                 "not_after": payload.not_after, "groups": args.group_list}, draft=True)
+
+
+@command("pairing-open", draft=True)
+def cmd_pairing_open(args, state) -> int:
+    """New device: open a pairing envelope with our pairing key (single use), keep its entries."""
+    if not args.envelope:
+        raise Failed("usage", "pairing-open needs --envelope FILE")
+    envelope = read_blob(args.envelope, "pairing envelope", "envelope")
+    recipient = pair.peek_envelope(envelope)["recipient_pub"]
+    record = state.read("pairing/keys", recipient)
+    if record is None:
+        raise Failed("pairing.unknown_key", "no unused pairing key of this state opens that envelope")
+    key = pair.PairingKey(bytes.fromhex(record["private"]), record["created_at"])
+    payload = pair.open_pairing(envelope, key, used_ids=state.used_pairing_ids())
+    state.delete("pairing/keys", recipient)  # single use: the key is gone
+    state.mark_pairing_used(payload.pairing_id.hex(), payload.not_after)
+    groups = []
+    for entry in payload.groups:
+        info = mls_group_info(entry.group_info)
+        gid = info.group_context.group_id.hex()
+        state.write("pairing/groups", gid, {"group_event_key": entry.group_event_key.hex(),
+                                            "join_psk": entry.join_psk.hex(), "group_info": _b64(entry.group_info),
+                                            "expires_at": payload.not_after})
+        groups.append({"group_id": gid, "epoch": info.group_context.epoch})
+    return emit({"pairing_id": payload.pairing_id.hex(), "expires_at": payload.not_after, "groups": groups},
+                draft=True)
+
+
+@command("join-request", draft=True)
+def cmd_join_request(args, state) -> int:
+    """New device: fix our joining leaf for a paired group; an admin authorizes the printed request."""
+    secret = load_identity(args.identity)
+    gid = _need(args.group, "--group ID")
+    entry = state.read("pairing/groups", gid)
+    if entry is None:
+        raise Failed("pairing.no_entry", f"no opened pairing entry for group {gid} (run pairing-open first)")
+    pending, leaf = multidevice.prepare_external_join(
+        secret, _unb64(entry["group_info"]), bytes.fromhex(entry["join_psk"]),
+        group_event_key=bytes.fromhex(entry["group_event_key"]), device_label=args.device_label)
+    state.write("pending", gid, {"pending": _b64(pending.to_bytes()), "expires_at": entry["expires_at"]})
+    context = pending.candidate_context()
+    return emit({"group_id": gid, "epoch": context.epoch, "account": public_key(secret),
+                 "group_context": _b64(context.encode()), "leaf_node": _b64(leaf.encode())}, draft=True)
+
+
+@command("authorize-join", draft=True)
+def cmd_authorize_join(args, state) -> int:
+    """Admin: the kind 452 proof for a join request, only over our group's current GroupContext."""
+    device = load_device(args, state)
+    if not args.request:
+        raise Failed("usage", "authorize-join needs --request FILE (the join-request output)")
+    request = read_json(args.request, "join request")
+    try:
+        context, leaf = _unb64(request["group_context"]), _unb64(request["leaf_node"])
+        gid = request["group_id"]
+    except (KeyError, TypeError, ValueError):
+        raise Failed("input.json", "a join request has group_id, group_context and leaf_node") from None
+    group = device.group(gid)
+    if group.group_context_bytes() != context:
+        raise Failed("multi_device.stale_request", "the request is not for this group's current epoch: "
+                     "the new device must pair again")
+    proof = multidevice.authorize_join(device.secret, context, leaf)
+    template = proofs.signing_event(multidevice.join_binding(group.context, MlsLeafNode.decode(leaf)),
+                                    proof.signer_hex, proof.created_at)
+    return emit({"group_id": gid, "epoch": group.epoch, "proof": proof.encode().hex(),
+                 "event": {**template, "sig": proof.signature.hex()}}, draft=True)
+
+
+@command("external-commit", draft=True)
+def cmd_external_commit(args, state) -> int:
+    """New device: the External Commit with the admin's authorization; publish the printed event."""
+    device = load_device(args, state)
+    gid = _need(args.group, "--group ID")
+    record = state.read("pending", gid)
+    if record is None:
+        raise Failed("pairing.no_pending", f"no join request for group {gid} (run join-request first)")
+    if not args.authorization:
+        raise Failed("usage", "external-commit needs --authorization FILE (the authorize-join output)")
+    proof = read_blob(args.authorization, "authorization", "proof")
+    pending = multidevice.PendingJoin.from_bytes(_unb64(record["pending"]))
+    ev = device.finish_external_join(pending, proof, name=args.name or "")
+    save_device(state, device)
+    state.delete("pending", gid)
+    state.delete("pairing/groups", gid)  # the pairing material is spent
+    return emit({**_group_summary(device, gid), "commit": ev.to_dict()}, draft=True)
+
+
+def _need(value, what: str):
+    if value is None:
+        raise Failed("usage", f"this command needs {what}")
+    return value
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def _unb64(text: str) -> bytes:
+    return base64.b64decode(text)
+
+
+def mls_group_info(data: bytes):
+    from appliance.marmot.mls.structs import MLSMessage, WF_GROUP_INFO
+
+    msg = MLSMessage.decode(data)
+    if msg.wire_format != WF_GROUP_INFO:
+        raise Failed("input.group_info", "not a GroupInfo message")
+    return msg.body
+
+
 def inspect_bytes(kind: str, data: bytes) -> dict[str, Any]:
     """Readable JSON for one Marmot-owned binary object."""
     if kind == "proof":
@@ -249,6 +494,63 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
         p.add_argument("--config", metavar="FILE", help="TOML config file (also APPLIANCE_CONFIG).")
         p.add_argument("--show-secrets", action="store_true", help="Also print secret values.")
 
+    p = sub.add_parser("key-package", help="Make a signed kind 30443 key package event (private part kept).")
+    common(p)
+    p.add_argument("--relay", action="append", default=[], metavar="URL", help="Relay for the key package (repeat).")
+    p.add_argument("--device-label", metavar="TEXT", help="[draft] Encrypted device label (0xf2ef) on the leaf.")
+    p = sub.add_parser("create-group", help="Create a group, inviting the given key packages.")
+    common(p)
+    p.add_argument("--name", metavar="NAME", help="Group name (kept in this state).")
+    p.add_argument("--relay", action="append", default=[], metavar="URL", help="Group relay (repeat).")
+    p.add_argument("--member-key-package", action="append", default=[], metavar="FILE",
+                   help="A member's kind 30443 key package event (repeat).")
+    p.add_argument("--admin", action="append", default=[], metavar="PUBKEY", help="Another admin (repeat).")
+    p = sub.add_parser("join", help="Join from a kind 444 welcome rumor (or its gift wrap).")
+    common(p)
+    p.add_argument("--welcome", metavar="FILE")
+    p = sub.add_parser("send", help="A kind 445 event carrying an application message (an unsigned rumor).")
+    common(p)
+    p.add_argument("--group", metavar="ID")
+    p.add_argument("--content", metavar="TEXT")
+    p.add_argument("--kind", type=int, default=9, help="Kind of the inner rumor (default 9).")
+    p = sub.add_parser("receive", help="Process one kind 445 event.")
+    common(p)
+    p.add_argument("--event", metavar="FILE")
+    p = sub.add_parser("commit", help="Add members, remove accounts, or update our leaf.")
+    common(p)
+    p.add_argument("--group", metavar="ID")
+    p.add_argument("--add", action="append", default=[], metavar="FILE", help="Key package event to add (repeat).")
+    p.add_argument("--remove", action="append", default=[], metavar="PUBKEY", help="Account to remove (repeat).")
+    p = sub.add_parser("gift-wrap", help="Gift-wrap a kind 444 welcome rumor for its recipient (kind 1059).")
+    common(p, state=False)
+    p.add_argument("--rumor", metavar="FILE")
+    p.add_argument("--to", metavar="PUBKEY")
+    p = sub.add_parser("group-info", help="[draft] Export the group's GroupInfo (external_pub, ratchet_tree).")
+    common(p)
+    p.add_argument("--group", metavar="ID")
+    p = sub.add_parser("join-psk", help="[draft] The group's join PSK id (and value with --show-secrets).")
+    common(p)
+    p.add_argument("--group", metavar="ID")
+    p = sub.add_parser("pairing-seal", help="[draft] Seal groups' join material to a new device's pairing key.")
+    common(p)
+    p.add_argument("--recipient", metavar="PAIRING_KEY")
+    p.add_argument("--group", dest="group_list", action="append", default=[], metavar="ID")
+    p.add_argument("--validity", type=int, default=pair.DEFAULT_PAIRING_VALIDITY, metavar="SECONDS")
+    p = sub.add_parser("pairing-open", help="[draft] New device: open a pairing envelope (single use).")
+    common(p, identity=False)
+    p.add_argument("--envelope", metavar="FILE")
+    p = sub.add_parser("join-request", help="[draft] New device: prepare the joining leaf for an admin to authorize.")
+    common(p)
+    p.add_argument("--group", metavar="ID")
+    p.add_argument("--device-label", metavar="TEXT")
+    p = sub.add_parser("authorize-join", help="[draft] Admin: sign the kind 452 authorization of a join request.")
+    common(p)
+    p.add_argument("--request", metavar="FILE")
+    p = sub.add_parser("external-commit", help="[draft] New device: build the External Commit.")
+    common(p)
+    p.add_argument("--group", metavar="ID")
+    p.add_argument("--authorization", metavar="FILE")
+    p.add_argument("--name", metavar="NAME")
     p = sub.add_parser("pairing-key", help="[draft] New device: make a fresh X25519 pairing key.")
     common(p, identity=False)
     p = sub.add_parser("encrypt-device-label", help="[draft] Encrypt a device label to the account's own key.")
@@ -268,7 +570,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         settings = load(flags={"marmot_draft_multi_device": True if args.draft_multi_device else None},
                         config_path=args.config)
-        if draft and not settings.marmot_draft_multi_device:
+        args.draft_enabled = bool(settings.marmot_draft_multi_device)
+        if draft and not args.draft_enabled:
             raise DraftDisabled(f"`{args.marmot_command}` is part of the draft multi-device join: pass "
                                 "--draft-multi-device or set marmot_draft_multi_device = true")
         state = StateDir(args.state) if getattr(args, "state", None) else None
@@ -279,6 +582,8 @@ def run(args: argparse.Namespace) -> int:
         return _fail(exc.code, exc.message)
     except MarmotError as exc:
         return _fail(exc.code, exc.reason)
+    except MLSError as exc:
+        return _fail("mls.invalid", f"MLS: {exc}")
     except ConfigError as exc:
         return _fail("config", str(exc))
 

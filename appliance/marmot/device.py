@@ -23,6 +23,7 @@ __all__ = ["Device", "Received"]
 
 # Outer (kind 445) keys of past epochs kept so a late message of the previous epoch still opens.
 EPOCH_KEYS_KEPT = 4
+OWN_EVENTS_KEPT = 256
 
 
 def _b64(data: bytes) -> str:
@@ -81,7 +82,7 @@ class Device:
         keys = [k for k in record["event_keys"] if k["epoch"] != group.epoch]
         keys.append({"epoch": group.epoch, "key": multidevice.group_event_key(group).hex()})
         record.update({"state": _b64(group.to_bytes()), "h": state.h, "relays": state.relays,
-                       "event_keys": keys[-EPOCH_KEYS_KEPT:]})
+                       "event_keys": keys[-EPOCH_KEYS_KEPT:], "own": record.get("own", [])})
         self.groups[gid] = record
         return record
 
@@ -162,7 +163,10 @@ class Device:
     def _publish(self, group_id: str, group_before: mls.Group, message: bytes) -> Event:
         record = self.groups[group_id]
         key = multidevice.group_event_key(group_before)
-        return transport.encrypt_group_message(key, bytes.fromhex(record["h"]), message)
+        ev = transport.encrypt_group_message(key, bytes.fromhex(record["h"]), message)
+        # Our own events come back from the relay: remember them so receive() can tell (bounded).
+        record["own"] = (record.get("own", []) + [ev.id])[-OWN_EVENTS_KEPT:]
+        return ev
 
     def send(self, group_id: str, content: str, kind: int = 9, tags: list | None = None) -> Event:
         group = self.group(group_id)
@@ -191,6 +195,8 @@ class Device:
         h = transport.check_group_message(ev)
         gid = self.group_by_h(h)
         record = self.groups[gid]
+        if ev.id in record.get("own", ()):
+            raise MarmotError("this event is our own (its changes are already applied)", "message.own")
         group = self.group(gid)
         message = None
         for entry in reversed(record["event_keys"]):
@@ -237,7 +243,8 @@ class Device:
         h = profile.read_group_state(pending.candidate_context()).h
         # Published under the parent epoch's outer key (the one the pairing payload carried).
         ev = transport.encrypt_group_message(_parent_event_key(pending), bytes.fromhex(h), message)
-        self._record(group, name=name, draft=True)
+        record = self._record(group, name=name, draft=True)
+        record["own"].append(ev.id)
         return ev
 
     # -- persistence -----------------------------------------------------------------------------------
