@@ -990,3 +990,12 @@ BENCHMARKS["leases"] = Benchmark(
     _bench_leases.add_args,
     _bench_leases.run,
 )
+
+
+from appliance import bench_marmot as _bench_marmot  # noqa: E402 - registered like `relay`
+
+BENCHMARKS["marmot-join"] = Benchmark(
+    "Build and process a draft multi-device External Commit in a group of N members; print the times.",
+    _bench_marmot.add_args,
+    _bench_marmot.run,
+)

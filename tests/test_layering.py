@@ -30,7 +30,8 @@ ALLOWED = {
     "server": {"nostr", "errors", "store", "origins", "settings", "relay", "app", "gateway", "__init__"},
     "commands": {"nostr", "errors", "store", "origins", "settings", "relay", "push", "gateway", "app", "marmot"},
     "bench": {"nostr", "errors", "store", "origins", "settings", "relay", "push", "app", "bench_leases",
-              "bench_gateway"},
+              "bench_gateway", "bench_marmot"},
+    "bench_marmot": {"nostr", "marmot"},
     "bench_leases": {"nostr", "errors", "store", "origins", "settings", "relay", "push", "app", "bench"},
     "bench_gateway": {"nostr", "errors", "store", "settings", "gateway", "testing", "bench"},
     # The dashboard drives the appliance through the same functions as the CLI (`commands`).
@@ -38,7 +39,7 @@ ALLOWED = {
               "commands",
               "__init__"},
     "cli": {"nostr", "errors", "store", "origins", "settings", "relay", "push", "gateway", "app", "server",
-            "commands", "admin", "bench", "bench_leases", "__init__"},
+            "commands", "admin", "bench", "bench_leases", "bench_marmot", "__init__"},
     "__main__": {"cli"},
     "__init__": set(),
 }

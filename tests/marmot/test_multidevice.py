@@ -264,3 +264,11 @@ def test_gate_names_the_missing_piece():
     with pytest.raises(E.SignalingGateInactive, match="0xf2f0"):
         md.check_signaling_gate(g.context, [(0, weak)])
     assert public_key(w.alice.secret) == w.alice.account
+
+
+def test_bench_marmot_join_runs(capsys):
+    from appliance.cli import main
+
+    assert main(["bench", "marmot-join", "--members", "3", "--repeat", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "build External Commit" in out and "process External Commit" in out
