@@ -145,10 +145,17 @@ class Device:
                 continue
             except mls.MLSError as exc:
                 raise MarmotError(f"the welcome does not join: {exc}", "welcome.invalid") from None
+            if group.group_id.hex() in self.groups:
+                # joining.md: a welcome never silently replaces a group copy we retain.
+                raise MarmotError("this welcome is for a group this state already holds", "welcome.known_group")
             state = profile.read_group_state(group.context)
             if state.profile == "components":
                 for index, leaf in group.tree.leaves():
                     profile.account_of_leaf(leaf, group.context.cipher_suite)
+            # joining.md step 8: the welcome's author (the GroupInfo signer) is an active admin.
+            author = group.tree.leaf(_welcome_signer(welcome.welcome, kps))
+            if author is None or author.credential.identity not in state.admins:
+                raise MarmotError("the welcome's author is not an active admin of the group", "welcome.not_admin")
             del self.key_packages[ref]  # consumed: its init key is gone with it
             self._record(group, draft=group.context.extension(0xF2F0) is not None)
             return group.group_id.hex()
@@ -216,7 +223,7 @@ class Device:
                                       "(enable it with the draft switch)", "draft.disabled")
                 processed = multidevice.process_external_commit(group, message)
             else:
-                processed = group.process(message)
+                processed = group.process(message, validate=_admin_gate)
         except mls.MLSError as exc:
             raise MarmotError(f"the MLS message is invalid: {exc}", "mls.invalid") from None
         sender_leaf = processed.sender_leaf
@@ -263,6 +270,46 @@ def _parent_event_key(pending: multidevice.PendingJoin) -> bytes:
     if len(key) != 32:
         raise MarmotError("the pending join does not carry the epoch's group_event_key", "state.pending")
     return key
+
+
+# admin-policy-v1.md, "Admin-Gated Actions": inviting, removing another member, changing group state.
+_ADMIN_GATED = {1, 7, 0x0008}  # Add, GroupContextExtensions, AppDataUpdate
+
+
+def _admin_gate(view) -> None:
+    """Refuse a member's Commit that does what only an active admin may do."""
+    sender_leaf = view.tree.leaf(view.sender.index) if view.sender.sender_type == 1 else None
+    if sender_leaf is None:
+        return  # External Commits have their own rules (multidevice.py)
+    account = sender_leaf.credential.identity
+    gated = any(p.proposal_type in _ADMIN_GATED for p in view.proposals)
+    for p in view.proposals:
+        if p.proposal_type == 3:  # Remove: of another account's leaf
+            removed = view.tree.leaf(p.removed)
+            if removed is not None and removed.credential.identity != account:
+                gated = True
+    if gated and account not in profile.read_group_state(view.parent_context).admins:
+        raise MarmotError("only an active admin may add or remove members or change group state",
+                          "commit.not_admin")
+
+
+def _welcome_signer(welcome: bytes, kps: mls.KeyPackageSecrets) -> int:
+    """The leaf index that signed the welcome's GroupInfo (the MLS core verified that signature)."""
+    from .mls import keyschedule as ks
+    from .mls.codec import decode_exact
+    from .mls.structs import GroupInfo, GroupSecrets
+
+    w = MLSMessage.decode(welcome).body
+    ref = mls.key_package_ref(kps.key_package)
+    entry = next(s for s in w.secrets if s.new_member == ref)
+    ct = entry.encrypted_group_secrets
+    gs = decode_exact(mls.crypto.decrypt_with_label(kps.init_priv, b"Welcome", w.encrypted_group_info,
+                                                    ct.kem_output, ct.ciphertext), GroupSecrets.read)
+    if gs.psks:  # our welcomes never carry PSKs; the MLS core already refused ones we cannot open
+        raise MarmotError("welcomes with PSKs are not supported", "welcome.psk")
+    member_prk = mls.crypto.extract(gs.joiner_secret, ks.psk_secret([]))
+    key, nonce = ks.welcome_key_nonce(mls.crypto.derive_secret(member_prk, b"welcome"))
+    return decode_exact(mls.crypto.aead_open(key, nonce, b"", w.encrypted_group_info), GroupInfo.read).signer
 
 
 def _is_external_commit(message: bytes) -> bool:

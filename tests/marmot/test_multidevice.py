@@ -272,3 +272,22 @@ def test_bench_marmot_join_runs(capsys):
     assert main(["bench", "marmot-join", "--members", "3", "--repeat", "1"]) == 0
     out = capsys.readouterr().out
     assert "build External Commit" in out and "process External Commit" in out
+
+
+def test_only_admins_add_members_and_only_admins_welcome():
+    """admin-policy-v1: a non-admin's Add is refused by the other members, and the welcome it sends is
+    refused by the invitee (joining.md step 8)."""
+    w = World()
+    dave = Device(generate_secret())
+    ev, rumors = w.bob.commit(w.gid, add=[dave.new_key_package(RELAYS)])
+    with pytest.raises(E.MarmotError) as e:
+        w.alice.receive(ev)
+    assert e.value.code == "commit.not_admin"
+    with pytest.raises(E.MarmotError) as e:
+        dave.join(rumors[0])
+    assert e.value.code == "welcome.not_admin"
+    # The admin's own Add goes through for everyone (Bob applied his refused commit: a fresh group).
+    w = World()
+    ev, rumors = w.alice.commit(w.gid, add=[dave.new_key_package(RELAYS)])
+    assert w.bob.receive(ev).type == "commit"
+    assert dave.join(rumors[0]) == w.gid
