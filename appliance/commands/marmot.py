@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import base64
 import binascii
+import hashlib
 import json
 import re
 import sys
@@ -41,7 +42,8 @@ DRAFT_LABEL = "marmot-multi-device draft: bytes are not final and must not be us
 
 _HEX = re.compile(r"(?:[0-9a-fA-F]{2})+")
 # The fields in which commands print binary objects (inspect finds the object in any of them).
-BLOB_FIELDS = ("extension_data", "proof", "envelope", "group_info", "component_data", "data")
+BLOB_FIELDS = ("extension_data", "proof", "envelope", "group_info", "leaf_node", "group_context", "join_psk_id",
+               "component_data", "data")
 
 
 class Failed(ApplianceError):
@@ -420,7 +422,93 @@ def inspect_bytes(kind: str, data: bytes) -> dict[str, Any]:
         return {"type": "extension", **MultiDeviceExtension.decode(data).to_json()}
     if kind == "device-label":
         return {"type": "extension", **EncryptedDeviceName.decode(data).to_json()}
+    if kind in MLS_TYPES:
+        return inspect_mls(kind, data)
     raise Failed("usage", f"cannot inspect {kind!r}")
+
+
+def _hex16(values) -> list[str]:
+    return [f"0x{v:04x}" for v in values]
+
+
+def _leaf_json(leaf) -> dict[str, Any]:
+    from appliance.marmot import profile
+
+    out: dict[str, Any] = {
+        "account": leaf.credential.identity.hex() if leaf.credential.identity else None,
+        "signature_key": leaf.signature_key.hex(), "encryption_key": leaf.encryption_key.hex(),
+        "source": {1: "key_package", 2: "update", 3: "commit"}.get(leaf.leaf_node_source),
+        "capabilities": {"extensions": _hex16(leaf.capabilities.extensions),
+                         "proposals": _hex16(leaf.capabilities.proposals)},
+        "extensions": _hex16(e.extension_type for e in leaf.extensions),
+        "leaf_node_hash": hashlib.sha256(leaf.encode()).hexdigest(),
+    }
+    if leaf.lifetime is not None:
+        out["lifetime"] = {"not_before": leaf.lifetime.not_before, "not_after": leaf.lifetime.not_after}
+    try:
+        profile.account_of_leaf(leaf)
+        out["account_identity_proof"] = "valid"
+    except MarmotError as exc:
+        out["account_identity_proof"] = f"invalid: {exc.reason}"
+    return out
+
+
+def _context_json(ctx) -> dict[str, Any]:
+    from appliance.marmot import profile
+
+    out: dict[str, Any] = {"group_id": ctx.group_id.hex(), "epoch": ctx.epoch,
+                           "ciphersuite": f"0x{ctx.cipher_suite:04x}",
+                           "extensions": _hex16(e.extension_type for e in ctx.extensions),
+                           "group_context_hash": hashlib.sha256(ctx.encode()).hexdigest(),
+                           "join_psk_id": multidevice.join_psk_id(ctx.encode()).hex()}
+    try:
+        state = profile.read_group_state(ctx)
+        out.update({"profile": state.profile, "nostr_group_id": state.h, "relays": state.relays,
+                    "admins": sorted(a.hex() for a in state.admins)})
+    except MarmotError as exc:
+        out["marmot"] = f"unreadable: {exc.reason}"
+    return out
+
+
+def inspect_mls(kind: str, data: bytes) -> dict[str, Any]:
+    """Readable JSON for MLS objects (decoded and, where they carry signatures, verified)."""
+    from appliance.marmot import mls
+    from appliance.marmot.mls import structs as st
+
+    try:
+        if kind == "key-package":
+            kp = mls.parse_key_package(data)
+            return {"type": "KeyPackage", "ref": mls.key_package_ref(kp).hex(), "leaf": _leaf_json(kp.leaf_node)}
+        if kind == "leaf-node":
+            return {"type": "LeafNode", **_leaf_json(st.LeafNode.decode(data))}
+        if kind == "group-context":
+            return {"type": "GroupContext", **_context_json(st.GroupContext.decode(data))}
+        if kind == "join-psk-id":
+            if len(data) != 64 or data[:32] != b"\x1f" + multidevice.JOIN_PSK_LABEL:
+                raise Failed("input.join_psk_id", "not a MarmotMultiDeviceJoinPskId (0x1f, label, 32-byte hash)")
+            return {"type": "MarmotMultiDeviceJoinPskId", "label": multidevice.JOIN_PSK_LABEL.decode(),
+                    "group_context_hash": data[32:].hex()}
+        msg = st.MLSMessage.decode(data)
+        if kind == "group-info" or msg.wire_format == st.WF_GROUP_INFO:
+            if msg.wire_format != st.WF_GROUP_INFO:
+                raise Failed("input.group_info", "not a GroupInfo message")
+            gi = msg.body
+            return {"type": "GroupInfo", "signer": gi.signer, "context": _context_json(gi.group_context),
+                    "extensions": _hex16(e.extension_type for e in gi.extensions)}
+        names = {1: "PublicMessage", 2: "PrivateMessage", 3: "Welcome", 4: "GroupInfo", 5: "KeyPackage"}
+        out: dict[str, Any] = {"type": "MLSMessage", "wire_format": names.get(msg.wire_format, msg.wire_format)}
+        if msg.wire_format == st.WF_PUBLIC_MESSAGE:
+            c = msg.body.content
+            out.update({"group_id": c.group_id.hex(), "epoch": c.epoch, "sender_type": c.sender.sender_type,
+                        "content_type": c.content_type, "authenticated_data": c.authenticated_data.hex()})
+            if c.content_type == st.CT_COMMIT:
+                out["proposals"] = [_hex16([p.proposal_type])[0] if hasattr(p, "proposal_type") else "ref"
+                                    for p in c.content.proposals]
+        elif msg.wire_format == st.WF_PRIVATE_MESSAGE:
+            out.update({"group_id": msg.body.group_id.hex(), "epoch": msg.body.epoch})
+        return out
+    except mls.MLSError as exc:
+        raise Failed("input.mls", f"{kind}: {exc}") from None
 
 
 def inspect_event(obj: Any) -> dict[str, Any]:
@@ -442,8 +530,13 @@ def inspect_event(obj: Any) -> dict[str, Any]:
                 "ciphertext_bytes": len(base64.b64decode(ev.content)) - transport.NONCE_LEN}
     if ev.kind in (transport.KEY_PACKAGE_KIND, transport.LEGACY_KEY_PACKAGE_KIND):
         kp = transport.parse_key_package_event(ev)
-        return {"type": "key-package-event", "kind": ev.kind, "author": ev.pubkey, "d": kp.d, "ref": kp.ref,
-                "ciphersuite": kp.ciphersuite, "relays": kp.relays, "key_package_bytes": len(kp.key_package)}
+        out = {"type": "key-package-event", "kind": ev.kind, "author": ev.pubkey, "d": kp.d, "ref": kp.ref,
+               "ciphersuite": kp.ciphersuite, "relays": kp.relays, "key_package_bytes": len(kp.key_package)}
+        try:
+            out["key_package"] = inspect_mls("key-package", kp.key_package)
+        except Failed as exc:
+            out["key_package"] = f"invalid: {exc.message}"
+        return out
     if ev.kind == transport.KEY_PACKAGE_RELAYS_KIND:
         return {"type": "key-package-relays", "kind": ev.kind, "author": ev.pubkey,
                 "relays": transport.parse_key_package_relays(ev)}
@@ -458,7 +551,11 @@ def cmd_inspect(args, state) -> int:
     if not args.input:
         raise Failed("usage", "inspect needs --input FILE (or - for stdin)")
     if args.as_type:
-        return emit(inspect_bytes(args.as_type, read_blob(args.input, args.as_type)))
+        field = FIELD_FOR.get(args.as_type)
+        text = read_text(args.input) if args.input != "-" else None
+        if text is None or field is None or f'"{field}"' not in text:
+            field = None
+        return emit(inspect_bytes(args.as_type, read_blob(args.input, args.as_type, field)))
     text = read_text(args.input).strip()
     if text.startswith("{"):
         return emit(inspect_event(read_json(args.input, "object") if args.input != "-" else json.loads(text)))
@@ -476,8 +573,12 @@ def cmd_inspect(args, state) -> int:
 
 # -- argument parsing and dispatch -----------------------------------------------------------------
 
+FIELD_FOR = {"proof": "proof", "pairing-envelope": "envelope", "group-info": "group_info", "leaf-node": "leaf_node",
+             "group-context": "group_context", "join-psk-id": "join_psk_id", "device-label": "extension_data",
+             "multi-device-extension": "extension_data"}
+MLS_TYPES = ("key-package", "leaf-node", "group-context", "group-info", "mls-message", "join-psk-id")
 INSPECT_TYPES = ("proof", "pairing-envelope", "admin-policy", "nostr-routing", "multi-device-extension",
-                 "device-label")
+                 "device-label", *MLS_TYPES)
 
 
 def add_parser(parser: argparse.ArgumentParser) -> None:

@@ -106,7 +106,7 @@ class Device:
         exts = profile.group_extensions(admins=[bytes.fromhex(a) for a in admins], nostr_group_id=os.urandom(32),
                                         relays=relays, multi_device=multi_device)
         group = mls.Group.create(profile.new_group_id(), profile.credential_of(self.secret), sig_priv,
-                                 capabilities=profile.leaf_capabilities(),
+                                 capabilities=profile.leaf_capabilities(), lifetime=profile.lifetime(),
                                  leaf_extensions=profile.leaf_extensions(self.secret, sig_pub), extensions=exts)
         rumors = []
         if members:
@@ -118,7 +118,7 @@ class Device:
         self._record(group, name=name, draft=multi_device)
         return group.group_id.hex(), rumors
 
-    def _member_key_package(self, ev: Event):
+    def _member_key_package(self, ev: Event, require_proof: bool = True):
         """A member's key package event, checked: outer rules, MLS signatures, author == credential, 0x8009."""
         parsed = transport.parse_key_package_event(ev)
         try:
@@ -129,7 +129,9 @@ class Device:
             raise TransportError("the key package's credential is not the event author", "transport.key_package")
         if parsed.ref is not None and parsed.ref != mls.key_package_ref(kp).hex():
             raise TransportError("the i tag is not the KeyPackageRef", "transport.i_tag")
-        profile.account_of_leaf(kp.leaf_node, kp.cipher_suite)
+        profile.check_lifetime(kp.leaf_node)
+        if require_proof:  # component groups require 0x8009 on every leaf; MDK groups do not have it
+            profile.account_of_leaf(kp.leaf_node, kp.cipher_suite)
         return kp, ev
 
     def join(self, rumor: dict) -> str:
@@ -187,7 +189,8 @@ class Device:
         """Add members (key package events), remove accounts, or update our leaf (neither); returns the
         kind 445 commit to publish first and the welcome rumors to send after it."""
         group = self.group(group_id)
-        kps = [self._member_key_package(ev) for ev in add]
+        components = profile.read_group_state(group.context).profile == "components"
+        kps = [self._member_key_package(ev, require_proof=components) for ev in add]
         leaves = [i for i, leaf in group.tree.leaves() if leaf.credential.identity and
                   leaf.credential.identity.hex() in set(remove)]
         out = group.commit(add=[kp for kp, _ in kps], remove=leaves)

@@ -13,6 +13,7 @@ groups, and how it reads group state (its own app components, or MDK's 0xf2ee gr
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
 
 from appliance.nostr.event import Event
@@ -32,6 +33,7 @@ from .mls.structs import (
     Extension,
     GroupContext,
     LeafNode,
+    Lifetime,
     RequiredCapabilities,
 )
 
@@ -67,6 +69,7 @@ SUPPORTED_COMPONENTS = (comp.ADMIN_POLICY, comp.NOSTR_ROUTING, comp.ACCOUNT_IDEN
 TAG_EXTENSIONS = (0x000A, comp.APP_DATA_DICTIONARY, comp.EXT_MDK_GROUP_DATA, comp.EXT_ENCRYPTED_DEVICE_NAME,
                   comp.EXT_MULTI_DEVICE)
 TAG_PROPOSALS = (comp.SELF_REMOVE,)
+MAX_KEY_PACKAGE_LIFETIME = 7_261_200  # key-packages.md: 84 days plus a one-hour clock-skew margin
 
 
 def encode_components_list(ids) -> bytes:
@@ -98,11 +101,28 @@ def leaf_extensions(account_secret: str, signature_public: bytes, *, device_labe
     return tuple(exts)
 
 
+def lifetime(now: int | None = None) -> Lifetime:
+    """key-packages.md: at most 84 days plus an hour of clock skew (7,261,200 s), starting an hour ago."""
+    start = (int(time.time()) if now is None else now) - 3600
+    return Lifetime(start, start + MAX_KEY_PACKAGE_LIFETIME)
+
+
+def check_lifetime(leaf: LeafNode, now: int | None = None) -> None:
+    now = int(time.time()) if now is None else now
+    lt = leaf.lifetime
+    if lt is None:
+        raise ComponentError("the key package has no Lifetime", "key_package.lifetime")
+    if not lt.not_before <= now <= lt.not_after:
+        raise ComponentError("the key package is not current (outside its Lifetime)", "key_package.lifetime")
+    if lt.not_after - lt.not_before > MAX_KEY_PACKAGE_LIFETIME:
+        raise ComponentError("the key package's Lifetime is longer than 7,261,200 seconds", "key_package.lifetime")
+
+
 def create_key_package(account_secret: str, *, device_label: str | None = None) -> mls.KeyPackageSecrets:
     """A fresh KeyPackage for this account (new MLS signature key, 0x8009 proof over it)."""
     sig_priv, sig_pub = crypto.signature_keypair()
     return mls.create_key_package(bytes.fromhex(public_key(account_secret)), sig_priv,
-                                  capabilities=leaf_capabilities(),
+                                  capabilities=leaf_capabilities(), lifetime=lifetime(),
                                   leaf_extensions=leaf_extensions(account_secret, sig_pub, device_label=device_label))
 
 

@@ -108,3 +108,28 @@ def test_the_installed_command(tmp_path):
     assert proc.returncode == 2
     assert json.loads(proc.stdout)["error"] == "draft.disabled"
     assert "draft" in proc.stderr
+
+
+def test_inspect_mls_objects(capsys, tmp_path, identity):
+    from appliance.marmot.device import Device
+    from appliance.marmot import multidevice as md
+
+    secret, path = identity
+    dev = Device(secret)
+    kp = dev.new_key_package(["ws://127.0.0.1:7777"])
+    kp_file = tmp_path / "kp.json"
+    kp_file.write_text(kp.to_json())
+    rc, doc = run(capsys, "inspect", "--input", str(kp_file))
+    assert rc == 0 and doc["key_package"]["leaf"]["account"] == dev.account
+    assert doc["key_package"]["leaf"]["account_identity_proof"] == "valid"
+    gid, _ = dev.create_group("g", ["ws://127.0.0.1:7777"], [], multi_device=True)
+    group = dev.group(gid)
+    gi = tmp_path / "gi.json"
+    gi.write_text(json.dumps({"group_info": __import__("base64").b64encode(group.group_info()).decode()}))
+    rc, doc = run(capsys, "inspect", "--input", str(gi), "--as", "group-info")
+    assert rc == 0 and doc["context"]["group_id"] == gid and doc["context"]["admins"] == [dev.account]
+    assert doc["context"]["join_psk_id"] == md.join_psk_id(group.group_context_bytes()).hex()
+    psk = tmp_path / "psk"
+    psk.write_text(md.join_psk_id(group.group_context_bytes()).hex())
+    rc, doc = run(capsys, "inspect", "--input", str(psk), "--as", "join-psk-id")
+    assert rc == 0 and doc["label"] == "marmot.multi-device.join-psk.v1"

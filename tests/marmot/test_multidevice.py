@@ -291,3 +291,19 @@ def test_only_admins_add_members_and_only_admins_welcome():
     ev, rumors = w.alice.commit(w.gid, add=[dave.new_key_package(RELAYS)])
     assert w.bob.receive(ev).type == "commit"
     assert dave.join(rumors[0]) == w.gid
+
+
+def test_key_package_lifetime_rules():
+    """key-packages.md: a Lifetime, current, at most 7,261,200 s; ours are exactly that long."""
+    from appliance.marmot.mls.structs import Lifetime
+
+    kps = profile.create_key_package(generate_secret())
+    lt = kps.key_package.leaf_node.lifetime
+    assert lt.not_after - lt.not_before == 7_261_200
+    profile.check_lifetime(kps.key_package.leaf_node)
+    leaf = kps.key_package.leaf_node
+    for bad in (Lifetime(lt.not_before, lt.not_before + 7_261_201), Lifetime(0, 1)):
+        odd = type(leaf)(leaf.encryption_key, leaf.signature_key, leaf.credential, leaf.capabilities,
+                         leaf.leaf_node_source, bad, leaf.parent_hash, leaf.extensions, leaf.signature)
+        with pytest.raises(E.ComponentError):
+            profile.check_lifetime(odd)
