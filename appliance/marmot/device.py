@@ -229,6 +229,10 @@ class Device:
                 processed = group.process(message, validate=_admin_gate)
         except mls.MLSError as exc:
             raise MarmotError(f"the MLS message is invalid: {exc}", "mls.invalid") from None
+        if processed.kind == "proposal" and _is_join_authorization(processed.proposal):
+            # Standalone: never valid (multi-device-join-authorization-v1.md, carrier rules); not kept.
+            raise MarmotError("a standalone join authorization proposal is invalid",
+                              "multi_device.authorization_misplaced")
         sender_leaf = processed.sender_leaf
         sender = sender_leaf.credential.identity.hex() if sender_leaf and sender_leaf.credential.identity else None
         rumor = None
@@ -285,6 +289,9 @@ def _admin_gate(view) -> None:
     if sender_leaf is None:
         return  # External Commits have their own rules (multidevice.py)
     account = sender_leaf.credential.identity
+    if any(_is_join_authorization(p) for p in view.proposals):
+        raise MarmotError("a join authorization (AppEphemeral 0x800a) is valid only inside a multi-device "
+                          "External Commit", "multi_device.authorization_misplaced")
     gated = any(p.proposal_type in _ADMIN_GATED for p in view.proposals)
     for p in view.proposals:
         if p.proposal_type == 3:  # Remove: of another account's leaf
@@ -294,6 +301,10 @@ def _admin_gate(view) -> None:
     if gated and account not in profile.read_group_state(view.parent_context).admins:
         raise MarmotError("only an active admin may add or remove members or change group state",
                           "commit.not_admin")
+
+
+def _is_join_authorization(p) -> bool:
+    return p.proposal_type == 0x0009 and getattr(p, "component_id", None) == 0x800A
 
 
 def _welcome_signer(welcome: bytes, kps: mls.KeyPackageSecrets) -> int:

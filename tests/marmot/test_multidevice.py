@@ -307,3 +307,23 @@ def test_key_package_lifetime_rules():
                          leaf.leaf_node_source, bad, leaf.parent_hash, leaf.extensions, leaf.signature)
         with pytest.raises(E.ComponentError):
             profile.check_lifetime(odd)
+
+
+def test_join_authorization_outside_an_external_commit_is_refused():
+    """multi-device-join-authorization-v1: standalone, or in a member's Commit, 0x800a is invalid."""
+    from appliance.marmot import transport as tp
+
+    w = World()
+    g = w.bob.group(w.gid)
+    proof = b"\x00" * 104
+    g2, message = g.propose(AppEphemeral(0x800A, proof))
+    ev = tp.encrypt_group_message(md.group_event_key(g), bytes.fromhex(w.bob.groups[w.gid]["h"]), message)
+    before = w.alice.groups[w.gid]["state"]
+    with pytest.raises(E.MarmotError) as e:
+        w.alice.receive(ev)
+    assert e.value.code == "multi_device.authorization_misplaced" and w.alice.groups[w.gid]["state"] == before
+    out = g.commit(proposals=[AppEphemeral(0x800A, proof)])
+    ev = tp.encrypt_group_message(md.group_event_key(g), bytes.fromhex(w.bob.groups[w.gid]["h"]), out.message)
+    with pytest.raises(E.MarmotError) as e:
+        w.alice.receive(ev)
+    assert e.value.code == "multi_device.authorization_misplaced"
