@@ -304,9 +304,7 @@ def _assemble(p: PendingJoin, authorization: AppEphemeral | None, account_secret
         signature = sign_content(WF_PUBLIC_MESSAGE, content, context, p.signature_priv)
         g.own_leaf = own
         g.privs = {2 * own: p.encryption_priv, **{fdp[i][0]: keys[i][0] for i in range(len(fdp))}}
-        g.secrets = ks.EpochSecrets(*([b""] * 11), init_secret=b"")
         new = g._advance(staged, content, WF_PUBLIC_MESSAGE, signature, commit_secret, p.init_secret, psk_values)
-        new.resumption = {}
     except mls.MLSError as exc:
         raise ExternalCommitMlsInvalid(f"cannot build the External Commit: {exc}") from None
     auth = FramedContentAuthData(signature, new.confirmation_tag)
