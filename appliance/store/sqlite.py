@@ -60,14 +60,14 @@ class QueryTimeout(StoreError):
 
 # WAL file size kept after a checkpoint; larger WALs are truncated back to this.
 WAL_SIZE_LIMIT = 64 * 1024 * 1024
-# Pages in the WAL past which the checkpointer restarts it (RESTART: everything copied back, the
-# next commit writes from the start of the file again), rather than letting a write burst with
-# readers present grow it without bound: every read searches the WAL index, so a big WAL slows
-# reads too. 4,096 pages of 4 KiB: 16 MiB.
-WAL_RESTART_PAGES = 4096
-# How long a RESTART waits for readers on older snapshots and for the writer's transaction (it
-# holds new writes back meanwhile); if they are not done by then, a PASSIVE round copies what it
-# can and the next commit tries again.
+# Pages in the WAL past which the writer restarts it after a commit (RESTART: everything copied
+# back, the next commit writes from the start of the file again), rather than letting a write
+# burst with readers present grow it without bound: every read searches the WAL index, so a big
+# WAL slows reads too. The checkpointer copies pages back (PASSIVE) from half this on, so little is
+# left to copy then. 2,048 pages of 4 KiB: 8 MiB.
+WAL_RESTART_PAGES = 2048
+# How long a RESTART waits for readers on older snapshots (it holds new writes back meanwhile);
+# if they are not done by then, the next commit tries again.
 WAL_RESTART_WAIT_MS = 100
 
 _bestpractice_applied = False
@@ -417,6 +417,7 @@ class SqliteStore:
         self.wal_restarts = 0
         self._write_conn.set_wal_hook(self._wal_hook)
         self._writer = Writer(self._write_conn, self.write_batch)
+        self._writer.after_commit = self._restart_wal
         self._writer.start()
         self._checkpointer = threading.Thread(target=self._checkpoint_loop, name="appliance-checkpoint", daemon=True)
         self._checkpointer.start()
@@ -424,9 +425,9 @@ class SqliteStore:
         return self
 
     def _wal_hook(self, _conn: apsw.Connection, _db: str, pages: int) -> int:
-        """After each commit (writer thread): a WAL past WAL_RESTART_PAGES wakes the checkpointer."""
+        """After each commit (writer thread): past half WAL_RESTART_PAGES, wake the checkpointer."""
         self.wal_pages = pages
-        if pages >= WAL_RESTART_PAGES:
+        if pages >= WAL_RESTART_PAGES // 2:
             self._wal_big.set()
         return apsw.SQLITE_OK
 
@@ -434,22 +435,24 @@ class SqliteStore:
         conn = connect(self.path, sync_mode=self.sync_mode)
         try:
             while not self._stop_checkpoints.is_set():
-                big = self._wal_big.wait(CHECKPOINT_INTERVAL)
+                self._wal_big.wait(CHECKPOINT_INTERVAL)
                 if self._stop_checkpoints.is_set():
                     break
                 self._wal_big.clear()
                 try:
-                    if big and self._restart_wal(conn):
-                        continue
                     conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
                 except apsw.Error as exc:  # busy or locked: the next round catches up
                     log.debug("checkpoint skipped: %s", exc)
         finally:
             conn.close()
 
-    def _restart_wal(self, conn: apsw.Connection) -> bool:
-        """Copy the whole WAL back and have the next commit start it afresh; False if readers or
-        the writer kept it busy past WAL_RESTART_WAIT_MS."""
+    def _restart_wal(self) -> None:
+        """Writer thread, after a commit: past WAL_RESTART_PAGES, copy the rest of the WAL back and
+        have the next commit start it afresh (no writer to wait for: this is the writer). Readers
+        on older snapshots get WAL_RESTART_WAIT_MS; if they are not done, the next commit retries."""
+        if self.wal_pages < WAL_RESTART_PAGES:
+            return
+        conn = self._write_conn
         conn.set_busy_timeout(WAL_RESTART_WAIT_MS)
         try:
             busy, _frames, _copied = conn.execute("PRAGMA wal_checkpoint(RESTART)").fetchone()
@@ -459,7 +462,7 @@ class SqliteStore:
             conn.set_busy_timeout(BUSY_TIMEOUT_MS)
         if not busy:
             self.wal_restarts += 1
-        return not busy
+            self.wal_pages = 0
 
     def scrub_wal(self) -> bool:
         """Checkpoint everything and truncate the WAL to zero bytes, so page images written before

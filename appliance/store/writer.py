@@ -35,6 +35,8 @@ class Writer:
         self._thread = threading.Thread(target=self._run, name="appliance-writer", daemon=True)
         self.commits = 0
         self.writes = 0
+        # Run on the writer thread after each batch is committed and answered (WAL upkeep).
+        self.after_commit: Callable[[], None] | None = None
 
     def start(self) -> None:
         self._thread.start()
@@ -144,6 +146,11 @@ class Writer:
             self.commits += 1
             self.writes += len(batch)
         self._deliver(outcomes)
+        if self.after_commit is not None:
+            try:
+                self.after_commit()
+            except Exception:  # housekeeping must never stop the writer
+                log.exception("after-commit housekeeping failed")
 
     @staticmethod
     def _run_one(conn: apsw.Connection, op: WriteOp, fut, loop, outcomes: list) -> None:

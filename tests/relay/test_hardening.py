@@ -307,3 +307,56 @@ async def test_sigterm_sends_every_ok_and_closes_1001(make_server, alice, tmp_pa
     # Everything acknowledged is stored, and everything stored was acknowledged.
     assert stored == acked
     assert not (refused & stored)
+
+
+@pytest.mark.slow
+async def test_wal_stays_bounded_with_readers_present(make_server, alice, bob):
+    """Writes with readers querying throughout: the WAL is restarted, not grown without bound
+    (about 7 KB of WAL per event: 15,000 events would be over 100 MB)."""
+    srv = make_server("--event-rate", "0", "--req-rate", "0")
+    wal = srv.data_dir / "appliance.sqlite3-wal"
+    events = [alice.sign(1, [["p", bob.pubkey], ["t", f"t{i % 50}"]], f"note {i} " + "x" * 300)
+              for i in range(15000)]
+    peak = 0
+    done = asyncio.Event()
+
+    async def sample():
+        nonlocal peak
+        while not done.is_set():
+            if wal.exists():
+                peak = max(peak, wal.stat().st_size)
+            await asyncio.sleep(0.005)
+
+    async def reader(n: int):
+        c = await Client.connect(srv.url)
+        i = 0
+        while not done.is_set():
+            i += 1
+            _events, closed = await c.req(f"r{n}.{i}", {"kinds": [1], "#p": [bob.pubkey], "limit": 50})
+            assert closed is None
+        await c.close()
+
+    async def writer(share):
+        ws = await websockets.connect(srv.url, max_size=None)
+        await ws.recv()
+        pending = 0
+        for ev in share:
+            await ws.send(json.dumps(["EVENT", ev.to_dict()]))
+            pending += 1
+            while pending >= 200:
+                msg = json.loads(await ws.recv())
+                if msg[0] == "OK":
+                    assert msg[2], msg
+                    pending -= 1
+        while pending:
+            msg = json.loads(await ws.recv())
+            if msg[0] == "OK":
+                pending -= 1
+        await ws.close()
+
+    sampler = asyncio.create_task(sample())
+    readers = [asyncio.create_task(reader(n)) for n in range(2)]
+    await asyncio.gather(*(writer(events[i::4]) for i in range(4)))
+    done.set()
+    await asyncio.gather(sampler, *readers)
+    assert peak < 64 * 1024 * 1024, f"WAL peaked at {peak / 2**20:.1f} MiB"
