@@ -41,14 +41,6 @@ DEFAULT_MAX_READER_THREADS = 24
 # cache holds the file anyway, and a query's working set is a few index pages. (Memory-mapping
 # the file instead would count it once per connection in the process's RSS.)
 READER_CACHE_KIB = 4 * 1024
-# A read is first tried on the event loop's own connection when no reader is busy and none waits:
-# most REQs are index lookups of a fraction of a millisecond, and handing one to a thread and back
-# costs about as much again (thread wake-up, loop wake-up, GIL hand-overs). Past this much SQLite
-# time the attempt is abandoned (its work is lost) and the read goes to the pool, so the loop is
-# never held longer than this by a read.
-INLINE_BUDGET = 0.0005
-INLINE_STEPS = 1000
-_TOO_LONG = object()
 # Reader threads beyond `reader_threads` (started for paused reads) end after this long idle, and
 # their connections' memory goes back.
 READER_IDLE_SECONDS = 5.0
@@ -389,7 +381,6 @@ class SqliteStore:
         self._reader_conns: list[apsw.Connection] = []
         self._lock = threading.Lock()
         self.schema_version_found: int | None = None
-        self.inline_reads = True  # see INLINE_BUDGET
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -592,22 +583,4 @@ class SqliteStore:
         `timeout` counts from now, waiting included."""
         pool = self._pool
         assert pool is not None, "store is not open"
-        if self.inline_reads and pool.active == 0 and not pool._queue:
-            result = self._try_inline(fn)
-            if result is not _TOO_LONG:
-                return result
         return await pool.submit(fn, timeout, owner)
-
-    def _try_inline(self, fn: Callable[[apsw.Connection], T]) -> Any:
-        """`fn` on this (the event loop's) thread, abandoned past INLINE_BUDGET: _TOO_LONG."""
-        conn = self._reader()
-        clock = time.monotonic
-        deadline = clock() + INLINE_BUDGET
-        conn.set_progress_handler(lambda: clock() > deadline, INLINE_STEPS, id="timeout")
-        try:
-            with conn:
-                return fn(conn)
-        except apsw.InterruptError:
-            return _TOO_LONG
-        finally:
-            conn.set_progress_handler(None, id="timeout")
