@@ -999,3 +999,12 @@ BENCHMARKS["marmot-join"] = Benchmark(
     _bench_marmot.add_args,
     _bench_marmot.run,
 )
+
+
+from appliance import bench_gateway as _bench_gateway  # noqa: E402 - registered like `relay`
+
+BENCHMARKS["gateway"] = Benchmark(
+    "Enroll, delegate and deliver through the local APNs gateway to an APNs emulator; print rates and latency.",
+    _bench_gateway.add_args,
+    _bench_gateway.run,
+)

@@ -211,3 +211,36 @@ def test_grants_up_to_4096_bytes():
 ])
 def test_content_type(value, ok):
     assert wire.ContentType.acceptable(value) is ok
+
+
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+_json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(min_value=-(2**70), max_value=2**70) | st.floats(allow_nan=False)
+    | st.text(max_size=20),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(name=st.sampled_from(sorted(VALID)), member=st.text(max_size=12), value=_json_values)
+def test_any_single_change_is_accepted_exactly_or_refused_cleanly(name, member, value):
+    schema, obj = VALID[name]
+    changed = {**obj, member: value}
+    try:
+        out = wire.parse_request(raw(changed), schema)
+    except InvalidRequest:
+        return
+    # Accepted only if it is still the closed object with every value in its rules.
+    assert out == changed and set(out) == set(schema)
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.binary(max_size=300))
+def test_arbitrary_bytes_never_escape_as_another_error(data):
+    for schema, _ in VALID.values():
+        try:
+            wire.parse_request(data, schema)
+        except InvalidRequest:
+            pass
