@@ -231,7 +231,6 @@ SQL_QUOTA_SET = (
     "ON CONFLICT (app_profile, token_sha256) DO UPDATE SET window_start = excluded.window_start, "
     "admitted = excluded.admitted"
 )
-SQL_TERMINAL = "UPDATE gateway_reservations SET terminal = 1 WHERE relay_pubkey = ? AND request_id = ?"
 SQL_RELEASE = "DELETE FROM gateway_reservations WHERE relay_pubkey = ? AND request_id = ?"
 
 
@@ -286,9 +285,11 @@ def admit_delivery(conn: apsw.Connection, *, event_id: str, event_expires_at: in
     return Admission(Outcome.OK, inst.handle, inst.endpoint_epoch, inst.token)
 
 
-def finish_delivery(conn: apsw.Connection, signer: str, request_id: str, *, terminal: bool) -> None:
-    """Keep a terminal reservation; release a transient one so a fresh NIP-98 event may retry the job."""
-    conn.execute(SQL_TERMINAL if terminal else SQL_RELEASE, (signer, request_id))
+def release_reservation(conn: apsw.Connection, signer: str, request_id: str) -> None:
+    """A transient or configuration outcome releases the reservation after provider processing, so a
+    fresh NIP-98 event may retry the job. A terminal outcome keeps the row committed at send-begin
+    as it is: no write at all."""
+    conn.execute(SQL_RELEASE, (signer, request_id))
 
 
 # -- grant keys ----------------------------------------------------------------------------------

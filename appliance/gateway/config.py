@@ -26,12 +26,14 @@ with the field and the reason.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 from appliance.errors import ConfigError
+from appliance.transports.apns import ApnsProfile, check_apns_url
+from appliance.transports.credentials import ApnsKey, CredentialError
 
 from .wire import REGISTERED_PROFILES
 
@@ -71,21 +73,18 @@ class GatewayProfile:
     key_file: str
     apns_url: str | None = None
     ca_file: str | None = None
+    #: the loaded .p8 signing key (the same credentials code as the executor's direct APNs)
+    apns_key: ApnsKey | None = field(default=None, compare=False, repr=False)
 
     @property
     def attest_environment(self) -> str:
         """App Attest AAGUID environment: production, or development for the APNs sandbox."""
         return "production" if self.environment == "production" else "development"
 
-    def as_apns_profile(self) -> dict:
-        """The same credentials in the shape of a direct APNs app profile (the executor's transport)."""
-        out = {"id": self.id, "transport": "apns", "topic": self.topic, "team_id": self.team_id,
-               "key_id": self.key_id, "key_file": self.key_file, "environment": self.environment}
-        if self.apns_url:
-            out["apns_url"] = self.apns_url
-        if self.ca_file:
-            out["ca_file"] = self.ca_file
-        return out
+    def apns_profile(self) -> ApnsProfile:
+        """What the APNs transport needs to send for this profile (the executor's own transport)."""
+        assert self.apns_key is not None, "profile credentials not loaded"
+        return ApnsProfile(self.id, self.topic, self.environment, self.apns_key, self.apns_url, self.ca_file)
 
 
 @dataclass(frozen=True)
@@ -179,16 +178,21 @@ def _profile(data: Any, where: str) -> GatewayProfile:
     if bundle != p.topic:
         raise ConfigError(f"{where}.topic", p.topic,
                           f"must be the bundle id of app_id ({bundle}): App Attest and APNs must name one app")
-    for name in ("team_id", "key_id"):
-        if not _TOKEN.match(getattr(p, name)):
-            raise ConfigError(f"{where}.{name}", getattr(p, name), "expected letters and digits (Apple's 10-character id)")
-    if not Path(p.key_file).is_file():
-        raise ConfigError(f"{where}.key_file", p.key_file, "no such file (the APNs AuthKey_XXXXXXXXXX.p8)")
+    try:
+        key = ApnsKey.load(p.team_id, p.key_id, p.key_file)
+    except CredentialError as exc:
+        text = str(exc)
+        name = "team_id" if text.startswith("team_id") else "key_id" if text.startswith("key_id") else "key_file"
+        raise ConfigError(f"{where}.{name}", getattr(p, name), text) from None
     if p.apns_url is not None:
         _url(p.apns_url, f"{where}.apns_url")
+        try:
+            check_apns_url(p.apns_url)
+        except CredentialError as exc:
+            raise ConfigError(f"{where}.apns_url", p.apns_url, str(exc)) from None
     if p.ca_file is not None and not Path(p.ca_file).is_file():
         raise ConfigError(f"{where}.ca_file", p.ca_file, "no such file")
-    return p
+    return replace(p, apns_key=key)
 
 
 def parse_gateway(table: Any, *, gateway_listen: str = "", derived_url: str = "") -> GatewayConfig:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import re
 import secrets
 import struct
 import time
@@ -100,7 +101,7 @@ class Keyring:
         cipher = self._ciphers.get(kid)
         if not dot or cipher is None:
             raise GrantInvalid("unknown grant key")
-        if not payload or any(c not in _B64URL for c in payload) or len(payload) % 4 == 1:
+        if not _B64URL.fullmatch(payload) or len(payload) % 4 == 1:
             raise GrantInvalid("not base64url")
         try:
             raw = base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4))
@@ -115,4 +116,4 @@ class Keyring:
         return Grant.unpack(plain)
 
 
-_B64URL = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_")
+_B64URL = re.compile(r"[A-Za-z0-9_-]+")

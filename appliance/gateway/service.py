@@ -14,15 +14,29 @@ from __future__ import annotations
 import asyncio
 import base64
 import logging
+import math
 import secrets
 import time
 import uuid
-from dataclasses import dataclass
-from typing import Any, Awaitable, Callable
+from typing import Any, Callable
 
 import orjson
 
+from appliance.errors import ConfigError
 from appliance.nostr.nip98 import HttpAuthError, verify_http_auth
+from appliance.transports.apns import ApnsTransport
+from appliance.transports.base import (
+    ACCEPTED,
+    CONFIGURATION,
+    INVALID_ENDPOINT,
+    PERMANENT,
+    REFRESH_RETRY,
+    TRANSIENT,
+    Outcome,
+    Transport,
+    WakeRequest,
+)
+from appliance.transports.credentials import CredentialError
 from appliance.store.keyfile import KeyFile
 from appliance.store.sqlite import SqliteStore
 
@@ -30,7 +44,7 @@ from . import authority as auth
 from . import transcript as tr
 from . import wire
 from .attest import AttestationFailed, Verifier, load_roots
-from .config import GatewayConfig, GatewayProfile
+from .config import GatewayConfig
 from .errors import (
     ConfigurationFault,
     InvalidAttestation,
@@ -59,33 +73,18 @@ def _json(obj: Any) -> bytes:
     return orjson.dumps(obj)
 
 
-@dataclass(frozen=True)
-class SendResult:
-    """What one APNs attempt came to, in the gateway's terms (see `map_send`)."""
-
-    kind: str  # accepted | invalid_endpoint | retry | configuration_fault | refresh | request_fault
-    invalid_at: int | None = None  # unix seconds, for invalid_endpoint
-    retry_after: int | None = None  # seconds, for retry
-
-
-#: One APNs request: (profile, token hex, apns-id, apns-expiration) -> SendResult; `refresh` drops
-#: the profile's cached provider token.
-Sender = Callable[[GatewayProfile, str, str, int], Awaitable[SendResult]]
-
-
 class Gateway:
     """The Public APNs Gateway Profile over the appliance's store and key file."""
 
     def __init__(self, config: GatewayConfig, store: SqliteStore, keyfile: KeyFile, *, roots=None,
-                 clock: Callable[[], float] = time.time, sender: Sender | None = None,
-                 refresh: Callable[[GatewayProfile], None] | None = None,
+                 clock: Callable[[], float] = time.time, transports: dict[str, Transport] | None = None,
                  max_pending_challenges: int = DEFAULT_MAX_PENDING_CHALLENGES):
         self.config = config
         self.store = store
         self.keyfile = keyfile
         self.clock = clock
-        self.sender = sender
-        self.refresh = refresh
+        #: profile id -> the APNs transport sending with that profile's credentials
+        self.transports = transports if transports is not None else apns_transports(config)
         self.max_pending_challenges = max_pending_challenges
         self.profiles = {p.id: p for p in config.profiles}
         self.enabled = frozenset(self.profiles)
@@ -113,9 +112,12 @@ class Gateway:
         return auth.maintain(conn, now, self.config.endpoint_quota_window)
 
     async def drain(self) -> None:
-        """Let deliveries already past send-begin finish their bookkeeping (at shutdown)."""
+        """Let deliveries already past send-begin finish their bookkeeping, then close the APNs
+        connections (at shutdown)."""
         if self._inflight:
             await asyncio.gather(*self._inflight, return_exceptions=True)
+        for transport in self.transports.values():
+            await transport.close()
 
     # -- helpers --------------------------------------------------------------------------------
 
@@ -312,42 +314,52 @@ class Gateway:
         return await asyncio.shield(task)
 
     async def _send(self, admission: auth.Admission, grant: Grant, signer: str, r: dict, now: int) -> Answer:
-        profile = self.profiles[grant.app_profile]
         try:
             token = self.keyfile.unwrap(admission.token, label=auth.token_label(admission.handle, admission.epoch))
         except Exception:
-            await self._finish(signer, r["request_id"], terminal=False)
+            await self._release(signer, r["request_id"])
             raise TemporarilyUnavailable("token custody") from None
+        transport = self.transports[grant.app_profile]
         expiration = min(r["expires_at"], now + DEFAULT_APNS_EXPIRATION_CEILING)
-        result = await self._attempt(profile, token.hex(), r["request_id"], expiration)
-        terminal = result.kind in ("accepted", "invalid_endpoint", "request_fault")
-        await self._finish(signer, r["request_id"], terminal=terminal)
-        return map_send(result, grant.generation)
+        # Exactly one APNs request: the transport itself refreshes an expired provider token once
+        # and retries once (ExpiredProviderToken), nothing else.
+        try:
+            outcome = await transport.send(WakeRequest(token.hex(), r["request_id"], expiration))
+        except Exception:  # a transport bug must still release the reservation
+            log.exception("APNs transport failed")
+            outcome = Outcome(TRANSIENT, detail="transport error")
+        if outcome.kind not in (ACCEPTED, INVALID_ENDPOINT, PERMANENT):  # not terminal: released
+            await self._release(signer, r["request_id"])
+        if outcome.kind in (CONFIGURATION, REFRESH_RETRY):
+            log.warning("APNs configuration fault for %s: %s %s %s", grant.app_profile, outcome.status,
+                        outcome.reason, outcome.detail)
+        return answer_of(outcome, grant.generation)
 
-    async def _attempt(self, profile: GatewayProfile, token_hex: str, apns_id: str, expiration: int) -> SendResult:
-        """Exactly one APNs request; an expired provider token allows one refresh and one retry."""
-        if self.sender is None:
-            return SendResult("configuration_fault")
-        result = await self.sender(profile, token_hex, apns_id, expiration)
-        if result.kind == "refresh":
-            if self.refresh is not None:
-                self.refresh(profile)
-            result = await self.sender(profile, token_hex, apns_id, expiration)
-        return result
-
-    async def _finish(self, signer: str, request_id: str, *, terminal: bool) -> None:
-        await self._write(lambda conn: auth.finish_delivery(conn, signer, request_id, terminal=terminal))
+    async def _release(self, signer: str, request_id: str) -> None:
+        await self._write(lambda conn: auth.release_reservation(conn, signer, request_id))
 
 
-def map_send(result: SendResult, generation: int) -> Answer:
+def answer_of(outcome: Outcome, generation: int) -> Answer:
     """The spec's response mapping of one provider outcome (NIP-PL, "Relay delivery")."""
-    if result.kind == "accepted":
+    if outcome.kind == ACCEPTED:
         return 200, b'{"status":"accepted"}'
-    if result.kind == "invalid_endpoint":
-        return 410, _json({"status": "invalid_endpoint", "generation": generation, "invalid_at": result.invalid_at})
-    if result.kind == "retry":
-        return 503, _json({"status": "retry", "retry_after_seconds": result.retry_after})
-    if result.kind == "request_fault":
+    if outcome.kind == INVALID_ENDPOINT:
+        return 410, _json({"status": "invalid_endpoint", "generation": generation, "invalid_at": outcome.invalid_at})
+    if outcome.kind == TRANSIENT:
+        after = None if not outcome.retry_after or outcome.retry_after <= 0 else max(1, math.ceil(outcome.retry_after))
+        return 503, _json({"status": "retry", "retry_after_seconds": after})
+    if outcome.kind == PERMANENT:
         raise InvalidRequest("provider refused the request permanently")
-    # configuration_fault, and a second expired provider token after the one refresh
-    raise ConfigurationFault(result.kind)
+    # CONFIGURATION, or a provider token still called expired after the one refresh
+    raise ConfigurationFault(outcome.kind)
+
+
+def apns_transports(config: GatewayConfig) -> dict[str, Transport]:
+    """One APNs transport (one HTTP/2 connection, one provider token) per enabled profile."""
+    out: dict[str, Transport] = {}
+    for i, p in enumerate(config.profiles):
+        try:
+            out[p.id] = ApnsTransport(p.apns_profile())
+        except CredentialError as exc:  # ca_file not a CA bundle
+            raise ConfigError(f"gateway.profiles[{i}].ca_file", p.ca_file, str(exc)) from None
+    return out

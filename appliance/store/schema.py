@@ -269,6 +269,11 @@ MIGRATIONS: tuple[str, ...] = (
         value       TEXT NOT NULL             -- JSON
     ) WITHOUT ROWID;
     """,
+    # 7: a gateway reservation needs no flag: the row committed at send-begin is the fence, kept for
+    # terminal outcomes (no second write) and deleted for transient ones.
+    """
+    ALTER TABLE gateway_reservations DROP COLUMN terminal;
+    """,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

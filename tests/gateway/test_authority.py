@@ -151,9 +151,9 @@ def test_request_id_reservation_terminal_and_released(store, keyfile):
     rid = str(uuid.uuid4())
     assert admit(store, _grant(handle), request_id=rid).outcome is auth.Outcome.OK
     assert admit(store, _grant(handle), request_id=rid).outcome is auth.Outcome.INVALID_GRANT  # in flight
-    store.write_sync(lambda c: auth.finish_delivery(c, RELAY, rid, terminal=False))
+    store.write_sync(lambda c: auth.release_reservation(c, RELAY, rid))
     assert admit(store, _grant(handle), request_id=rid).outcome is auth.Outcome.OK  # released: a retry
-    store.write_sync(lambda c: auth.finish_delivery(c, RELAY, rid, terminal=True))
+    # Kept (terminal): nothing to write, the fence stands until the request's expiry.
     assert admit(store, _grant(handle), request_id=rid).outcome is auth.Outcome.INVALID_GRANT
     # Reservations are per relay: another relay's identical request id is its own.
     other = "cd" * 32
