@@ -60,6 +60,9 @@ class Outcome:
     reason: str | None = None
     retry_after: float | None = None  # seconds, when the provider asked for a pause
     invalid_at: int | None = None  # Unix seconds the provider says the endpoint died (APNs 410)
+    #: with invalid_endpoint from a gateway: the endpoint generation it refers to; the executor
+    #: disables the endpoint only while that generation is still the lease's current one
+    generation: int | None = None
     detail: str = ""  # a short operator-facing explanation (never a token or a secret)
 
     def __post_init__(self) -> None:
