@@ -22,7 +22,7 @@ ALLOWED = {
     "marmot": {"nostr", "errors"},
     "origins": {"errors", "store"},
     "relay": {"nostr", "errors", "store", "origins", "settings", "__init__"},
-    "transports": {"errors"},
+    "transports": {"errors", "nostr"},
     "push": {"nostr", "errors", "store", "origins", "settings", "transports"},
     "gateway": {"nostr", "errors", "store", "transports"},
     "testing": {"nostr", "errors", "gateway", "transports"},
