@@ -22,7 +22,7 @@ SQL_DELEGATIONS = (
 )
 SQL_DELEGATION_COUNT = "SELECT count(*), sum(revoked_at IS NULL AND expires_at >= ?) FROM gateway_delegations"
 SQL_RESERVATIONS = (
-    "SELECT relay_pubkey, count(*), sum(terminal), max(expires_at) FROM gateway_reservations "
+    "SELECT relay_pubkey, count(*), sum(expires_at >= ?), max(expires_at) FROM gateway_reservations "
     "GROUP BY relay_pubkey ORDER BY count(*) DESC LIMIT ?"
 )
 SQL_QUOTA = (
@@ -53,9 +53,11 @@ def delegation_count(conn: apsw.Connection, now: int) -> tuple[int, int]:
     return n or 0, active or 0
 
 
-def reservations(conn: apsw.Connection, limit: int = 20) -> list[tuple[str, int, int, int]]:
-    """(relay pubkey, reservations, terminal ones, latest expiry) for the busiest relays."""
-    return [(pk, n, t or 0, e) for pk, n, t, e in conn.execute(SQL_RESERVATIONS, (limit,))]
+def reservations(conn: apsw.Connection, now: int, limit: int = 20) -> list[tuple[str, int, int, int]]:
+    """(relay pubkey, reservations, those still fencing their request id, latest expiry) for the busiest
+    relays. A reservation is kept from send-begin (in flight, then a terminal outcome) until its
+    request's expiry; transient outcomes delete theirs."""
+    return [(pk, n, t or 0, e) for pk, n, t, e in conn.execute(SQL_RESERVATIONS, (now, limit))]
 
 
 def quota_usage(conn: apsw.Connection, limit: int = 20) -> list[tuple[str, bytes, int, int]]:

@@ -161,6 +161,11 @@ def test_request_id_reservation_terminal_and_released(store, keyfile):
     store.write_sync(lambda c: auth.delegate(c, inst, relay_pubkey=other, epoch=1, generation=1,
                                              not_before=NOW - 10, expires_at=NOW + 3600, grant_key_id="k"))
     assert admit(store, _grant(handle, relay_pubkey=other), signer=other, request_id=rid).outcome is auth.Outcome.OK
+    from appliance.gateway import overview
+
+    rows = store.read_sync(lambda c: overview.reservations(c, NOW))
+    assert sorted((pk, n, live) for pk, n, live, _exp in rows) == [(RELAY, 1, 1), (other, 1, 1)]
+    assert store.read_sync(lambda c: overview.reservations(c, NOW + 61))[0][2] == 0
 
 
 def test_quota_per_endpoint_charged_per_attempt_never_refunded(store, keyfile):

@@ -31,7 +31,7 @@ class GatewaySection:
                     "counts": overview.installation_counts(conn, now),
                     "delegations": overview.delegations(conn, PAGE_SIZE),
                     "delegation_count": overview.delegation_count(conn, now),
-                    "reservations": overview.reservations(conn),
+                    "reservations": overview.reservations(conn, now),
                     "quota": overview.quota_usage(conn),
                 }
 
