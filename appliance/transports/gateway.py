@@ -128,11 +128,12 @@ def outcome_of(status: int, content: bytes) -> Outcome:
     if status == 200:
         return Outcome(ACCEPTED, status)
     if status == 410:
-        generation = body.get("generation")
+        generation = _positive_int(body.get("generation"))
         invalid_at = body.get("invalid_at")
+        if generation is None:  # cannot tell which generation died: disable nothing
+            return Outcome(PERMANENT, status, "invalid_endpoint", detail="410 without a generation")
         return Outcome(INVALID_ENDPOINT, status, "invalid_endpoint",
-                       invalid_at=invalid_at if _positive_int(invalid_at) else None,
-                       generation=generation if _positive_int(generation) else None)
+                       invalid_at=invalid_at if _positive_int(invalid_at) else None, generation=generation)
     if status == 503:
         if error == "configuration_fault":
             return Outcome(CONFIGURATION, status, error, detail="the gateway's APNs configuration is faulty")
