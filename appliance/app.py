@@ -291,6 +291,9 @@ def build(settings: Settings) -> Appliance:
         reader_threads=settings.reader_threads,
     ).open()
     try:
+        from appliance.store.admin import stored_settings
+
+        settings.apply_stored(store.read_sync(stored_settings))  # saved from the dashboard
         origins = prepare_origins(store, settings)
         keyfile = KeyFile.for_store(settings.data_path, store)
     except Exception:

@@ -125,6 +125,9 @@ class Setting:
     maximum: int | None = None
     choices: tuple[str, ...] | None = None
     metavar: str = "VALUE"
+    #: may be changed from the dashboard while serving (read afresh on every use); the
+    #: configuration still wins: flag > env > config file > dashboard > default
+    editable: bool = False
 
     @property
     def env(self) -> str:
@@ -247,10 +250,10 @@ SETTINGS: tuple[Setting, ...] = (
        "relay's. off: no dashboard.", metavar="HOST:PORT"),
     _s("admin_session_ttl", _int, 43200,
        "Seconds a dashboard sign-in lasts (12 hours: a working day, then sign in again).",
-       minimum=300, maximum=30 * 86400),
+       minimum=300, maximum=30 * 86400, editable=True),
     _s("admin_pubkeys", _pubkeys, (),
        "Pubkeys (64 hex, separated by commas) allowed to use the NIP-86 management API with NIP-98 "
-       "auth. Empty: the API refuses every call.", metavar="PUBKEYS"),
+       "auth. Empty: the API refuses every call.", metavar="PUBKEYS", editable=True),
     _s("metrics_token", _str, "",
        "Bearer token a Prometheus scraper sends to read /admin/metrics without a dashboard sign-in. "
        "Empty: metrics need a signed-in session (or the dashboard's own listener, see admin_listen)."),
@@ -286,6 +289,30 @@ class Settings:
     @property
     def data_path(self) -> Path:
         return Path(self.values["data_dir"])
+
+    def apply_stored(self, stored: Mapping[str, Any]) -> None:
+        """Values saved from the dashboard, for editable settings the configuration leaves at their
+        default (an unknown or no longer valid saved value is ignored)."""
+        for name, raw in stored.items():
+            setting = BY_NAME.get(name)
+            if setting is None or not setting.editable or self.sources.get(name, "default") not in (
+                    "default", "dashboard"):
+                continue
+            try:
+                value = setting.coerce(raw)
+            except ConfigError:
+                continue
+            self.values[name] = value
+            self.sources[name] = "dashboard"
+            setattr(self, name, value)
+
+    def clear_stored(self, name: str) -> None:
+        """A dashboard value removed: back to the default."""
+        if self.sources.get(name) == "dashboard":
+            setting = BY_NAME[name]
+            self.values[name] = setting.default
+            self.sources[name] = "default"
+            setattr(self, name, setting.default)
 
     @property
     def effective_public_url(self) -> str:

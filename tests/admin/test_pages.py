@@ -334,3 +334,40 @@ async def test_no_page_shows_a_full_pubkey_or_endpoint(signed_in):
         assert r.status_code == 200, path
         for secret in secrets_:
             assert secret not in r.text, (path, secret[:12])
+
+
+async def test_settings_editable_from_the_dashboard_persist_and_yield_to_the_configuration(signed_in, tmp_path):
+    from appliance.nostr.nip98 import make_http_auth
+    from tests.conftest import Identity
+
+    from .helpers import Dashboard
+
+    d = signed_in
+    admin = Identity()
+    r = await d.post_form("/admin/settings/edit", {"name": "admin_pubkeys", "value": "npub1x"}, page="/admin/settings")
+    assert r.status_code == 400 and "admin_pubkeys" in r.text
+    r = await d.post_form("/admin/settings/edit", {"name": "data_dir", "value": "/tmp"}, page="/admin/settings")
+    assert r.status_code == 400
+    r = await d.post_form("/admin/settings/edit", {"name": "admin_pubkeys", "value": admin.pubkey},
+                          page="/admin/settings")
+    assert r.status_code == 303 and d.settings.admin_pubkeys == (admin.pubkey,)
+    page = await d.get("/admin/settings")
+    assert admin.pubkey not in page.text and d.admin.redactor.fingerprint(admin.pubkey, "pk") in page.text
+    body = b'{"method": "supportedmethods", "params": []}'
+    r = await d.client.post("/", content=body, headers={"Content-Type": "application/nostr+json+rpc",
+                                                        "Authorization": make_http_auth(admin.secret, "ws://push.test",
+                                                                                        "POST", body)})
+    assert r.status_code == 200  # NIP-86 admits the new admin at once
+    await d.close()
+    # After a restart the saved value still applies; a flag wins over it.
+    again = Dashboard(d.settings.data_path, config="public_url = \"ws://push.test\"\n")
+    try:
+        assert again.settings.admin_pubkeys == (admin.pubkey,) and again.settings.sources["admin_pubkeys"] == "dashboard"
+    finally:
+        await again.close()
+    other = Identity()
+    flagged = Dashboard(d.settings.data_path, config="public_url = \"ws://push.test\"\n", admin_pubkeys=other.pubkey)
+    try:
+        assert flagged.settings.admin_pubkeys == (other.pubkey,)
+    finally:
+        await flagged.close()

@@ -13,7 +13,9 @@ from starlette.requests import Request
 from starlette.responses import FileResponse
 from starlette.routing import Route
 
-from appliance.settings import SETTINGS
+from appliance.errors import ConfigError
+from appliance.settings import BY_NAME, SETTINGS
+from appliance.store import admin as stored
 
 from .. import auth
 
@@ -39,11 +41,41 @@ def routes(admin) -> list[Route]:
             out.append((s.name, shown, settings.sources.get(s.name, "default"), s.help))
         return out
 
+    def shown(name: str) -> str:
+        return next(r[1] for r in rows() if r[0] == name)
+
     async def page(request: Request, error: str = "", status: int = 200):
         extra = [await section.settings_context(admin) for section in admin.sections.values()
                  if hasattr(section, "settings_context")]
+        editable = [(s.name, shown(s.name), settings.sources.get(s.name, "default"), s.help,
+                     "" if s.name in PUBKEY_SETTINGS | SECRET_SETTINGS else str(settings.values[s.name]))
+                    for s in SETTINGS if s.editable]
         return admin.render(request, "admin/settings.html", status=status, section="settings", rows=rows(),
-                            error=error, extra_sections=extra, data_dir=str(settings.data_path.resolve()))
+                            editable=editable, error=error, extra_sections=extra,
+                            data_dir=str(settings.data_path.resolve()))
+
+    async def edit(request: Request):
+        form = request.state.form
+        name = str(form.get("name", ""))
+        setting = BY_NAME.get(name)
+        if setting is None or not setting.editable:
+            return await page(request, f"{name!r} cannot be changed from the dashboard.", 400)
+        if settings.sources.get(name, "default") not in ("default", "dashboard"):
+            return await page(request, f"{name} is set by the configuration ({settings.sources[name]}): change it "
+                                       "there.", 400)
+        if form.get("reset") == "1":
+            await admin.app.store.write(lambda conn: stored.drop_setting(conn, name))
+            settings.clear_stored(name)
+            return admin.redirect("/settings", f"{name} is back to its default.")
+        raw = str(form.get("value", ""))
+        try:
+            value = setting.coerce(raw)
+        except ConfigError as exc:
+            return await page(request, str(exc), 400)
+        await admin.app.store.write(lambda conn: stored.save_setting(conn, name, raw))
+        settings.apply_stored({name: raw})
+        del value
+        return admin.redirect("/settings", f"{name} saved; it applies now and after restarts.")
 
     async def password(request: Request):
         form = request.state.form
@@ -81,5 +113,6 @@ def routes(admin) -> list[Route]:
     return [
         Route("/settings", admin.guard(page), methods=["GET"]),
         Route("/settings/password", admin.guard(password), methods=["POST"]),
+        Route("/settings/edit", admin.guard(edit), methods=["POST"]),
         Route("/settings/backup", admin.guard(backup), methods=["POST"]),
     ]
