@@ -251,7 +251,7 @@ async def test_fresh_starts_under_load(make_server, alice, tmp_path):
 
         async def client(n: int):
             c = await Client.connect(srv.url)
-            for j in range(5):
+            for j in range(3):
                 ok, msg = await c.publish(alice.sign(1, [], f"{i}.{n}.{j}"))
                 assert ok, msg
                 events, closed = await c.req(f"r{j}", {"kinds": [1], "limit": 5})
@@ -360,3 +360,38 @@ async def test_wal_stays_bounded_with_readers_present(make_server, alice, bob):
     done.set()
     await asyncio.gather(sampler, *readers)
     assert peak < 64 * 1024 * 1024, f"WAL peaked at {peak / 2**20:.1f} MiB"
+
+
+async def test_heavy_counts_do_not_starve_a_bystander(make_server, alice, bob):
+    """One run slot, two connections queueing heavy COUNTs: a bystander's REQ, sent after them,
+    is answered before the last of them (their queries pause in time slices; before, the REQ
+    waited behind every COUNT queued ahead of it). Order only, no timing bound."""
+    srv = make_server("--event-rate", "0", "--req-rate", "0", "--reader-threads", "1", "--query-timeout", "120")
+    values = [f"v{i}" for i in range(10)]
+    c = await Client.connect(srv.url)
+    for i in range(1000):
+        await c.send(["EVENT", alice.sign(1, [["t", v] for v in values] + [["p", bob.pubkey]], str(i)).to_dict()])
+    for _ in range(1000):
+        assert (await c.expect(lambda m: m[0] == "OK"))[2]
+    heavy = [{"#t": values, "since": k} for k in range(16)]  # tag-driven: every tag row, 16 times
+    hogs = [await Client.connect(srv.url) for _ in range(2)]
+    answered: list[tuple[float, list]] = []
+    loop = asyncio.get_running_loop()
+
+    async def collect(h):
+        for _ in range(2):
+            msg = await h.expect(lambda m: m[0] in ("COUNT", "CLOSED"), timeout=120)
+            answered.append((loop.time(), msg))
+
+    for h in hogs:
+        for n in range(2):
+            await h.send(["COUNT", f"heavy{n}", *heavy])
+    collectors = [asyncio.create_task(collect(h)) for h in hogs]
+    events, closed = await c.req("bystander", {"kinds": [1], "#p": [bob.pubkey], "limit": 5})
+    bystander_done = loop.time()
+    assert closed is None and len(events) == 5
+    await asyncio.gather(*collectors)
+    assert all(msg[0] == "COUNT" and msg[2] == {"count": 1000} for _t, msg in answered), answered
+    assert bystander_done < max(t for t, _msg in answered)
+    for client in [c, *hogs]:
+        await client.close()
