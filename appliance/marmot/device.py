@@ -16,8 +16,8 @@ from appliance.nostr.event import Event
 from appliance.nostr.keys import public_key
 
 from . import mls, multidevice, profile, transport
-from .errors import MarmotError, TransportError
-from .mls.structs import SENDER_NEW_MEMBER_COMMIT, MLSMessage, WF_PUBLIC_MESSAGE
+from .errors import ComponentError, MarmotError, ProofError, TransportError
+from .mls.structs import SENDER_NEW_MEMBER_COMMIT, GroupContext, MLSMessage, WF_PUBLIC_MESSAGE
 
 __all__ = ["Device", "Received"]
 
@@ -131,6 +131,7 @@ class Device:
             raise TransportError("the i tag is not the KeyPackageRef", "transport.i_tag")
         profile.check_lifetime(kp.leaf_node)
         if require_proof:  # component groups require 0x8009 on every leaf; MDK groups do not have it
+            profile.check_key_package_extensions(kp)
             profile.account_of_leaf(kp.leaf_node, kp.cipher_suite)
         return kp, ev
 
@@ -152,6 +153,7 @@ class Device:
                 raise MarmotError("this welcome is for a group this state already holds", "welcome.known_group")
             state = profile.read_group_state(group.context)
             if state.profile == "components":
+                profile.check_group_context(group.context)
                 for index, leaf in group.tree.leaves():
                     profile.account_of_leaf(leaf, group.context.cipher_suite)
             # joining.md step 8: the welcome's author (the GroupInfo signer) is an active admin.
@@ -292,15 +294,37 @@ def _admin_gate(view) -> None:
     if any(_is_join_authorization(p) for p in view.proposals):
         raise MarmotError("a join authorization (AppEphemeral 0x800a) is valid only inside a multi-device "
                           "External Commit", "multi_device.authorization_misplaced")
+    state = profile.read_group_state(view.parent_context)
+    if state.profile == "components":
+        _check_component_leaves(view, account)
     gated = any(p.proposal_type in _ADMIN_GATED for p in view.proposals)
     for p in view.proposals:
         if p.proposal_type == 3:  # Remove: of another account's leaf
             removed = view.tree.leaf(p.removed)
             if removed is not None and removed.credential.identity != account:
                 gated = True
-    if gated and account not in profile.read_group_state(view.parent_context).admins:
+    if gated and account not in state.admins:
         raise MarmotError("only an active admin may add or remove members or change group state",
                           "commit.not_admin")
+
+
+def _check_component_leaves(view, committer: bytes) -> None:
+    """Every leaf a member's Commit brings into a component group carries a valid 0x8009 proof, and a
+    replaced leaf keeps its account (account-identity-proof-v2.md, Lifecycle)."""
+    suite = view.parent_context.cipher_suite
+    try:
+        for p in view.proposals:
+            if p.proposal_type == 1:  # Add
+                profile.check_key_package_extensions(p.key_package)
+                profile.account_of_leaf(p.key_package.leaf_node, suite)
+            elif p.proposal_type == 7:  # GroupContextExtensions: the new context must stay valid
+                profile.check_group_context(GroupContext(view.parent_context.version, suite,
+                                                         view.parent_context.group_id, view.parent_context.epoch,
+                                                         b"", b"", p.extensions))
+        if view.path_leaf is not None and profile.account_of_leaf(view.path_leaf, suite) != committer:
+            raise MarmotError("a committer's new leaf names another account", "commit.identity_changed")
+    except (ProofError, ComponentError) as exc:
+        raise MarmotError(f"the Commit brings an invalid leaf or state: {exc.reason}", exc.code) from None
 
 
 def _is_join_authorization(p) -> bool:

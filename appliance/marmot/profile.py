@@ -165,6 +165,27 @@ def account_of_leaf(leaf: LeafNode, ciphersuite: int = CIPHERSUITE) -> bytes:
     return identity
 
 
+def check_group_context(context: GroupContext) -> None:
+    """A component-profile group's GroupContext: requires 0x8009, and carries no data for the
+    leaf-only 0x8009 or the commit-scoped 0x800a (account-identity-proof-v2 and
+    multi-device-join-authorization-v1, valid locations)."""
+    data = app_data(context.extensions)
+    required = decode_components_list(data[comp.APP_COMPONENTS]) if comp.APP_COMPONENTS in data else []
+    if comp.ACCOUNT_IDENTITY_PROOF not in required:
+        raise ComponentError("the group does not require component 0x8009", "component.identity_proof_not_required")
+    for cid in (comp.ACCOUNT_IDENTITY_PROOF, comp.MULTI_DEVICE_JOIN_AUTHORIZATION):
+        if cid in data:
+            raise ComponentError(f"component 0x{cid:04x} has data in the GroupContext, where it is invalid",
+                                 "component.invalid_location")
+
+
+def check_key_package_extensions(kp) -> None:
+    """0x8009 lives in the LeafNode's dictionary, never in the KeyPackage-level one."""
+    if comp.ACCOUNT_IDENTITY_PROOF in app_data(kp.extensions):
+        raise ComponentError("component 0x8009 in the KeyPackage-level dictionary is invalid",
+                             "component.invalid_location")
+
+
 def group_extensions(*, admins, nostr_group_id: bytes, relays, multi_device: bool) -> list[Extension]:
     """GroupContext extensions of a group the appliance creates."""
     required = [comp.ADMIN_POLICY, comp.NOSTR_ROUTING, comp.ACCOUNT_IDENTITY_PROOF]

@@ -327,3 +327,39 @@ def test_join_authorization_outside_an_external_commit_is_refused():
     with pytest.raises(E.MarmotError) as e:
         w.alice.receive(ev)
     assert e.value.code == "multi_device.authorization_misplaced"
+
+
+def test_members_refuse_leaves_without_a_valid_identity_proof():
+    """account-identity-proof-v2: a Commit that adds a leaf without a 0x8009 proof is refused."""
+    from appliance.marmot import transport as tp
+
+    w = World()
+    bare = mls.create_key_package(bytes.fromhex(public_key(generate_secret())),
+                                  capabilities=profile.leaf_capabilities(), lifetime=profile.lifetime())
+    g = w.alice.group(w.gid)
+    out = g.commit(add=[bare.key_package])
+    ev = tp.encrypt_group_message(md.group_event_key(g), bytes.fromhex(w.alice.groups[w.gid]["h"]), out.message)
+    with pytest.raises(E.MarmotError) as e:
+        w.bob.receive(ev)
+    assert e.value.code.startswith("proof.")
+    # And our own tooling never builds such a Commit.
+    with pytest.raises(E.MarmotError):
+        w.alice._member_key_package(profile.key_package_event(generate_secret(), bare, RELAYS))
+
+
+def test_group_context_locations():
+    w = World()
+    ctx = w.parent().context
+    profile.check_group_context(ctx)
+    from appliance.marmot.mls.structs import Extension, GroupContext
+
+    data = profile.app_data(ctx.extensions)
+    bad = dict(data)
+    bad[comp.MULTI_DEVICE_JOIN_AUTHORIZATION] = b"\x00" * 104
+    exts = tuple(e if e.extension_type != comp.APP_DATA_DICTIONARY else
+                 Extension(comp.APP_DATA_DICTIONARY, mls.encode_app_data_dictionary(bad.items()))
+                 for e in ctx.extensions)
+    with pytest.raises(E.ComponentError) as e:
+        profile.check_group_context(GroupContext(ctx.version, ctx.cipher_suite, ctx.group_id, ctx.epoch,
+                                                 ctx.tree_hash, ctx.confirmed_transcript_hash, exts))
+    assert e.value.code == "component.invalid_location"
