@@ -240,6 +240,7 @@ class Appliance:
             # First, as it can refuse the new configuration: then nothing of it is applied.
             try:
                 await asyncio.to_thread(self.push.load, origins)
+                await self.push.close_retired()
             except ApplianceError as exc:
                 self.generation = generation  # said once; the next edit is tried afresh
                 log.error("configuration edit not applied, still serving the previous one: %s", exc)
@@ -355,15 +356,31 @@ def _wire_gateway(app: "Appliance") -> None:
 
 
 def _wire_push(app: "Appliance", origins: list[Origin]) -> None:
-    """NIP-PL executor: descriptors + keys (refuses to start on an invalid descriptor), kind 30350 hooks."""
+    """NIP-PL executor: descriptors + keys (refuses to start on an invalid descriptor), kind 30350 hooks,
+    matching into the wake outbox inside every event's transaction, and the delivery workers."""
+    from appliance.push.delivery import DeliverySettings
     from appliance.push.descriptor import LEASE_KIND
     from appliance.push.service import Push
+    from appliance.relay.authz import can_read
+    from appliance.relay.groups import StoredGroups
+
+    registry = app.relay.origins
+
+    def authorize(conn, origin_id: int, reader: str, ev) -> bool:
+        """The relay's one read rule (what REQ uses), over this connection's view of the groups."""
+        try:
+            origin = registry.by_id(origin_id)
+        except UnknownOrigin:
+            return False
+        return can_read(origin, reader, ev, StoredGroups(conn))
 
     push = Push(app.store, app.keyfile, workers=app.settings.lease_workers,
-                relay_max_content_length=app.settings.max_content_length)
+                relay_max_content_length=app.settings.max_content_length, authorize=authorize,
+                delivery=DeliverySettings.from_settings(app.settings))
     try:
         push.load(origins)
     except Exception:
+        push.close()
         app.relay.close()
         app.store.close()
         raise
@@ -469,6 +486,8 @@ def asgi(app: Appliance):
         app.background.append(asyncio.create_task(app.reload_loop()))
         for start in app.on_startup:
             await start()
+        if app.push is not None:
+            app.background.append(asyncio.create_task(app.push.delivery.run()))
         try:
             yield
         finally:
@@ -483,6 +502,7 @@ def asgi(app: Appliance):
             if app.gateway is not None:
                 await app.gateway.drain()
             if app.push is not None:
+                await app.push.aclose()
                 app.push.close()
             app.relay.close()
             app.store.close()

@@ -229,6 +229,33 @@ SETTINGS: tuple[Setting, ...] = (
        "Processes that check NIP-PL leases (signature, NIP-44, schema, filter grammar) beside the "
        "event loop. 1 uses the second core of a small box; 0 checks them on the loop.",
        minimum=0, maximum=64),
+    _s("wake_workers", _int, 64,
+       "NIP-PL wakes sent at once (concurrent HTTP/2 streams over the provider connections). APNs "
+       "serves hundreds of streams per connection; 64 keeps a burst moving without piling requests "
+       "onto a slow provider.", minimum=1, maximum=1000),
+    _s("wake_min_interval", _float, 2.0,
+       "Per-endpoint rate cap, in seconds: at least this long between two wakes sent to one device. "
+       "Matches in between join the next wake, which carries the highest class among them, so a chat "
+       "burst wakes a phone once or twice rather than once per message. 0 disables the cap.",
+       minimum=0, maximum=3600),
+    _s("wake_max_attempts", _int, 10,
+       "Attempts per wake on transient provider failures (429, 500, 503, no answer) before it is "
+       "dead-lettered. With the default backoff ten attempts span about 15 minutes.",
+       minimum=1, maximum=100),
+    _s("wake_retry_delay", _float, 2.0,
+       "Seconds before the first retry of a wake; each later retry waits twice as long (with jitter, "
+       "at most 10 minutes), or longer when the provider asks (Retry-After).", minimum=0.01, maximum=3600),
+    _s("wake_useful_age", _int, 3600,
+       "Seconds a wake stays worth sending: older ones are dead-lettered, and APNs is told "
+       "(apns-expiration) not to hold one longer. An hour-old wake no longer tells anyone anything.",
+       minimum=60, maximum=7 * 86400),
+    _s("wake_visibility_timeout", _float, 60.0,
+       "Seconds a claimed wake may take before it is claimed again, so a crash between sending and "
+       "recording loses nothing. Keep it above the 30 s provider request timeout, or a slow request "
+       "may be sent twice.", minimum=1, maximum=3600),
+    _s("delivery_log_retention", _int, 7 * 86400,
+       "Seconds delivery-log rows (one per attempt) and finished wake jobs are kept: a week covers "
+       "looking into last week's \"I got no notification\".", minimum=3600, maximum=366 * 86400),
     _s("ws_compression", _bool, True,
        "Offer permessage-deflate to websocket clients. Saves bandwidth on metered links; costs CPU "
        "(about 2-3 ms per 50-event REQ on a small VM). Turn off on a CPU-bound box."),

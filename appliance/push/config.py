@@ -7,10 +7,13 @@ descriptor validity rules run once the executor keys are known (`build_descripto
 
 from __future__ import annotations
 
+import os
 from dataclasses import fields
 from typing import Any, Sequence
 
 from appliance.errors import ConfigError
+from appliance.transports.apns import ENVIRONMENTS, ApnsProfile, check_apns_url
+from appliance.transports.credentials import ApnsKey, CredentialError
 
 from .descriptor import (
     CLASS_REGISTRY,
@@ -23,13 +26,22 @@ from .descriptor import (
 )
 from .errors import DescriptorError
 
-__all__ = ["PUSH_FIELDS", "check_push_config", "push_limits", "build_descriptor", "DEFAULT_PUSH_KINDS"]
+__all__ = ["PUSH_FIELDS", "APP_PROFILE_FIELDS", "CREDENTIAL_FIELDS", "check_push_config", "check_app_profile",
+           "delivery_profile", "push_limits", "build_descriptor", "DEFAULT_PUSH_KINDS"]
 
 DEFAULT_PUSH_KINDS = (9, 1059, 7)
 PUSH_FIELDS = (
     "app_profiles", "push_kinds", "urgent_kinds", "h_grammar", "class_support", "limitation",
     "allowed_skew", "endpoint",
 )
+
+
+#: Keys of one `app_profiles` entry. Only `id` and `transport` are ever advertised (NIP-11); the
+#: rest are the profile's delivery credentials (APNs token-based auth), all or none of the required
+#: ones: topic, team_id, key_id, key_file, environment; apns_url and ca_file are optional overrides.
+CREDENTIAL_FIELDS = ("topic", "team_id", "key_id", "key_file", "environment", "apns_url", "ca_file")
+REQUIRED_CREDENTIALS = ("topic", "team_id", "key_id", "key_file", "environment")
+APP_PROFILE_FIELDS = ("id", "transport") + CREDENTIAL_FIELDS
 
 
 def _is_int(v: Any) -> bool:
@@ -49,12 +61,11 @@ def check_push_config(push: Any, where: str, origin: str = "wss://config.check")
     if not push:
         return {}
     profiles = push.get("app_profiles", [])
-    if not isinstance(profiles, list) or not all(
-        isinstance(p, dict) and set(p) == {"id", "transport"} and isinstance(p["id"], str)
-        and isinstance(p["transport"], str) for p in profiles
-    ):
+    if not isinstance(profiles, list):
         raise ConfigError(f"{where}.push.app_profiles", profiles,
-                          'expected a list of {id = "...", transport = "apns|fcm|unifiedpush"}')
+                          'expected a list of {id = "...", transport = "apns|fcm|unifiedpush", ...}')
+    for i, entry in enumerate(profiles):
+        check_app_profile(entry, f"{where}.push.app_profiles[{i}]")
     for name in ("push_kinds", "urgent_kinds"):
         ks = push.get(name, [])
         if not isinstance(ks, list) or not all(_is_int(k) for k in ks):
@@ -84,6 +95,59 @@ def check_push_config(push: Any, where: str, origin: str = "wss://config.check")
     # descriptor the appliance would refuse to serve could stop the next start (or a reload).
     build_descriptor(origin, push, [ExecutorKey("config-check", _PROBE_PUBKEY, current=True)])
     return dict(push)
+
+
+def check_app_profile(entry: Any, where: str) -> None:
+    """Shape-check one `app_profiles` entry and load its credentials (ConfigError naming the profile)."""
+    if not isinstance(entry, dict):
+        raise ConfigError(where, entry, 'expected {id = "...", transport = "apns|fcm|unifiedpush", ...}')
+    pid, transport = entry.get("id"), entry.get("transport")
+    if not isinstance(pid, str) or not isinstance(transport, str):
+        raise ConfigError(where, entry, 'expected {id = "...", transport = "apns|fcm|unifiedpush", ...}')
+    unknown = sorted(set(entry) - set(APP_PROFILE_FIELDS))
+    if unknown:
+        raise ConfigError(f"{where}.{unknown[0]}", entry[unknown[0]],
+                          f"app profile {pid!r}: unknown field; known: " + ", ".join(APP_PROFILE_FIELDS))
+    delivery_profile(entry, where)
+
+
+def delivery_profile(entry: dict, where: str = "app_profiles") -> ApnsProfile | None:
+    """The delivery credentials of an app profile (its .p8 key loaded), or None when it has none.
+
+    A profile without credentials is still advertised and accepts leases; its wakes wait as
+    configuration faults (see docs/spec-notes.md W8). ConfigError names the profile and the reason.
+    """
+    pid = entry.get("id")
+    given = [k for k in CREDENTIAL_FIELDS if k in entry]
+    if not given:
+        return None
+    if entry.get("transport") != "apns":
+        raise ConfigError(f"{where}.{given[0]}", entry[given[0]],
+                          f"app profile {pid!r}: delivery credentials are for transport \"apns\"; this "
+                          f"appliance has no {entry.get('transport')} transport")
+    missing = [k for k in REQUIRED_CREDENTIALS if k not in entry]
+    if missing:
+        raise ConfigError(f"{where}.{missing[0]}", None,
+                          f"app profile {pid!r}: credentials need all of " + ", ".join(REQUIRED_CREDENTIALS))
+    for k in given:
+        if not isinstance(entry[k], str) or not entry[k]:
+            raise ConfigError(f"{where}.{k}", entry[k], f"app profile {pid!r}: expected non-empty text")
+    for k in ("key_file", "ca_file"):
+        if k in entry and not os.path.isabs(entry[k]):
+            raise ConfigError(f"{where}.{k}", entry[k], f"app profile {pid!r}: use an absolute path (the file "
+                              "is read again at every start and reload, from wherever that runs)")
+    if entry["environment"] not in ENVIRONMENTS:
+        raise ConfigError(f"{where}.environment", entry["environment"],
+                          f"app profile {pid!r}: expected " + " or ".join(f'"{e}"' for e in ENVIRONMENTS))
+    try:
+        apns_url = check_apns_url(entry["apns_url"]) if "apns_url" in entry else None
+        profile = ApnsProfile(pid, entry["topic"], entry["environment"],
+                              ApnsKey.load(entry["team_id"], entry["key_id"], entry["key_file"]),
+                              apns_url=apns_url, ca_file=entry.get("ca_file"))
+        profile.ssl_context()  # a ca_file that does not load fails here, not at the first wake
+    except CredentialError as exc:
+        raise ConfigError(where, pid, f"app profile {pid!r}: {exc}") from None
+    return profile
 
 
 # Any valid x-only public key will do for the key-independent checks (this is the generator's).

@@ -1,15 +1,19 @@
-"""The push executor, part 1: per-origin descriptors and keys, lease admission and state hooks.
+"""The push executor: per-origin descriptors and keys, lease admission and state hooks, matching
+into the wake outbox, and the delivery workers.
 
 Wiring (see appliance.app.build): `relay.admission[30350] = push.admit` (steps 1-7 stateless,
 authentication before signature), `relay.store_hooks.add_check(push.check, kind=30350)` (step 7
-quotas/uniqueness and step 8 inside the write transaction), `add_stored(push.stored)` (effective
-state, watermark and match index in the same transaction), `push.nip11` (descriptor).
+quotas/uniqueness and step 8 inside the write transaction), `add_stored(push.stored)` (leases:
+effective state, watermark and match index; other events: matching and wake jobs, all in the
+event's transaction), `push.nip11` (descriptor), `push.delivery.run()` (the workers, a
+background task).
 """
 
 from __future__ import annotations
 
 import logging
 import time
+import uuid
 from collections import OrderedDict
 from dataclasses import dataclass, replace
 from typing import Any, Awaitable, Callable
@@ -20,14 +24,18 @@ from appliance.errors import Rejected
 from appliance.nostr import nip44
 from appliance.origins import Origin
 from appliance.push.workers import LeaseValidator
+from appliance.store import wakes
 from appliance.store.keyfile import KeyFile
 from appliance.store.sqlite import SqliteStore
 
 from . import keys as keystore
 from . import state
 from .config import build_descriptor, check_push_fits_relay
-from .descriptor import LEASE_KIND, Descriptor, descriptor_to_json
+from .delivery import Delivery, DeliverySettings
+from .descriptor import CLASS_RANK, LEASE_KIND, Descriptor, descriptor_to_json
 from .errors import LeaseRejected, reason_message
+from .matcher import Authorize, Matcher
+from .profiles import ProfileTransports
 
 log = logging.getLogger("appliance.push")
 
@@ -38,6 +46,7 @@ class OriginPush:
     descriptor: Descriptor  # keys as of load time; `current_descriptor` re-filters by time
     rows: list[keystore.KeyRow]
     secrets: dict[str, tuple[str, keystore.KeyRow]]
+    push_kinds: frozenset[int] = frozenset()  # kinds a lease may name: the only ones matched
 
     _cached: tuple[Descriptor, int] | None = None
 
@@ -56,7 +65,8 @@ class Push:
     CONV_CACHE = 65536
 
     def __init__(self, store: SqliteStore, keyfile: KeyFile, *, workers: int = 1,
-                 relay_max_content_length: int | None = None):
+                 relay_max_content_length: int | None = None, authorize: Authorize | None = None,
+                 delivery: DeliverySettings | None = None, transports: ProfileTransports | None = None):
         self.store = store
         self.keyfile = keyfile
         # The relay's own content bound: a descriptor may not advertise more than it accepts.
@@ -64,9 +74,30 @@ class Push:
         self.validator = LeaseValidator(workers)
         self.origins: dict[int, OriginPush] = {}
         self._conv: OrderedDict[tuple[str, str], bytes] = OrderedDict()
+        # Without a read-authorization rule nothing may be woken (fail-closed).
+        self.authorize: Authorize = authorize or (lambda conn, origin, reader, ev: False)
+        self.matcher = Matcher(self.authorize)
+        self.transports = transports or ProfileTransports()
+        self.settings = delivery or DeliverySettings()
+        self.delivery = Delivery(store, transport_for=self.transports.get, authorize=self.authorize,
+                                 settings=self.settings)
+        self._retired: list = []
 
     def close(self) -> None:
         self.validator.close()
+
+    async def aclose(self) -> None:
+        """Stop the delivery workers and close every provider connection."""
+        await self.delivery.close()
+        await self.close_retired()
+        for transport in self.transports.all():
+            await transport.close()
+
+    async def close_retired(self) -> None:
+        """Close the transports a reload left unused."""
+        retired, self._retired = self._retired, []
+        for transport in retired:
+            await transport.close()
 
     # -- configuration ---------------------------------------------------------------------------
 
@@ -86,7 +117,9 @@ class Push:
                 check_push_fits_relay(o.push, f"origins[{o.origin}]", self.relay_max_content_length)
             rows, secrets = self.store.write_sync(op)
             desc = build_descriptor(o.origin, o.push, keystore.advertised(rows, now))
-            loaded[o.id] = OriginPush(o.id, desc, rows, secrets)
+            loaded[o.id] = OriginPush(o.id, desc, rows, secrets, frozenset(desc.push_kinds))
+        # Credentials last: a profile whose key does not load refuses the whole (re)load.
+        self._retired += self.transports.configure([o for o in origins if o.id in loaded])
         self.origins = loaded
 
     def maintain(self, conn: apsw.Connection, now: int) -> int:
@@ -94,6 +127,7 @@ class Push:
         Returns how many secrets were erased (the caller then scrubs the WAL of them)."""
         _expired, erased = keystore.expire_and_erase(conn, now)
         state.purge(conn, now)
+        wakes.purge(conn, now, self.settings.log_retention)
         for op in list(self.origins.values()):
             # Keys past their acceptance window never decrypt again: drop them from memory too.
             if any(not row.accepts(now) for _secret, row in op.secrets.values()):
@@ -174,11 +208,33 @@ class Push:
                                                      ctx.get("push_now", int(time.time())))
 
     def stored(self, conn: apsw.Connection, origin: int, ev, ctx: dict) -> None:
-        if ev.kind != LEASE_KIND:
+        """The "event stored" hook, inside the event's write transaction."""
+        if ev.kind == LEASE_KIND:
+            self._lease_stored(conn, origin, ev, ctx)
             return
+        op = self.origins.get(origin)
+        if op is None or ev.kind not in op.push_kinds:
+            return
+        now = time.time()
+        created = False
+        for m in self.matcher.match(conn, origin, op.descriptor, op.push_kinds, ev, int(now)):
+            state_ = wakes.insert_job(
+                conn, job_id=str(uuid.uuid4()), origin=origin, app_profile=m.app_profile, transport=m.transport,
+                endpoint_hash=m.endpoint_hash, event_id=ev.id, lease_pubkey=m.pubkey, lease_d=m.d,
+                generation=m.generation, cls=m.cls, now=now, useful_age=self.settings.useful_age,
+                min_interval=self.settings.min_interval, rank=CLASS_RANK)
+            created = created or state_ == "pending"
+        if created:  # after the commit: the workers look for due wakes
+            ctx.setdefault("after_commit", []).append(self.delivery.nudge)
+
+    def _lease_stored(self, conn: apsw.Connection, origin: int, ev, ctx: dict) -> None:
         lease = ctx.get("lease")
         op = self.origins.get(origin)
         if lease is None or op is None:  # cannot happen: the check hook refused it
             raise Rejected.from_wire(reason_message("unknown_executor_key"))
-        state.apply_lease(conn, origin, lease, op.descriptor.limits, ctx.get("push_now", int(time.time())),
-                          ctx.get("push_watermark"))
+        now = ctx.get("push_now", int(time.time()))
+        state.apply_lease(conn, origin, lease, op.descriptor.limits, now, ctx.get("push_watermark"))
+        # NIP-PL, Lease and Key Lifecycle: a tombstone (or a newer generation) stops the undelivered
+        # wakes of the address; they would fail their re-check anyway.
+        wakes.cancel_lease_jobs(conn, origin, lease.pubkey, lease.d, time.time(),
+                                "lease revoked" if not lease.active else "lease replaced by a newer generation")

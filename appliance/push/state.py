@@ -7,6 +7,8 @@ stored event, the lease row and the watermark byte-for-byte unchanged.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import apsw
 import orjson
 
@@ -144,18 +146,77 @@ def purge(conn: apsw.Connection, now: int) -> int:
     return n + conn.changes()
 
 
-def candidate_leases(conn: apsw.Connection, origin: int, author: str, p_values, h_values, now: int) -> list[tuple]:
-    """Unexpired active lease addresses whose subscriptions name this author, a p or an h value."""
+# One statement per event: the (selector type, value) pairs the event offers, looked up in the
+# lease_selectors primary key (json_each drives the loop: CROSS JOIN keeps that order), joined to
+# the effective lease row. Cost follows the number of candidates, not the number of leases.
+SQL_CANDIDATES = (
+    "SELECT DISTINCT l.pubkey, l.d, l.event_id, l.generation, l.app_profile, l.transport, l.endpoint_hash, "
+    "l.subscriptions FROM json_each(?) j CROSS JOIN lease_selectors s ON s.origin = ? "
+    "AND s.selector_type = j.value ->> 0 AND s.value = j.value ->> 1 "
+    "JOIN leases l ON l.origin = s.origin AND l.pubkey = s.pubkey AND l.d = s.d "
+    "WHERE l.active = 1 AND l.expiration > ? AND l.invalidated_at IS NULL"
+)
+SQL_EFFECTIVE = (
+    "SELECT generation, active, expiration, invalidated_at, app_profile, transport, endpoint, endpoint_hash "
+    "FROM leases WHERE origin = ? AND pubkey = ? AND d = ?"
+)
+SQL_INVALIDATE = (
+    "UPDATE leases SET invalidated_at = ? WHERE origin = ? AND pubkey = ? AND d = ? AND generation = ? "
+    "AND invalidated_at IS NULL"
+)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """An effective, unexpired, active lease whose selectors name something in an event."""
+
+    pubkey: str
+    d: str
+    event_id: str  # the lease event: keys the parsed-subscriptions cache
+    generation: int
+    app_profile: str
+    transport: str
+    endpoint_hash: str
+    subscriptions: str  # JSON, as `subscriptions_json` wrote it
+
+
+def candidate_leases(conn: apsw.Connection, origin: int, author: str, p_values, h_values, now: int
+                     ) -> list[Candidate]:
+    """Leases at `origin` whose `authors`, `#p` or `#h` selectors name the event's author, one of
+    its p tags or one of its h tags (the only selectors a lease filter can narrow by)."""
     keys = [("authors", author)] + [("p", v) for v in p_values] + [("h", v) for v in h_values]
-    out: set[tuple] = set()
-    for t, v in keys:
-        for row in conn.execute(
-            "SELECT l.pubkey, l.d FROM lease_selectors s JOIN leases l ON l.origin = s.origin AND l.pubkey = s.pubkey "
-            "AND l.d = s.d WHERE s.origin = ? AND s.selector_type = ? AND s.value = ? AND l.active = 1 "
-            "AND l.expiration > ?", (origin, t, v, now)
-        ):
-            out.add(row)
-    return sorted(out)
+    rows = conn.execute(SQL_CANDIDATES, (orjson.dumps(keys).decode(), origin, now))
+    return [Candidate(*r) for r in rows]
+
+
+@dataclass(frozen=True)
+class EffectiveLease:
+    generation: int
+    active: bool
+    expiration: int
+    invalidated: bool
+    app_profile: str | None
+    transport: str | None
+    endpoint: str | None
+    endpoint_hash: str | None
+
+
+def effective_lease(conn: apsw.Connection, origin: int, pubkey: str, d: str) -> EffectiveLease | None:
+    """The effective state at a lease address now (None: no lease there any more)."""
+    row = conn.execute(SQL_EFFECTIVE, (origin, pubkey, d)).fetchone()
+    if row is None:
+        return None
+    gen, active, expiration, invalidated_at, profile, transport, endpoint, endpoint_hash = row
+    return EffectiveLease(gen, bool(active), expiration, invalidated_at is not None, profile, transport, endpoint,
+                          endpoint_hash)
+
+
+def invalidate_generation(conn: apsw.Connection, origin: int, pubkey: str, d: str, generation: int,
+                          now: float) -> bool:
+    """The transport said this generation's endpoint is dead: no wake for it until a newer
+    generation replaces the lease row (NIP-PL, Lease and Key Lifecycle: endpoint rotation)."""
+    conn.execute(SQL_INVALIDATE, (now, origin, pubkey, d, generation))
+    return conn.changes() > 0
 
 
 # -- operator views (the dashboard) ----------------------------------------------------------------

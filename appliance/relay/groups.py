@@ -130,6 +130,34 @@ class GroupState:
         return frozenset(h for h in private if reader is None or reader not in self._groups[(origin_id, h)].members)
 
 
+SQL_IS_PRIVATE = "SELECT private FROM groups WHERE origin = ? AND h = ?"
+SQL_IS_MEMBER = "SELECT 1 FROM group_members WHERE origin = ? AND h = ? AND pubkey = ?"
+SQL_HIDDEN = (
+    "SELECT g.h FROM groups g WHERE g.origin = ? AND g.private = 1 AND NOT EXISTS "
+    "(SELECT 1 FROM group_members m WHERE m.origin = g.origin AND m.h = g.h AND m.pubkey = ?)"
+)
+
+
+class StoredGroups:
+    """A `authz.GroupView` over the group tables as one connection sees them: inside a write
+    transaction, that includes the changes it made and not yet committed. The push matcher and the
+    wake workers use it, so membership is judged as of their own transaction, not as of the last
+    in-memory update."""
+
+    def __init__(self, conn: apsw.Connection):
+        self.conn = conn
+
+    def is_private(self, origin_id: int, group: str) -> bool:
+        row = self.conn.execute(SQL_IS_PRIVATE, (origin_id, group)).fetchone()
+        return row is not None and bool(row[0])
+
+    def is_member(self, origin_id: int, group: str, pubkey: str) -> bool:
+        return self.conn.execute(SQL_IS_MEMBER, (origin_id, group, pubkey)).fetchone() is not None
+
+    def hidden_groups(self, origin_id: int, reader: str | None) -> frozenset[str]:
+        return frozenset(r[0] for r in self.conn.execute(SQL_HIDDEN, (origin_id, reader or "")))
+
+
 class RelayKeys:
     """Per-origin relay signing keys (NIP-29 snapshots), wrapped at rest by the key file."""
 

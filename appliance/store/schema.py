@@ -267,6 +267,91 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE TABLE stored_settings (
         name        TEXT PRIMARY KEY,
         value       TEXT NOT NULL             -- JSON
+    # 7: NIP-PL wake delivery: the durable wake outbox, per-endpoint rate state, the delivery log,
+    # operator alerts, and endpoint-generation invalidation on the lease row.
+    """
+    -- Set when the transport said the endpoint of this lease generation is permanently dead (APNs
+    -- 410 and the like): no wake until a newer generation replaces the row (and this column).
+    ALTER TABLE leases ADD COLUMN invalidated_at REAL;
+
+    -- One job per (origin, app_profile, transport, H(endpoint), event id), written in the event's
+    -- own transaction. A pending job is one wake for its endpoint; matches that arrive while it waits
+    -- join it as 'coalesced' jobs pointing at it (wake_id). Times are Unix seconds (REAL).
+    CREATE TABLE wake_jobs (
+        id          TEXT PRIMARY KEY,         -- canonical UUID: the provider request id (apns-id)
+        origin      INTEGER NOT NULL,
+        app_profile TEXT NOT NULL,
+        transport   TEXT NOT NULL,
+        endpoint_hash TEXT NOT NULL,          -- H(endpoint); the endpoint itself stays in `leases`
+        event_id    TEXT NOT NULL,
+        lease_pubkey TEXT NOT NULL,           -- the lease address chosen at match time
+        lease_d     TEXT NOT NULL,
+        generation  INTEGER NOT NULL,         -- the lease generation at match time
+        class       TEXT NOT NULL,            -- highest eligible class of the matches it covers
+        state       TEXT NOT NULL CHECK (state IN ('pending', 'claimed', 'coalesced', 'delivered', 'dead',
+                                                   'dropped', 'invalidated', 'cancelled')),
+        wake_id     TEXT,                     -- coalesced: the job whose wake covers this one
+        created_at  REAL NOT NULL,
+        due_at      REAL NOT NULL,            -- pending: not before; claimed: when the claim lapses
+        expires_at  REAL NOT NULL,            -- created_at + useful age: dead-lettered after that
+        attempts    INTEGER NOT NULL DEFAULT 0,
+        finished_at REAL,
+        last_error  TEXT,
+        UNIQUE (origin, app_profile, transport, endpoint_hash, event_id)
+    ) WITHOUT ROWID;
+    CREATE INDEX wake_jobs_due ON wake_jobs(due_at) WHERE state IN ('pending', 'claimed');
+    CREATE INDEX wake_jobs_endpoint ON wake_jobs(origin, app_profile, transport, endpoint_hash)
+        WHERE state = 'pending';
+    CREATE INDEX wake_jobs_wake ON wake_jobs(wake_id) WHERE wake_id IS NOT NULL;
+    CREATE INDEX wake_jobs_lease ON wake_jobs(origin, lease_pubkey, lease_d) WHERE state IN ('pending', 'coalesced');
+    CREATE INDEX wake_jobs_state ON wake_jobs(state, created_at);
+    CREATE INDEX wake_jobs_finished ON wake_jobs(finished_at) WHERE finished_at IS NOT NULL;
+
+    -- The per-endpoint rate cap: when the last wake went to this endpoint.
+    CREATE TABLE wake_endpoints (
+        origin      INTEGER NOT NULL,
+        app_profile TEXT NOT NULL,
+        transport   TEXT NOT NULL,
+        endpoint_hash TEXT NOT NULL,
+        last_sent_at REAL NOT NULL,
+        PRIMARY KEY (origin, app_profile, transport, endpoint_hash)
+    ) WITHOUT ROWID;
+    CREATE INDEX wake_endpoints_sent ON wake_endpoints(last_sent_at);
+
+    -- Every delivery attempt. Never an endpoint token, never event content; the lease address is
+    -- redacted.
+    CREATE TABLE delivery_log (
+        id          INTEGER PRIMARY KEY,
+        at          REAL NOT NULL,
+        origin      INTEGER NOT NULL,
+        lease       TEXT NOT NULL,            -- redacted lease address
+        app_profile TEXT NOT NULL,
+        transport   TEXT NOT NULL,
+        class       TEXT NOT NULL,
+        job_id      TEXT NOT NULL,
+        attempt     INTEGER NOT NULL,
+        outcome     TEXT NOT NULL,            -- transports.base outcome kind
+        status      INTEGER,                  -- provider status (NULL: no answer)
+        reason      TEXT,                     -- provider reason
+        latency_ms  REAL,
+        detail      TEXT NOT NULL DEFAULT ''
+    );
+    CREATE INDEX delivery_log_at ON delivery_log(at);
+    CREATE INDEX delivery_log_origin ON delivery_log(origin, at);
+    CREATE INDEX delivery_log_job ON delivery_log(job_id);
+
+    -- Operator-visible alerts (configuration faults), one row per (origin, profile, reason).
+    CREATE TABLE push_alerts (
+        origin      INTEGER NOT NULL,
+        app_profile TEXT NOT NULL,
+        reason      TEXT NOT NULL,
+        detail      TEXT NOT NULL,
+        status      INTEGER,
+        first_at    REAL NOT NULL,
+        last_at     REAL NOT NULL,
+        count       INTEGER NOT NULL,
+        cleared_at  REAL,                     -- set once a later attempt for the profile succeeded
+        PRIMARY KEY (origin, app_profile, reason)
     ) WITHOUT ROWID;
     """,
     # 7: a gateway reservation needs no flag: the row committed at send-begin is the fence, kept for

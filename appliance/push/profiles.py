@@ -1,0 +1,87 @@
+"""Which transport delivers the wakes of each (origin, app profile).
+
+Built from the origins' push tables whenever they are (re)loaded. An APNs profile with
+credentials gets an `ApnsTransport` (shared by profiles with identical credentials, so they share
+one connection and one provider token); a profile without credentials, or of a transport this
+appliance does not ship (fcm, unifiedpush), gets `Unconfigured`: its leases are accepted and its
+wakes wait as configuration faults until the operator adds credentials (docs/spec-notes.md W8).
+A profile that is no longer in the descriptor has no transport: its wakes are dropped.
+"""
+
+from __future__ import annotations
+
+import os
+
+from appliance.origins import Origin
+from appliance.transports import CONFIGURATION, Outcome, Transport, WakeRequest
+from appliance.transports.apns import ApnsProfile, ApnsTransport
+
+from .config import delivery_profile
+
+
+class Unconfigured:
+    """The transport of a profile that cannot deliver: every send is a configuration fault."""
+
+    def __init__(self, reason: str, detail: str):
+        self.reason = reason
+        self.detail = detail
+
+    async def send(self, request: WakeRequest) -> Outcome:
+        return Outcome(CONFIGURATION, reason=self.reason, detail=self.detail)
+
+    async def close(self) -> None:
+        pass
+
+
+def _sharing_key(p: ApnsProfile, key_file: str) -> tuple:
+    try:
+        mtime = os.stat(key_file).st_mtime_ns
+    except OSError:
+        mtime = 0
+    return (p.topic, p.environment, p.base_url, p.ca_file, p.key.team_id, p.key.key_id, key_file, mtime)
+
+
+class ProfileTransports:
+    """(origin id, app profile id) -> Transport, rebuilt by `configure`."""
+
+    def __init__(self, make_apns=ApnsTransport):
+        self._make_apns = make_apns
+        self._by_origin: dict[int, dict[str, Transport]] = {}
+        self._shared: dict[tuple, Transport] = {}
+
+    def get(self, origin_id: int, profile_id: str) -> Transport | None:
+        return self._by_origin.get(origin_id, {}).get(profile_id)
+
+    def configure(self, origins: list[Origin]) -> list[Transport]:
+        """Build the map for these origins (ConfigError if credentials do not load); returns the
+        transports no longer used, for the caller to close on the event loop."""
+        by_origin: dict[int, dict[str, Transport]] = {}
+        shared: dict[tuple, Transport] = {}
+        for o in origins:
+            if not o.push:
+                continue
+            table: dict[str, Transport] = {}
+            for i, entry in enumerate(o.push.get("app_profiles", [])):
+                pid = entry["id"]
+                profile = delivery_profile(entry, f"origins[{o.origin}].push.app_profiles[{i}]")
+                if profile is None:
+                    if entry["transport"] == "apns":
+                        table[pid] = Unconfigured("no credentials", f"app profile {pid!r} has no APNs credentials "
+                                                  "(topic, team_id, key_id, key_file, environment)")
+                    else:
+                        table[pid] = Unconfigured("unsupported transport", f"app profile {pid!r}: this appliance has "
+                                                  f"no {entry['transport']} transport")
+                    continue
+                key = _sharing_key(profile, entry["key_file"])
+                transport = shared.get(key) or self._shared.get(key)
+                if transport is None:
+                    transport = self._make_apns(profile)
+                shared[key] = transport
+                table[pid] = transport
+            by_origin[o.id] = table
+        retired = [t for k, t in self._shared.items() if k not in shared]
+        self._by_origin, self._shared = by_origin, shared
+        return retired
+
+    def all(self) -> list[Transport]:
+        return list(self._shared.values())

@@ -1,0 +1,332 @@
+"""The wake outbox in SQL: durable wake jobs, the per-endpoint rate state, the delivery log and
+operator alerts (NIP-PL "Wake Delivery", issue #8). Write functions run inside the writer's
+transaction; the read functions (`list_jobs`, `job_counts`, `delivery_log`, `alerts`) are what an
+operator view reads, on a reader connection.
+
+A job's life (`state`):
+
+    pending ──claim──> claimed ──accepted──> delivered
+       ^                  │ ──transient / configuration──> pending (later)
+       │                  │ ──invalid endpoint──> invalidated
+       │                  │ ──permanent, too many attempts, too old──> dead
+    coalesced (joined a pending wake: `wake_id`, fate of that wake)
+    dropped   (re-check failed: lease gone, expired, replaced, event unreadable)
+    cancelled (the lease was revoked or replaced before delivery)
+
+Times are Unix seconds (REAL). Endpoint tokens and event contents are never written here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Any
+
+import apsw
+
+__all__ = [
+    "JOB_STATES",
+    "FINISHED_STATES",
+    "WakeJob",
+    "redact_lease",
+    "insert_job",
+    "due_wakes",
+    "wake_members",
+    "claim_wake",
+    "set_state",
+    "count_attempt",
+    "reschedule",
+    "cancel_lease_jobs",
+    "log_attempt",
+    "raise_alert",
+    "clear_alerts",
+    "purge",
+    "next_due",
+    "list_jobs",
+    "job_counts",
+    "delivery_log",
+    "alerts",
+]
+
+JOB_STATES = ("pending", "claimed", "coalesced", "delivered", "dead", "dropped", "invalidated", "cancelled")
+FINISHED_STATES = ("delivered", "dead", "dropped", "invalidated", "cancelled")
+
+_JOB_COLUMNS = ("id, origin, app_profile, transport, endpoint_hash, event_id, lease_pubkey, lease_d, generation, "
+                "class, state, wake_id, created_at, due_at, expires_at, attempts, finished_at, last_error")
+
+SQL_INSERT_JOB = (
+    "INSERT INTO wake_jobs (id, origin, app_profile, transport, endpoint_hash, event_id, lease_pubkey, lease_d, "
+    "generation, class, state, wake_id, created_at, due_at, expires_at) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+    "ON CONFLICT (origin, app_profile, transport, endpoint_hash, event_id) DO NOTHING"
+)
+SQL_PENDING_WAKE = (
+    "SELECT id, class FROM wake_jobs WHERE origin = ? AND app_profile = ? AND transport = ? AND endpoint_hash = ? "
+    "AND state = 'pending' LIMIT 1"
+)
+SQL_RAISE_CLASS = "UPDATE wake_jobs SET class = ? WHERE id = ?"
+SQL_LAST_SENT = (
+    "SELECT last_sent_at FROM wake_endpoints WHERE origin = ? AND app_profile = ? AND transport = ? "
+    "AND endpoint_hash = ?"
+)
+SQL_NOTE_SENT = (
+    "INSERT INTO wake_endpoints (origin, app_profile, transport, endpoint_hash, last_sent_at) VALUES (?, ?, ?, ?, ?) "
+    "ON CONFLICT (origin, app_profile, transport, endpoint_hash) DO UPDATE SET last_sent_at = excluded.last_sent_at"
+)
+# Pending wakes that are due, and claims that lapsed (the process died while sending).
+SQL_DUE = (
+    f"SELECT {_JOB_COLUMNS} FROM wake_jobs WHERE state IN ('pending', 'claimed') AND due_at <= ? "
+    "ORDER BY due_at LIMIT ?"
+)
+SQL_MEMBERS = f"SELECT {_JOB_COLUMNS} FROM wake_jobs WHERE wake_id = ? AND state = 'coalesced'"
+SQL_CLAIM = "UPDATE wake_jobs SET state = 'claimed', due_at = ?, class = ? WHERE id = ?"
+SQL_COUNT_ATTEMPT = "UPDATE wake_jobs SET attempts = attempts + 1 WHERE id = ?"
+SQL_SET_STATE = "UPDATE wake_jobs SET state = ?, finished_at = ?, last_error = ? WHERE id = ?"
+SQL_FINISH_MEMBERS = (
+    "UPDATE wake_jobs SET finished_at = ? WHERE wake_id = ? AND state = 'coalesced' AND finished_at IS NULL"
+)
+SQL_RESCHEDULE = "UPDATE wake_jobs SET state = 'pending', due_at = ?, last_error = ? WHERE id = ?"
+SQL_CANCEL_LEASE = (
+    "UPDATE wake_jobs SET state = 'cancelled', finished_at = ?, last_error = ? "
+    "WHERE origin = ? AND lease_pubkey = ? AND lease_d = ? AND state IN ('pending', 'coalesced') RETURNING id"
+)
+# Jobs of other leases that had joined a cancelled wake become wakes of their own.
+SQL_ORPHANS = "UPDATE wake_jobs SET state = 'pending', wake_id = NULL WHERE wake_id = ? AND state = 'coalesced'"
+SQL_LOG = (
+    "INSERT INTO delivery_log (at, origin, lease, app_profile, transport, class, job_id, attempt, outcome, status, "
+    "reason, latency_ms, detail) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+SQL_ALERT = (
+    "INSERT INTO push_alerts (origin, app_profile, reason, detail, status, first_at, last_at, count, cleared_at) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?, 1, NULL) "
+    "ON CONFLICT (origin, app_profile, reason) DO UPDATE SET detail = excluded.detail, status = excluded.status, "
+    "last_at = excluded.last_at, count = count + 1, "
+    "first_at = CASE WHEN cleared_at IS NULL THEN first_at ELSE excluded.first_at END, cleared_at = NULL "
+    "RETURNING count, first_at = last_at"
+)
+SQL_CLEAR_ALERTS = "UPDATE push_alerts SET cleared_at = ? WHERE origin = ? AND app_profile = ? AND cleared_at IS NULL"
+SQL_PURGE_JOBS = "DELETE FROM wake_jobs WHERE finished_at IS NOT NULL AND finished_at < ?"
+SQL_PURGE_LOG = "DELETE FROM delivery_log WHERE at < ?"
+SQL_PURGE_ENDPOINTS = "DELETE FROM wake_endpoints WHERE last_sent_at < ?"
+SQL_PURGE_ALERTS = "DELETE FROM push_alerts WHERE cleared_at IS NOT NULL AND cleared_at < ?"
+SQL_NEXT_DUE = "SELECT min(due_at) FROM wake_jobs WHERE state IN ('pending', 'claimed')"
+
+
+@dataclass(frozen=True)
+class WakeJob:
+    """One row of `wake_jobs`."""
+
+    id: str
+    origin: int
+    app_profile: str
+    transport: str
+    endpoint_hash: str
+    event_id: str
+    lease_pubkey: str
+    lease_d: str
+    generation: int
+    cls: str
+    state: str
+    wake_id: str | None
+    created_at: float
+    due_at: float
+    expires_at: float
+    attempts: int
+    finished_at: float | None
+    last_error: str | None
+
+    @property
+    def endpoint_key(self) -> tuple[int, str, str, str]:
+        return (self.origin, self.app_profile, self.transport, self.endpoint_hash)
+
+    @property
+    def lease(self) -> str:
+        return redact_lease(self.lease_pubkey, self.lease_d)
+
+    def to_dict(self) -> dict[str, Any]:
+        """For operator views: the lease address redacted, no endpoint."""
+        return {
+            "id": self.id, "origin": self.origin, "app_profile": self.app_profile, "transport": self.transport,
+            "event_id": self.event_id, "lease": self.lease, "generation": self.generation, "class": self.cls,
+            "state": self.state, "wake_id": self.wake_id, "created_at": self.created_at, "due_at": self.due_at,
+            "expires_at": self.expires_at, "attempts": self.attempts, "finished_at": self.finished_at,
+            "last_error": self.last_error,
+        }
+
+
+def _job(row: tuple) -> WakeJob:
+    return WakeJob(*row)
+
+
+def redact_lease(pubkey: str, d: str) -> str:
+    """A lease address an operator can tell apart and correlate, without the full pubkey or d:
+    `30350:<first 12 hex of the pubkey>…:<first 8 hex of SHA-256(d)>`."""
+    return f"30350:{pubkey[:12]}…:{hashlib.sha256(d.encode()).hexdigest()[:8]}"
+
+
+# -- writes (inside the writer transaction) -------------------------------------------------------
+
+def insert_job(conn: apsw.Connection, *, job_id: str, origin: int, app_profile: str, transport: str,
+               endpoint_hash: str, event_id: str, lease_pubkey: str, lease_d: str, generation: int, cls: str,
+               now: float, useful_age: float, min_interval: float, rank: dict[str, int]) -> str | None:
+    """Write the job of one (endpoint, event) match; the state it got, None if it already existed.
+
+    Coalescing: if the endpoint already has a pending wake, this job joins it (`coalesced`) and
+    raises its class if this match's is higher; otherwise it is a new pending wake, due at once or,
+    under the per-endpoint rate cap, `min_interval` after the last wake sent to the endpoint.
+    """
+    key = (origin, app_profile, transport, endpoint_hash)
+    pending = conn.execute(SQL_PENDING_WAKE, key).fetchone()
+    if pending is not None:
+        state, wake_id, due = "coalesced", pending[0], now
+    else:
+        row = conn.execute(SQL_LAST_SENT, key).fetchone()
+        state, wake_id, due = "pending", None, now if row is None else max(now, row[0] + min_interval)
+    conn.execute(SQL_INSERT_JOB, (job_id, origin, app_profile, transport, endpoint_hash, event_id, lease_pubkey,
+                                  lease_d, generation, cls, state, wake_id, now, due, now + useful_age))
+    if conn.changes() == 0:
+        return None  # the same event matched this endpoint before: one job, not two
+    if pending is not None and rank[cls] > rank[pending[1]]:
+        conn.execute(SQL_RAISE_CLASS, (cls, pending[0]))
+    return state
+
+
+def due_wakes(conn: apsw.Connection, now: float, limit: int) -> list[WakeJob]:
+    """Pending wakes whose time came, and claims that lapsed, oldest due first."""
+    return [_job(r) for r in conn.execute(SQL_DUE, (now, limit))]
+
+
+def wake_members(conn: apsw.Connection, wake_id: str) -> list[WakeJob]:
+    """The jobs coalesced into a pending wake."""
+    return [_job(r) for r in conn.execute(SQL_MEMBERS, (wake_id,))]
+
+
+def claim_wake(conn: apsw.Connection, job: WakeJob, cls: str, now: float, visibility: float) -> None:
+    """Mark a wake as being sent (until now + visibility) and note the send for the rate cap."""
+    conn.execute(SQL_CLAIM, (now + visibility, cls, job.id))
+    conn.execute(SQL_NOTE_SENT, (*job.endpoint_key, now))
+
+
+def set_state(conn: apsw.Connection, job_id: str, state: str, now: float, error: str | None = None) -> None:
+    """A final state for a job (and the finish time of the jobs coalesced into it)."""
+    conn.execute(SQL_SET_STATE, (state, now, error, job_id))
+    conn.execute(SQL_FINISH_MEMBERS, (now, job_id))
+
+
+def count_attempt(conn: apsw.Connection, job_id: str) -> None:
+    """One more provider attempt against the job's budget (configuration faults are not counted)."""
+    conn.execute(SQL_COUNT_ATTEMPT, (job_id,))
+
+
+def reschedule(conn: apsw.Connection, job_id: str, due_at: float, error: str | None) -> None:
+    """Back to pending, due at `due_at` (a retry keeps the job's id: the same apns-id)."""
+    conn.execute(SQL_RESCHEDULE, (due_at, error, job_id))
+
+
+def cancel_lease_jobs(conn: apsw.Connection, origin: int, pubkey: str, d: str, now: float, why: str) -> int:
+    """Cancel the undelivered jobs of a lease address (revoked or replaced)."""
+    cancelled = [r[0] for r in conn.execute(SQL_CANCEL_LEASE, (now, why, origin, pubkey, d))]
+    for job_id in cancelled:
+        conn.execute(SQL_ORPHANS, (job_id,))
+    return len(cancelled)
+
+
+def log_attempt(conn: apsw.Connection, job: WakeJob, *, at: float, cls: str, attempt: int, outcome: str,
+                status: int | None, reason: str | None, latency_ms: float | None, detail: str = "") -> None:
+    conn.execute(SQL_LOG, (at, job.origin, job.lease, job.app_profile, job.transport, cls, job.id, attempt, outcome,
+                           status, reason, latency_ms, detail))
+
+
+def raise_alert(conn: apsw.Connection, origin: int, app_profile: str, reason: str, detail: str,
+                status: int | None, now: float) -> bool:
+    """Record a configuration fault; True if the alert is new (or came back after clearing)."""
+    _count, fresh = conn.execute(SQL_ALERT, (origin, app_profile, reason, detail, status, now, now)).fetchone()
+    return bool(fresh)
+
+
+def clear_alerts(conn: apsw.Connection, origin: int, app_profile: str, now: float) -> int:
+    """A wake for this profile was accepted: its alerts are over."""
+    conn.execute(SQL_CLEAR_ALERTS, (now, origin, app_profile))
+    return conn.changes()
+
+
+def purge(conn: apsw.Connection, now: float, retention: float) -> int:
+    """Drop finished jobs, log rows, rate state and cleared alerts older than `retention` seconds."""
+    cutoff = now - retention
+    n = 0
+    for sql in (SQL_PURGE_JOBS, SQL_PURGE_LOG, SQL_PURGE_ENDPOINTS, SQL_PURGE_ALERTS):
+        conn.execute(sql, (cutoff,))
+        n += conn.changes()
+    return n
+
+
+# -- reads ------------------------------------------------------------------------------------------
+
+def next_due(conn: apsw.Connection) -> float | None:
+    """When the next pending wake (or lapsing claim) is due; None if there is none."""
+    return conn.execute(SQL_NEXT_DUE).fetchone()[0]
+
+
+def list_jobs(conn: apsw.Connection, *, state: str | None = None, origin: int | None = None,
+              limit: int = 100, before: float | None = None) -> list[WakeJob]:
+    """Jobs, newest first; filtered by state, origin, created before `before` (paging)."""
+    where, args = [], []
+    if state is not None:
+        where.append("state = ?")
+        args.append(state)
+    if origin is not None:
+        where.append("origin = ?")
+        args.append(origin)
+    if before is not None:
+        where.append("created_at < ?")
+        args.append(before)
+    sql = f"SELECT {_JOB_COLUMNS} FROM wake_jobs"
+    if where:
+        sql += " WHERE " + " AND ".join(where)
+    sql += " ORDER BY created_at DESC LIMIT ?"
+    return [_job(r) for r in conn.execute(sql, (*args, limit))]
+
+
+def job_counts(conn: apsw.Connection, origin: int | None = None) -> dict[str, int]:
+    """How many jobs are in each state (every state listed, zeros included)."""
+    counts = dict.fromkeys(JOB_STATES, 0)
+    if origin is None:
+        rows = conn.execute("SELECT state, count(*) FROM wake_jobs GROUP BY state")
+    else:
+        rows = conn.execute("SELECT state, count(*) FROM wake_jobs WHERE origin = ? GROUP BY state", (origin,))
+    counts.update(dict(rows))
+    return counts
+
+
+_LOG_COLUMNS = ("id", "at", "origin", "lease", "app_profile", "transport", "class", "job_id", "attempt", "outcome",
+                "status", "reason", "latency_ms", "detail")
+_LOG_FILTERS = {"origin": "origin = ?", "outcome": "outcome = ?", "app_profile": "app_profile = ?",
+                "transport": "transport = ?", "job_id": "job_id = ?", "since": "at >= ?", "until": "at < ?",
+                "before_id": "id < ?"}
+
+
+def delivery_log(conn: apsw.Connection, *, limit: int = 100, **filters: Any) -> list[dict[str, Any]]:
+    """Attempts, newest first. Filters: origin, outcome, app_profile, transport, job_id, since,
+    until (times), before_id (paging)."""
+    unknown = set(filters) - set(_LOG_FILTERS)
+    if unknown:
+        raise TypeError(f"unknown delivery log filter {sorted(unknown)[0]!r}")
+    where = [_LOG_FILTERS[k] for k, v in filters.items() if v is not None]
+    args = [v for v in filters.values() if v is not None]
+    sql = f"SELECT {', '.join(_LOG_COLUMNS)} FROM delivery_log"
+    if where:
+        sql += " WHERE " + " AND ".join(where)
+    sql += " ORDER BY id DESC LIMIT ?"
+    return [dict(zip(_LOG_COLUMNS, r)) for r in conn.execute(sql, (*args, limit))]
+
+
+_ALERT_COLUMNS = ("origin", "app_profile", "reason", "detail", "status", "first_at", "last_at", "count", "cleared_at")
+
+
+def alerts(conn: apsw.Connection, *, active_only: bool = True) -> list[dict[str, Any]]:
+    """Configuration-fault alerts, most recent first; only uncleared ones unless asked."""
+    sql = f"SELECT {', '.join(_ALERT_COLUMNS)} FROM push_alerts"
+    if active_only:
+        sql += " WHERE cleared_at IS NULL"
+    sql += " ORDER BY last_at DESC"
+    return [dict(zip(_ALERT_COLUMNS, r)) for r in conn.execute(sql)]
