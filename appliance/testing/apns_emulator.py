@@ -18,8 +18,8 @@ What it checks, in Apple's order of concern (status and reason as Apple document
       apns-expiration, apns-collapse-id malformed  400 InvalidPushType / BadPriority / BadMessageId /
                                                    BadExpirationDate / BadCollapseId
     empty body / body over 4096 bytes              400 PayloadEmpty / 413 PayloadTooLarge
-    behaviour forced for the token (`behave`)      whatever the test asked, optionally with
-                                                   Retry-After and a delay
+    behaviour forced for the token (`behave`,      whatever the test asked, optionally with
+      or a sequence of answers: `script`)          Retry-After and a delay
     token unregistered (`unregister`)              410 Unregistered with its timestamp (ms)
     otherwise                                      200, apns-id echoed (made up if absent);
                                                    apns-unique-id too in the sandbox
@@ -145,6 +145,7 @@ class ApnsEmulator:
         self._token_topics: dict[str, str] = {}
         self._unregistered: dict[str, int] = {}
         self._forced: dict[str | None, Forced] = {}
+        self._scripts: dict[str, list[tuple[int, str | None]]] = {}
         self._expired_jwts: set[str] = set()
         self._last_jwt: dict[str, tuple[str, float]] = {}  # key id -> (jwt, first seen)
         self._verified: dict[str, tuple[str, int]] = {}  # jwt -> (key id, iat): verify each JWT once
@@ -199,9 +200,15 @@ class ApnsEmulator:
         with self._lock:
             self._forced[token] = Forced(status, reason, retry_after, times, delay, timestamp)
 
+    def script(self, token: str, answers: Iterable[tuple[int, str | None]]) -> None:
+        """Answer the next requests for `token` with these (status, reason) in turn, then normally."""
+        with self._lock:
+            self._scripts[token] = list(answers)
+
     def clear(self, token: str | None = None) -> None:
         with self._lock:
             self._forced.pop(token, None)
+            self._scripts.pop(token, None)
 
     def expire_provider_tokens(self) -> None:
         """Every provider token seen so far now answers 403 ExpiredProviderToken."""
@@ -322,6 +329,14 @@ class ApnsEmulator:
         if len(body) > MAX_PAYLOAD:
             return self._error(413, "PayloadTooLarge", apns_id_echo)
         # -- what a test asked for
+        script = self._scripts.get(token)
+        if script:
+            status, reason = script.pop(0)
+            if status != 200:
+                if status == 410:
+                    return self._error(410, reason, apns_id_echo, timestamp=int(now * 1000))
+                return self._error(status, reason, apns_id_echo) if reason else _Answer(status, None, apns_id_echo)
+            return _Answer(200, None, apns_id_echo)
         forced = self._forced.get(token) or self._forced.get(None)
         delay = 0.0
         if forced is not None:

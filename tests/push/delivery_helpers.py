@@ -42,9 +42,11 @@ class Apns:
 
     def profile(self, profile_id: str = IOS, **over) -> str:
         """One app_profiles entry (TOML inline table) delivering to the emulator."""
+        started = self.emulator.pki is not None
         fields = {"id": profile_id, "transport": "apns", "topic": TOPIC, "team_id": TEAM, "key_id": KEY_ID,
-                  "key_file": str(self.key_file), "environment": "production", "apns_url": self.emulator.url,
-                  "ca_file": self.emulator.ca_file}
+                  "key_file": str(self.key_file), "environment": "production",
+                  "apns_url": self.emulator.url if started else None,
+                  "ca_file": self.emulator.ca_file if started else None}
         fields.update(over)
         return "{ " + ", ".join(f'{k} = "{v}"' for k, v in fields.items() if v is not None) + " }"
 
@@ -70,11 +72,13 @@ def delivery_config(apns: Apns | None, *, settings: dict | None = None, profiles
 class Pusher:
     """A user with an authenticated connection who can publish leases and events."""
 
-    def __init__(self, server: Server, client: Client, user: Installation, origin: str = ORIGIN):
+    def __init__(self, server: Server, client: Client, user: Installation, origin: str = ORIGIN,
+                 host: str | None = None):
         self.server = server
         self.client = client
         self.user = user
         self.origin = origin
+        self.host = host
         self.pubkey = user.pubkey
         self._created: dict[str, int] = {}
 
@@ -85,16 +89,17 @@ class Pusher:
         return at
 
     @classmethod
-    async def connect(cls, server: Server, origin: str = ORIGIN, host: str | None = None) -> "Pusher":
-        user = Installation()
+    async def connect(cls, server: Server, origin: str = ORIGIN, host: str | None = None,
+                      user: Installation | None = None) -> "Pusher":
+        user = user or Installation()
         client = await Client.connect(server.url, host)
         ok, msg = await client.auth(user.secret, origin)
         assert ok, msg
-        return cls(server, client, user, origin)
+        return cls(server, client, user, origin, host)
 
     async def lease(self, endpoint: str, *, generation: int = 1, d: str = "lease-d-1", ttl: int = 86400,
                     subscriptions: list | None = None, **over) -> dict:
-        exec_id, exec_pub = current_key(self.server.nip11())
+        exec_id, exec_pub = current_key(self.server.nip11(self.host))
         pt = active(self.user, generation=generation, endpoint=endpoint, origin=self.origin, **over)
         if subscriptions is not None:
             pt["subscriptions"] = subscriptions
@@ -104,7 +109,7 @@ class Pusher:
         return ev
 
     async def revoke(self, *, generation: int, d: str = "lease-d-1") -> None:
-        exec_id, exec_pub = current_key(self.server.nip11())
+        exec_id, exec_pub = current_key(self.server.nip11(self.host))
         t = tombstone(generation=generation)
         t["origin"] = self.origin
         ok, msg = await self.client.publish(lease(self.user, t, exec_pub=exec_pub, exec_id=exec_id, d=d,

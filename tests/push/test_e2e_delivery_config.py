@@ -1,0 +1,282 @@
+"""Wake delivery across restarts, origins and configurations (each case with its own appliance)."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import ROOT, Server
+from tests.push.delivery_helpers import (
+    Apns,
+    Pusher,
+    delivery_config,
+    jobs,
+    log_rows,
+    token,
+    wait_until,
+)
+from tests.push.e2e_helpers import ANDROID, IOS, ORIGIN, db_rows
+
+pytestmark = pytest.mark.anyio
+
+
+def p_sub(user, cls="default"):
+    return {"filter": {"kinds": [9], "#p": [user.pubkey]}, "class": cls}
+
+
+@pytest.fixture
+def apns(tmp_path):
+    a = Apns(tmp_path).start()
+    yield a
+    a.stop()
+
+
+@pytest.mark.slow
+async def test_sigkill_after_ok_before_delivery_then_restart_delivers_exactly_once(apns, tmp_path):
+    # APNs is unreachable at first (nothing listens on the discard port): the wake waits in the
+    # outbox, attempted at most once (transient), due again a few seconds later.
+    down = apns.profile(apns_url="https://127.0.0.1:9")
+    # (A claim the kill interrupts lapses after the visibility timeout: 3 s here, 60 s by default.)
+    server = Server(tmp_path / "data", config=delivery_config(apns, profiles=[down], settings={
+        "wake_retry_delay": 4.0, "wake_visibility_timeout": 3})).start()
+    alice, bob = await Pusher.connect(server), await Pusher.connect(server)
+    tok = token()
+    await bob.lease(tok, subscriptions=[p_sub(bob)])
+    ev = await alice.publish(9, [["p", bob.pubkey]])  # OK true: committed together with its wake job
+    server.kill()
+    await alice.client.close()
+    await bob.client.close()
+    (job,) = jobs(server, event_id=ev.id)
+    assert job["state"] in ("pending", "claimed")
+    assert apns.emulator.requests(tok) == []
+    # Restarted on the same data directory with APNs reachable: delivered once, with the job's id.
+    server.config = delivery_config(apns, settings={"wake_visibility_timeout": 3})
+    server.start()
+    try:
+        await wait_until(lambda: jobs(server, event_id=ev.id)[0]["state"] == "delivered", timeout=30)
+        await asyncio.sleep(0.5)
+        mine = apns.emulator.requests(tok)
+        assert len(mine) == 1 and mine[0].status == 200 and mine[0].header("apns-id") == job["id"]
+    finally:
+        server.stop()
+
+
+async def test_a_crashed_claim_is_retried_after_the_visibility_timeout(apns, tmp_path):
+    """SIGKILL while the request is in flight: the claim lapses and the wake goes again, same apns-id."""
+    tok = token()
+    apns.emulator.behave(tok, delay=30)  # APNs holds the first request: the appliance dies waiting
+    server = Server(tmp_path / "data", config=delivery_config(apns, settings={"wake_visibility_timeout": 5})
+                    ).start()
+    alice, bob = await Pusher.connect(server), await Pusher.connect(server)
+    await bob.lease(tok, subscriptions=[p_sub(bob)])
+    ev = await alice.publish(9, [["p", bob.pubkey]])
+    await wait_until(lambda: jobs(server, event_id=ev.id)[0]["state"] == "claimed")
+    server.kill()
+    await alice.client.close()
+    await bob.client.close()
+    apns.emulator.clear(tok)
+    server.start()
+    try:
+        await wait_until(lambda: jobs(server, event_id=ev.id)[0]["state"] == "delivered", timeout=30)
+        (job,) = jobs(server, event_id=ev.id)
+        assert {r.header("apns-id") for r in apns.emulator.accepted(tok)} == {job["id"]}
+    finally:
+        server.stop()
+
+
+async def test_no_cross_origin_wake(apns, tmp_path):
+    other = "ws://other.test"
+    extra = f'''
+[[origins]]
+origin = "{other}"
+hosts = ["other.test"]
+push = {{ app_profiles = [{apns.profile()}], push_kinds = [9] }}
+'''
+    server = Server(tmp_path / "data", config=delivery_config(apns, extra=extra)).start()
+    opened = []
+    try:
+        async def at(origin, host, user=None):
+            p = await Pusher.connect(server, origin, host=host, user=user)
+            opened.append(p)
+            return p
+
+        alice_a, bob_a = await at(ORIGIN, "push.test"), await at(ORIGIN, "push.test")
+        alice_b = await at(other, "other.test")
+        bob_b = await at(other, "other.test", user=bob_a.user)
+        tok = token()
+        await bob_a.lease(tok, subscriptions=[p_sub(bob_a)])  # bob leases at origin A only
+        ev_b = await alice_b.publish(9, [["p", bob_a.pubkey]])
+        assert jobs(server, event_id=ev_b.id) == []  # an event at B never matches a lease at A
+        ev_a = await alice_a.publish(9, [["p", bob_a.pubkey]])
+        (job_a,) = jobs(server, event_id=ev_a.id)
+        # The same installation leased at B too (its own d, as the spec requires): each origin
+        # wakes it for its own events, independently.
+        await bob_b.lease(tok, d="lease-at-b", subscriptions=[p_sub(bob_a)])
+        ev_b2 = await alice_b.publish(9, [["p", bob_a.pubkey]])
+        (job_b,) = jobs(server, event_id=ev_b2.id)
+        assert job_b["origin"] != job_a["origin"] and job_b["lease_d"].startswith("lease-at-b")
+        apns.emulator.wait_for(lambda r: sum(x.token == tok for x in r) == 2)
+    finally:
+        for p in opened:
+            await p.client.close()
+        server.stop()
+
+
+async def test_a_profile_without_credentials_accepts_leases_and_alerts_on_delivery(tmp_path):
+    server = Server(tmp_path / "data", config=delivery_config(None, profiles=[
+        f'{{ id = "{IOS}", transport = "apns" }}', f'{{ id = "{ANDROID}", transport = "fcm" }}'])).start()
+    try:
+        alice, bob, carol = (await Pusher.connect(server), await Pusher.connect(server),
+                             await Pusher.connect(server))
+        tok = token()
+        await bob.lease(tok, subscriptions=[p_sub(bob)])
+        await carol.lease("fcm-registration-token", app_profile=ANDROID, transport="fcm",
+                          subscriptions=[p_sub(carol)])
+        ev = await alice.publish(9, [["p", bob.pubkey], ["p", carol.pubkey]])
+        await wait_until(lambda: len(db_rows(server.data_dir, "SELECT * FROM push_alerts")) == 2)
+        alerts = db_rows(server.data_dir, "SELECT app_profile, reason, detail FROM push_alerts ORDER BY app_profile")
+        assert [(a[0], a[1]) for a in alerts] == [(ANDROID, "unsupported transport"), (IOS, "no credentials")]
+        # The jobs are kept for when the operator adds credentials; no endpoint was touched.
+        assert {j["state"] for j in jobs(server, event_id=ev.id)} == {"pending"}
+        assert db_rows(server.data_dir, "SELECT count(*) FROM leases WHERE invalidated_at IS NOT NULL") == [(0,)]
+        assert {r["outcome"] for r in log_rows(server)} == {"configuration"}
+        await alice.client.close()
+        await bob.client.close()
+        await carol.client.close()
+    finally:
+        server.stop()
+    assert "push configuration fault" in server.log_path.read_text()
+
+
+def _serve(tmp_path, config: str) -> subprocess.CompletedProcess:
+    cfg = tmp_path / "bad.toml"
+    cfg.write_text(config)
+    return subprocess.run([sys.executable, "-m", "appliance", "serve", "--data-dir", str(tmp_path / "d"), "--port",
+                           "0", "--config", str(cfg)], capture_output=True, text=True, timeout=60, cwd=ROOT)
+
+
+@pytest.mark.parametrize("change,words", [
+    ({"key_file": "/nonexistent/AuthKey.p8"}, "does not exist"),
+    ({"key_file": "garbage"}, "absolute path"),
+    ({"team_id": "team"}, "team_id must be the 10-character identifier"),
+    ({"environment": "staging"}, '"production" or "sandbox"'),
+    ({"apns_url": "http://api.push.apple.com"}, "https://"),
+    ({"ca_file": "/nonexistent/ca.pem"}, "not a readable PEM CA bundle"),
+    ({"topic": None}, "credentials need all of"),
+    ("not-a-key", "not a PEM private key"),
+])
+def test_bad_credentials_stop_the_start_naming_the_profile(tmp_path, change, words):
+    a = Apns(tmp_path)
+    if change == "not-a-key":
+        a.key_file.write_text("hello")
+        change = {}
+    profile = a.profile(**{"apns_url": "https://127.0.0.1:1", "ca_file": None, **change})
+    proc = _serve(tmp_path, delivery_config(a, profiles=[profile]))
+    assert proc.returncode != 0
+    assert IOS in proc.stderr and words in proc.stderr, proc.stderr
+    assert "PRIVATE KEY" not in proc.stderr
+
+
+def test_credentials_only_for_apns_profiles(tmp_path):
+    a = Apns(tmp_path)
+    profile = a.profile(ANDROID, transport="fcm", apns_url="https://127.0.0.1:1", ca_file=None)
+    proc = _serve(tmp_path, delivery_config(a, profiles=[profile]))
+    assert proc.returncode != 0 and "no fcm transport" in proc.stderr
+
+
+async def test_nip11_advertises_only_id_and_transport(apns, tmp_path):
+    server = Server(tmp_path / "data", config=delivery_config(apns)).start()
+    try:
+        profiles = server.nip11()["push"]["app_profiles"]
+        assert profiles == [{"id": IOS, "transport": "apns"}, {"id": ANDROID, "transport": "fcm"}]
+        text = str(server.nip11())
+        assert "TEAM123456" not in text and "AuthKey" not in text and "127.0.0.1" not in text
+    finally:
+        server.stop()
+
+
+async def test_coalescing_and_the_per_endpoint_rate_cap(apns, tmp_path):
+    server = Server(tmp_path / "data", config=delivery_config(apns, settings={"wake_min_interval": 3})).start()
+    try:
+        alice, bob = await Pusher.connect(server), await Pusher.connect(server)
+        tok = token()
+        await bob.lease(tok, subscriptions=[p_sub(bob, "default"),
+                                            {"filter": {"kinds": [9], "authors": [alice.pubkey], "#p": [bob.pubkey]},
+                                             "class": "time_sensitive"}])
+        first = await alice.publish(9, [["p", bob.pubkey]])
+        apns.emulator.wait_for(lambda r: any(x.token == tok for x in r))
+        # Within the interval: these wait for one wake (due 3 s after the first was sent).
+        burst = [await alice.publish(9, [["p", bob.pubkey]]) for _ in range(4)]
+        states = [jobs(server, event_id=e.id)[0] for e in burst]
+        assert [j["state"] for j in states] == ["pending"] + ["coalesced"] * 3
+        assert {j["wake_id"] for j in states[1:]} == {states[0]["id"]}
+        recs = apns.emulator.wait_for(lambda r: sum(x.token == tok for x in r) == 2, timeout=15)
+        mine = [r for r in recs if r.token == tok]
+        assert mine[1].at - mine[0].at >= 2.5  # the cap (3 s) runs from the claim, the record at the answer
+        assert mine[1].header("apns-id") == states[0]["id"]
+        await asyncio.sleep(0.5)
+        assert len(apns.emulator.requests(tok)) == 2  # five events, two wakes
+        (wake_log,) = [r for r in log_rows(server) if r["job_id"] == states[0]["id"]]
+        assert wake_log["class"] == "time_sensitive"  # the highest class among the coalesced matches
+        assert jobs(server, event_id=first.id)[0]["state"] == "delivered"
+        await alice.client.close()
+        await bob.client.close()
+    finally:
+        server.stop()
+
+
+async def test_dead_letters_after_the_attempt_budget_and_on_permanent_faults(apns, tmp_path):
+    server = Server(tmp_path / "data", config=delivery_config(apns, settings={"wake_max_attempts": 3,
+                                                                             "wake_retry_delay": 0.05})).start()
+    try:
+        alice, bob, carol = (await Pusher.connect(server), await Pusher.connect(server),
+                             await Pusher.connect(server))
+        t1, t2 = token(), token()
+        apns.emulator.behave(t1, 500, "InternalServerError")
+        apns.emulator.behave(t2, 413, "PayloadTooLarge")
+        await bob.lease(t1, subscriptions=[p_sub(bob)])
+        await carol.lease(t2, subscriptions=[p_sub(carol)])
+        e1 = await alice.publish(9, [["p", bob.pubkey]])
+        e2 = await alice.publish(9, [["p", carol.pubkey]])
+        await wait_until(lambda: jobs(server, event_id=e1.id)[0]["state"] == "dead", timeout=20)
+        await wait_until(lambda: jobs(server, event_id=e2.id)[0]["state"] == "dead")
+        j1, j2 = jobs(server, event_id=e1.id)[0], jobs(server, event_id=e2.id)[0]
+        assert j1["attempts"] == 3 and len(apns.emulator.requests(t1)) == 3
+        assert "gave up after 3 attempts" in j1["last_error"]
+        assert j2["attempts"] == 1 and "permanent request fault" in j2["last_error"]
+        # The endpoints stay usable: neither outcome says the token is dead.
+        assert db_rows(server.data_dir, "SELECT count(*) FROM leases WHERE invalidated_at IS NOT NULL") == [(0,)]
+        await alice.client.close()
+        await bob.client.close()
+        await carol.client.close()
+    finally:
+        server.stop()
+    assert "wake dead-lettered" in server.log_path.read_text()
+
+
+async def test_a_configuration_fault_alerts_and_clears(apns, tmp_path):
+    server = Server(tmp_path / "data", config=delivery_config(apns)).start()
+    try:
+        alice, bob, carol = (await Pusher.connect(server), await Pusher.connect(server),
+                             await Pusher.connect(server))
+        t1, t2 = token(), token()
+        apns.emulator.behave(t1, 403, "InvalidProviderToken")
+        await bob.lease(t1, subscriptions=[p_sub(bob)])
+        await carol.lease(t2, subscriptions=[p_sub(carol)])
+        ev = await alice.publish(9, [["p", bob.pubkey]])
+        await wait_until(lambda: db_rows(server.data_dir, "SELECT reason, cleared_at IS NULL FROM push_alerts")
+                         == [("InvalidProviderToken", 1)])
+        (job,) = jobs(server, event_id=ev.id)
+        assert job["state"] == "pending" and job["attempts"] == 0  # kept, and not counted against it
+        assert db_rows(server.data_dir, "SELECT count(*) FROM leases WHERE invalidated_at IS NOT NULL") == [(0,)]
+        # Another wake of the profile is accepted: the alert clears.
+        await alice.publish(9, [["p", carol.pubkey]])
+        await wait_until(lambda: db_rows(server.data_dir, "SELECT cleared_at IS NULL FROM push_alerts") == [(0,)])
+        for p in (alice, bob, carol):
+            await p.client.close()
+    finally:
+        server.stop()
+    assert "push configuration fault" in server.log_path.read_text()

@@ -1,0 +1,109 @@
+"""The wake outbox's store functions: job identity, coalescing, the rate cap, claims, the log,
+alerts, retention, and the read functions an operator view uses."""
+
+from __future__ import annotations
+
+import apsw
+import pytest
+
+from appliance.push.descriptor import CLASS_RANK
+from appliance.store import wakes
+from appliance.store.schema import MIGRATIONS
+
+T0 = 1_800_000_000.0
+
+
+@pytest.fixture
+def conn():
+    c = apsw.Connection(":memory:")
+    for m in MIGRATIONS:
+        c.execute(m)
+    return c
+
+
+def add(conn, job_id, event_id, *, endpoint="h1", cls="default", now=T0, interval=2.0, origin=1, pubkey="a" * 64):
+    return wakes.insert_job(conn, job_id=job_id, origin=origin, app_profile="ios", transport="apns",
+                            endpoint_hash=endpoint, event_id=event_id, lease_pubkey=pubkey, lease_d="dd", generation=1,
+                            cls=cls, now=now, useful_age=3600, min_interval=interval, rank=CLASS_RANK)
+
+
+def test_one_job_per_endpoint_and_event(conn):
+    assert add(conn, "j1", "e1") == "pending"
+    assert add(conn, "j2", "e1") is None  # replayed: no second job
+    assert add(conn, "j3", "e1", origin=2) == "pending"  # another origin is another job
+    assert add(conn, "j4", "e1", endpoint="h2") == "pending"  # another endpoint too
+    assert sorted(j.id for j in wakes.list_jobs(conn)) == ["j1", "j3", "j4"]
+
+
+def test_matches_coalesce_into_the_pending_wake_with_the_highest_class(conn):
+    add(conn, "j1", "e1", cls="default")
+    assert add(conn, "j2", "e2", cls="time_sensitive") == "coalesced"
+    assert add(conn, "j3", "e3", cls="silent") == "coalesced"
+    (wake,) = wakes.due_wakes(conn, T0, 10)
+    assert (wake.id, wake.cls) == ("j1", "time_sensitive")
+    assert {m.id for m in wakes.wake_members(conn, "j1")} == {"j2", "j3"}
+
+
+def test_the_rate_cap_delays_the_next_wake(conn):
+    add(conn, "j1", "e1")
+    (wake,) = wakes.due_wakes(conn, T0, 10)
+    wakes.claim_wake(conn, wake, wake.cls, T0, visibility=60)
+    wakes.set_state(conn, "j1", "delivered", T0 + 0.1)
+    assert add(conn, "j2", "e2", now=T0 + 0.5) == "pending"
+    assert wakes.due_wakes(conn, T0 + 1.9, 10) == []
+    assert [w.id for w in wakes.due_wakes(conn, T0 + 2.0, 10)] == ["j2"]
+    assert wakes.next_due(conn) == T0 + 2.0
+
+
+def test_a_lapsed_claim_is_due_again(conn):
+    add(conn, "j1", "e1")
+    (wake,) = wakes.due_wakes(conn, T0, 10)
+    wakes.claim_wake(conn, wake, wake.cls, T0, visibility=30)
+    assert wakes.due_wakes(conn, T0 + 29, 10) == []
+    (again,) = wakes.due_wakes(conn, T0 + 30, 10)
+    assert again.id == "j1" and again.state == "claimed"
+
+
+def test_cancel_frees_the_jobs_of_other_leases_that_had_joined(conn):
+    add(conn, "j1", "e1", pubkey="a" * 64)
+    add(conn, "j2", "e2", pubkey="b" * 64)  # another lease on the same endpoint joins j1
+    assert wakes.cancel_lease_jobs(conn, 1, "a" * 64, "dd", T0, "lease revoked") == 1
+    (j2,) = [j for j in wakes.list_jobs(conn) if j.id == "j2"]
+    assert (j2.state, j2.wake_id) == ("pending", None)
+
+
+def test_log_alerts_counts_and_reads(conn):
+    add(conn, "j1", "e1")
+    (job,) = wakes.due_wakes(conn, T0, 10)
+    wakes.log_attempt(conn, job, at=T0, cls="default", attempt=1, outcome="transient", status=503,
+                      reason="ServiceUnavailable", latency_ms=3.5)
+    wakes.log_attempt(conn, job, at=T0 + 5, cls="default", attempt=2, outcome="accepted", status=200, reason=None,
+                      latency_ms=2.0)
+    rows = wakes.delivery_log(conn)
+    assert [r["outcome"] for r in rows] == ["accepted", "transient"]
+    assert rows[0]["lease"] == wakes.redact_lease("a" * 64, "dd") and "a" * 64 not in str(rows)
+    assert [r["attempt"] for r in wakes.delivery_log(conn, outcome="transient")] == [1]
+    assert wakes.delivery_log(conn, since=T0 + 1)[0]["status"] == 200
+    with pytest.raises(TypeError):
+        wakes.delivery_log(conn, endpoint="x")
+    assert wakes.raise_alert(conn, 1, "ios", "InvalidProviderToken", "403 ...", 403, T0) is True
+    assert wakes.raise_alert(conn, 1, "ios", "InvalidProviderToken", "403 ...", 403, T0 + 1) is False
+    (alert,) = wakes.alerts(conn)
+    assert (alert["count"], alert["first_at"], alert["last_at"]) == (2, T0, T0 + 1)
+    assert wakes.clear_alerts(conn, 1, "ios", T0 + 2) == 1
+    assert wakes.alerts(conn) == [] and len(wakes.alerts(conn, active_only=False)) == 1
+    assert wakes.raise_alert(conn, 1, "ios", "InvalidProviderToken", "again", 403, T0 + 3) is True  # back
+    counts = wakes.job_counts(conn)
+    assert counts["pending"] == 1 and set(counts) == set(wakes.JOB_STATES)
+
+
+def test_retention(conn):
+    add(conn, "j1", "e1")
+    add(conn, "j2", "e2", endpoint="h2")
+    (job, _) = wakes.due_wakes(conn, T0, 10)
+    wakes.set_state(conn, "j1", "delivered", T0)
+    wakes.log_attempt(conn, job, at=T0, cls="default", attempt=1, outcome="accepted", status=200, reason=None,
+                      latency_ms=1.0)
+    assert wakes.purge(conn, T0 + 100, retention=1000) == 0
+    assert wakes.purge(conn, T0 + 1001, retention=1000) == 2  # the finished job and its log row
+    assert [j.id for j in wakes.list_jobs(conn)] == ["j2"]  # unfinished jobs are never purged
