@@ -64,6 +64,7 @@ async def test_sigkill_after_ok_before_delivery_then_restart_delivers_exactly_on
         server.stop()
 
 
+@pytest.mark.slow
 async def test_a_crashed_claim_is_retried_after_the_visibility_timeout(apns, tmp_path):
     """SIGKILL while the request is in flight: the claim lapses and the wake goes again, same apns-id."""
     tok = token()
@@ -152,32 +153,53 @@ async def test_a_profile_without_credentials_accepts_leases_and_alerts_on_delive
 
 
 def _serve(tmp_path, config: str) -> subprocess.CompletedProcess:
+    """`appliance serve` with this config; it is expected to refuse to start."""
     cfg = tmp_path / "bad.toml"
     cfg.write_text(config)
     return subprocess.run([sys.executable, "-m", "appliance", "serve", "--data-dir", str(tmp_path / "d"), "--port",
                            "0", "--config", str(cfg)], capture_output=True, text=True, timeout=60, cwd=ROOT)
 
 
-@pytest.mark.parametrize("change,words", [
+BAD = [
     ({"key_file": "/nonexistent/AuthKey.p8"}, "does not exist"),
     ({"key_file": "garbage"}, "absolute path"),
     ({"team_id": "team"}, "team_id must be the 10-character identifier"),
     ({"environment": "staging"}, '"production" or "sandbox"'),
     ({"apns_url": "http://api.push.apple.com"}, "https://"),
+    ({"apns_url": "https://api.push.apple.com/3/device"}, "no user, path"),
     ({"ca_file": "/nonexistent/ca.pem"}, "not a readable PEM CA bundle"),
     ({"topic": None}, "credentials need all of"),
+    ({"color": "blue"}, "unknown field"),
     ("not-a-key", "not a PEM private key"),
-])
-def test_bad_credentials_stop_the_start_naming_the_profile(tmp_path, change, words):
+]
+
+
+def _bad_profile(tmp_path, change) -> str:
     a = Apns(tmp_path)
     if change == "not-a-key":
         a.key_file.write_text("hello")
         change = {}
-    profile = a.profile(**{"apns_url": "https://127.0.0.1:1", "ca_file": None, **change})
-    proc = _serve(tmp_path, delivery_config(a, profiles=[profile]))
+    return a.profile(**{"apns_url": "https://127.0.0.1:1", "ca_file": None, **change})
+
+
+@pytest.mark.parametrize("change,words", BAD)
+def test_bad_credentials_are_refused_naming_the_profile(tmp_path, change, words):
+    import tomllib
+
+    from appliance.errors import ConfigError
+    from appliance.push.config import check_push_config
+
+    push = tomllib.loads(delivery_config(None, profiles=[_bad_profile(tmp_path, change)]))["push"]
+    with pytest.raises(ConfigError) as err:
+        check_push_config(push, "push")
+    assert IOS in str(err.value) and words in str(err.value), str(err.value)
+    assert "PRIVATE KEY" not in str(err.value)
+
+
+def test_bad_credentials_stop_the_start(tmp_path):
+    proc = _serve(tmp_path, delivery_config(None, profiles=[_bad_profile(tmp_path, {"team_id": "team"})]))
     assert proc.returncode != 0
-    assert IOS in proc.stderr and words in proc.stderr, proc.stderr
-    assert "PRIVATE KEY" not in proc.stderr
+    assert IOS in proc.stderr and "team_id must be the 10-character identifier" in proc.stderr, proc.stderr
 
 
 def test_credentials_only_for_apns_profiles(tmp_path):

@@ -127,7 +127,7 @@ def brute_force(leases, ev: Event, readers_denied: set[str]) -> dict:
     return best
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(leases=st.lists(lease, max_size=8), ev=event, denied=st.sets(st.sampled_from(PUBKEYS), max_size=2))
 def test_index_matching_equals_brute_force(conn, leases, ev, denied):
     store_leases(conn, leases)
