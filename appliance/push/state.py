@@ -13,6 +13,7 @@ import apsw
 import orjson
 
 from appliance.errors import Rejected
+from appliance.store import wakes
 
 from .acceptance import (
     AcceptedLease,
@@ -225,15 +226,16 @@ LEASE_STATES = ("active", "expired", "tombstoned", "revoked", "endpoint-invalid"
 
 SQL_LEASE_COLUMNS = (
     "SELECT origin, pubkey, d, event_id, created_at, expiration, generation, active, app_profile, transport, "
-    "endpoint_hash, subscriptions, exec_key_id, revoked_at FROM leases"
+    "endpoint_hash, subscriptions, exec_key_id, revoked_at, invalidated_at FROM leases"
 )
-# Each state as a condition (bound `now`); endpoint-invalid comes from the delivery side once it
-# records invalid endpoint generations.
+# Each state as a condition (bound `now`); endpoint-invalid: the transport said this generation's
+# endpoint is dead (delivery sets invalidated_at; a newer generation clears it).
 _STATE_SQL = {
-    "active": "(active = 1 AND expiration > ?)",
+    "active": "(active = 1 AND invalidated_at IS NULL AND expiration > ?)",
     "expired": "(expiration <= ?)",
     "tombstoned": "(active = 0 AND revoked_at IS NULL AND expiration > ?)",
     "revoked": "(revoked_at IS NOT NULL AND expiration > ?)",
+    "endpoint-invalid": "(active = 1 AND invalidated_at IS NOT NULL AND expiration > ?)",
 }
 SQL_REVOKE = (
     "UPDATE leases SET active = 0, endpoint = NULL, endpoint_hash = NULL, subscriptions = '[]', revoked_at = ? "
@@ -254,12 +256,14 @@ def lease_state(row: dict, now: int) -> str:
         return "expired"
     if row["revoked_at"] is not None:
         return "revoked"
+    if row["active"] and row.get("invalidated_at") is not None:
+        return "endpoint-invalid"
     return "active" if row["active"] else "tombstoned"
 
 
 def _lease_dict(r: tuple) -> dict:
     keys = ("origin", "pubkey", "d", "event_id", "created_at", "expiration", "generation", "active", "app_profile",
-            "transport", "endpoint_hash", "subscriptions", "exec_key_id", "revoked_at")
+            "transport", "endpoint_hash", "subscriptions", "exec_key_id", "revoked_at", "invalidated_at")
     out = dict(zip(keys, r))
     out["subscriptions"] = orjson.loads(out["subscriptions"] or "[]")
     return out
@@ -303,6 +307,7 @@ def revoke_lease(conn: apsw.Connection, origin: int, pubkey: str, d: str, now: i
     if conn.changes() != 1:
         return False
     conn.execute(SQL_DELETE_SELECTORS, (origin, pubkey, d))
+    wakes.cancel_lease_jobs(conn, origin, pubkey, d, now, "lease revoked by the operator")
     return True
 
 
