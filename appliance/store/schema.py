@@ -267,6 +267,8 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE TABLE stored_settings (
         name        TEXT PRIMARY KEY,
         value       TEXT NOT NULL             -- JSON
+    ) WITHOUT ROWID;
+    """,
     # 7: NIP-PL wake delivery: the durable wake outbox, per-endpoint rate state, the delivery log,
     # operator alerts, and endpoint-generation invalidation on the lease row.
     """
