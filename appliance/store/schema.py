@@ -269,7 +269,12 @@ MIGRATIONS: tuple[str, ...] = (
         value       TEXT NOT NULL             -- JSON
     ) WITHOUT ROWID;
     """,
-    # 7: NIP-PL wake delivery: the durable wake outbox, per-endpoint rate state, the delivery log,
+    # 7: a gateway reservation needs no flag: the row committed at send-begin is the fence, kept for
+    # terminal outcomes (no second write) and deleted for transient ones.
+    """
+    ALTER TABLE gateway_reservations DROP COLUMN terminal;
+    """,
+    # 8: NIP-PL wake delivery: the durable wake outbox, per-endpoint rate state, the delivery log,
     # operator alerts, and endpoint-generation invalidation on the lease row.
     """
     -- Set when the transport said the endpoint of this lease generation is permanently dead (APNs
@@ -355,11 +360,6 @@ MIGRATIONS: tuple[str, ...] = (
         cleared_at  REAL,                     -- set once a later attempt for the profile succeeded
         PRIMARY KEY (origin, app_profile, reason)
     ) WITHOUT ROWID;
-    """,
-    # 7: a gateway reservation needs no flag: the row committed at send-begin is the fence, kept for
-    # terminal outcomes (no second write) and deleted for transient ones.
-    """
-    ALTER TABLE gateway_reservations DROP COLUMN terminal;
     """,
 )
 
