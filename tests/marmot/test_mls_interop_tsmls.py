@@ -70,7 +70,7 @@ def test_tsmls_processes_our_external_commit_with_exporter_psk(tsmls):
     psk = bytes.fromhex(tsmls("export", who="alice", label="marmot", context=psk_id.hex(), length=32)["secret"])
     # a wrong PSK value: ts-mls refuses the commit too
     _, bad = external_join(group_info, b"device", external_psks={psk_id: b"\x01" * 32})
-    with pytest.raises(RuntimeError):
+    with pytest.raises(RuntimeError, match="confirmation tag"):  # refused for the PSK, not for something else
         tsmls("process", who="alice", message=bad.hex(), psk_values={psk_id.hex(): psk.hex()})
     joiner, commit = external_join(group_info, b"device", external_psks={psk_id: psk})
     for who in ("alice", "bob"):

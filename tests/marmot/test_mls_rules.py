@@ -297,3 +297,15 @@ def test_extension_lists_with_a_repeated_type_are_refused():
         external_join(raw, b"joiner")
     # positive control: the same GroupInfo with one external_pub joins
     external_join(alice.group_info(), b"joiner")
+
+
+def test_reprs_carry_no_secret_material():
+    kps = create_key_package(b"bob")
+    alice = Group.create(b"g", b"alice")
+    out = alice.commit(add=[kps.key_package])
+    bob = join_from_welcome(out.welcome, kps)
+    secrets = [kps.init_priv, kps.encryption_priv, kps.signature_priv, bob.signature_priv,
+               *bob.secrets.to_list(), *bob.privs.values()]
+    text = " ".join(repr(x) for x in (kps, bob, bob.secrets, out))
+    for secret in secrets:
+        assert secret.hex() not in text and repr(secret) not in text

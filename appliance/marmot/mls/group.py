@@ -8,7 +8,7 @@ the caller keeps the state bytes it had. `Group.to_bytes()` / `Group.from_bytes(
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
 import cbor2
@@ -122,9 +122,9 @@ class KeyPackageSecrets:
     """The private half of a KeyPackage (init, leaf encryption and signature keys)."""
 
     key_package: KeyPackage
-    init_priv: bytes
-    encryption_priv: bytes
-    signature_priv: bytes
+    init_priv: bytes = field(repr=False)  # private keys stay out of reprs (logs, tracebacks)
+    encryption_priv: bytes = field(repr=False)
+    signature_priv: bytes = field(repr=False)
 
     def to_bytes(self) -> bytes:
         return cbor2.dumps({"v": 1, "kp": self.key_package.encode(), "init": self.init_priv,
@@ -323,6 +323,9 @@ class Group:
 
     __slots__ = ("context", "tree", "own_leaf", "signature_priv", "privs", "secrets", "secret_tree", "interim",
                  "confirmation_tag", "pending", "resumption", "own_updates", "active", "reinit")
+
+    def __repr__(self) -> str:  # no secrets: group id, epoch and our leaf only
+        return f"<Group {self.group_id.hex()} epoch={self.epoch} leaf={self.own_leaf}>"
 
     def __init__(self, context, tree, own_leaf, signature_priv, privs, secrets, secret_tree, interim,
                  confirmation_tag, pending=None, resumption=None, own_updates=None, active=True, reinit=None):

@@ -12,8 +12,10 @@ ZERO = bytes(crypto.NH)
 EXTERNAL_INIT_LABEL = b"MLS 1.0 external init secret"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class EpochSecrets:
+    """One epoch's secrets (its repr names no value: they must not reach logs or tracebacks)."""
+
     joiner_secret: bytes
     welcome_secret: bytes
     epoch_secret: bytes
@@ -30,6 +32,9 @@ class EpochSecrets:
     FIELDS = ("joiner_secret", "welcome_secret", "epoch_secret", "sender_data_secret", "encryption_secret",
               "exporter_secret", "external_secret", "confirmation_key", "membership_key", "resumption_psk",
               "epoch_authenticator", "init_secret")
+
+    def __repr__(self) -> str:
+        return "EpochSecrets(<redacted>)"
 
     def to_list(self) -> list[bytes]:
         return [getattr(self, f) for f in self.FIELDS]
