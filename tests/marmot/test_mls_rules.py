@@ -309,3 +309,16 @@ def test_reprs_carry_no_secret_material():
     text = " ".join(repr(x) for x in (kps, bob, bob.secrets, out))
     for secret in secrets:
         assert secret.hex() not in text and repr(secret) not in text
+
+
+def test_reinit_to_an_older_protocol_version_is_refused():
+    from appliance.marmot.mls.structs import ReInit
+    alice, bob = make_group(None, None)
+    with pytest.raises(ProposalError):
+        alice.commit(proposals=[ReInit(b"next", 0, 1)])  # §12.1.5: version below the group's (1)
+    bob, proposal = bob.propose(ReInit(b"next", 0, 1))
+    with pytest.raises(ProposalError):
+        alice.process(proposal)
+    # positive control: a ReInit to the same version ends the group for everyone
+    out = alice.commit(proposals=[ReInit(b"next", 1, 1)])
+    assert not bob.process(out.message).group.active

@@ -625,6 +625,9 @@ class Group:
             raise ProposalError("ExternalInit outside an External Commit")
         if P_REINIT in types and len(types) != 1:
             raise ProposalError("a ReInit must be the only proposal of its Commit")
+        for p in proposals:
+            if p.proposal_type == P_REINIT:
+                _check_reinit(p, self.context)
         if types.count(P_GROUP_CONTEXT_EXTENSIONS) > 1:
             raise ProposalError("more than one GroupContextExtensions proposal")
         for p, s, ref in items:
@@ -826,6 +829,8 @@ class Group:
             p = content.content
             if p.proposal_type == P_EXTERNAL_INIT:
                 raise ProposalError("ExternalInit is only valid inline in an External Commit")
+            if p.proposal_type == P_REINIT:
+                _check_reinit(p, g.context)
             if isinstance(p, Update):
                 if sender.sender_type != SENDER_MEMBER:
                     raise ProposalError("Update from a non-member")
@@ -1197,6 +1202,12 @@ def _check_tree_leaves(tree: RatchetTree, group_exts) -> None:
     missing = used - (supported or set())
     if missing:
         raise TreeError(f"credential type(s) {sorted(missing)} in use are not supported by every member")
+
+
+def _check_reinit(p, context: GroupContext) -> None:
+    """§12.1.5: a ReInit may not move the group to an older protocol version."""
+    if p.version < context.version:
+        raise ProposalError(f"ReInit to protocol version {p.version}, older than the group's {context.version}")
 
 
 def _check_proposal_support(types, tree: RatchetTree, added: set[int]) -> None:
