@@ -114,6 +114,9 @@ def test_external_joiner_reusing_a_members_signature_key_is_refused():
         bob.process(commit)
     assert bob.to_bytes() == before
     bob.process(external_join(alice.group_info(), b"someone-else")[1])  # positive control
+    # a resync (the joiner removes its own old leaf) keeps its signature key legitimately
+    joiner, commit = external_join(alice.group_info(), b"alice", alice.signature_priv, remove_leaf=alice.own_leaf)
+    assert bob.process(commit).group.epoch_authenticator == joiner.epoch_authenticator
 
 
 def test_external_joiner_reusing_a_members_encryption_key_is_refused():
