@@ -325,3 +325,30 @@ def test_reinit_to_an_older_protocol_version_is_refused():
     # positive control: a ReInit to the same version ends the group for everyone
     out = alice.commit(proposals=[ReInit(b"next", 1, 1)])
     assert not bob.process(out.message).group.active
+
+
+# -- §12.1: a proposal that can never be valid is refused when it arrives ----------------------------
+
+def _bad_proposals(good_kp):
+    from appliance.marmot.mls.structs import Add, KeyPackage, PreSharedKey, PreSharedKeyID, Remove
+    forged = KeyPackage(good_kp.version, good_kp.cipher_suite, good_kp.init_key, good_kp.leaf_node,
+                        good_kp.extensions, bytes(64))
+    return {"Add with a bad KeyPackage signature": Add(forged),
+            "Remove of a blank leaf": Remove(7),
+            "PreSharedKey with a short nonce": PreSharedKey(PreSharedKeyID.external(b"id", b"nonce"))}
+
+
+@pytest.mark.parametrize("case", list(_bad_proposals(create_key_package(b"x").key_package)))
+def test_invalid_proposals_are_refused_on_receipt_and_never_block_a_commit(case):
+    from appliance.marmot.mls.structs import Add
+    alice, bob = make_group(None, None)
+    good = create_key_package(b"carol").key_package
+    bob, message = bob.propose(_bad_proposals(good)[case])
+    before = alice.to_bytes()
+    with pytest.raises(MLSError):
+        alice.process(message)
+    assert alice.to_bytes() == before
+    # positive control: a valid proposal is kept and committed by a default commit()
+    bob, message = bob.propose(Add(good))
+    out = alice.process(message).group.commit()
+    assert [type(p).__name__ for p in out.proposals] == ["Add"]

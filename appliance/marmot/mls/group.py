@@ -706,10 +706,7 @@ class Group:
                 pid = p.psk
                 if pid in psk_ids:
                     raise ProposalError("the same PSK twice")
-                if pid.psktype != PSK_EXTERNAL and pid.usage != RESUMPTION_APPLICATION:
-                    raise ProposalError("a PreSharedKey proposal may only use external or application resumption PSKs")
-                if len(pid.psk_nonce) != crypto.NH:
-                    raise ProposalError("psk_nonce must be KDF.Nh bytes")
+                _check_psk_id(pid)
                 psk_ids.append(pid)
         self._resolve_psks(psk_ids, psk_values)  # fail early on an unknown PSK
         reinit = next((p for p in proposals if p.proposal_type == P_REINIT), None)
@@ -829,8 +826,7 @@ class Group:
             p = content.content
             if p.proposal_type == P_EXTERNAL_INIT:
                 raise ProposalError("ExternalInit is only valid inline in an External Commit")
-            if p.proposal_type == P_REINIT:
-                _check_reinit(p, g.context)
+            _check_proposal_alone(p, g)
             if isinstance(p, Update):
                 if sender.sender_type != SENDER_MEMBER:
                     raise ProposalError("Update from a non-member")
@@ -1202,6 +1198,31 @@ def _check_tree_leaves(tree: RatchetTree, group_exts) -> None:
     missing = used - (supported or set())
     if missing:
         raise TreeError(f"credential type(s) {sorted(missing)} in use are not supported by every member")
+
+
+def _check_psk_id(pid: PreSharedKeyID) -> None:
+    """§12.1.4: external or application-resumption PSKs only, with a KDF.Nh nonce."""
+    if pid.psktype != PSK_EXTERNAL and pid.usage != RESUMPTION_APPLICATION:
+        raise ProposalError("a PreSharedKey proposal may only use external or application resumption PSKs")
+    if len(pid.psk_nonce) != crypto.NH:
+        raise ProposalError("psk_nonce must be KDF.Nh bytes")
+
+
+def _check_proposal_alone(p, group: "Group") -> None:
+    """The §12.1 rules a proposal received on its own must meet in this epoch whatever Commit later
+    carries it, so that one that can never be valid is refused at once instead of waiting in the
+    pending list and failing every default commit(). List rules (§12.2) wait for the Commit."""
+    if isinstance(p, Add):
+        verify_key_package(p.key_package)
+        if p.key_package.cipher_suite != group.context.cipher_suite:
+            raise ProposalError("Add with another cipher suite")
+    elif isinstance(p, Remove):
+        if group.tree.leaf(p.removed) is None:
+            raise ProposalError(f"Remove of blank or unknown leaf {p.removed}")
+    elif isinstance(p, PreSharedKey):
+        _check_psk_id(p.psk)
+    elif p.proposal_type == P_REINIT:
+        _check_reinit(p, group.context)
 
 
 def _check_reinit(p, context: GroupContext) -> None:
