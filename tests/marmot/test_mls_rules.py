@@ -352,3 +352,26 @@ def test_invalid_proposals_are_refused_on_receipt_and_never_block_a_commit(case)
     bob, message = bob.propose(Add(good))
     out = alice.process(message).group.commit()
     assert [type(p).__name__ for p in out.proposals] == ["Add"]
+
+
+def test_a_default_commit_leaves_out_pending_proposals_that_conflict():
+    """§12.2: the committer builds a valid list from what several members proposed."""
+    from appliance.marmot.mls.structs import Remove
+    alice, bob, carol, dave, erin = make_group(None, None, None, None, None)
+
+    def commit_after(messages, expected):
+        a, b = alice, erin  # erin proposes nothing and checks the result
+        for m in messages:
+            a, b = a.process(m).group, b.process(m).group
+        out = a.commit()
+        assert [(type(p).__name__, getattr(p, "removed", None)) for p in out.proposals] == expected
+        assert b.process(out.message).group.epoch_authenticator == out.group.epoch_authenticator
+
+    commit_after([bob.propose(Remove(dave.own_leaf))[1], carol.propose(Remove(dave.own_leaf))[1]],
+                 [("Remove", dave.own_leaf)])
+    commit_after([bob.propose(Remove(alice.own_leaf))[1]], [])  # the committer does not remove itself
+    commit_after([dave.propose_update()[1], carol.propose(Remove(dave.own_leaf))[1]], [("Remove", dave.own_leaf)])
+    first, second = dave.propose_update()[1], dave.propose_update()[1]
+    a = alice.process(first).group.process(second).group
+    out = a.commit()
+    assert len(out.proposals) == 1 and out.proposals[0] == MLSMessage.decode(second).body.content.content

@@ -535,7 +535,10 @@ class Group:
                wire_format: int = WF_PUBLIC_MESSAGE, authenticated_data: bytes = b"",
                ratchet_tree_in_welcome: bool = True, group_info_extensions: Iterable[Extension] = (),
                now: int | None = None, app_data_updater=None) -> CommitOutcome:
-        """Commit pending proposals (all by default) plus the given inline ones; returns the new epoch."""
+        """Commit pending proposals plus the given inline ones; returns the new epoch.
+
+        By default the pending proposals are all carried except those the RFC 9420 §12.2 preferences
+        leave out (see `_pending_for_commit`); `by_reference` names exactly which ones instead."""
         self._require_active()
         g = self.copy()
         now = _now() if now is None else now
@@ -548,7 +551,10 @@ class Group:
             inline.append(GroupContextExtensions(tuple(group_context_extensions)))
         inline += list(proposals)
         me = Sender(SENDER_MEMBER, g.own_leaf)
-        refs = list(g.pending) if by_reference is None else list(by_reference)
+        if by_reference is None:
+            refs = g._pending_for_commit(inline)
+        else:
+            refs = list(by_reference)
         items = []
         for ref in refs:
             if ref not in g.pending:
@@ -580,6 +586,44 @@ class Group:
         if staged.added:
             welcome = new._welcome(staged, fdp, path_secrets, ratchet_tree_in_welcome, group_info_extensions)
         return CommitOutcome(new, message, welcome, tuple(p for p, _, _ in items))
+
+    def _pending_for_commit(self, inline: list) -> list[bytes]:
+        """The pending proposals a default commit() carries, in arrival order: the committer's choice
+        §12.2 leaves to it, so that proposals from several members never make the list invalid. A
+        Remove of the committer is left out; one Remove per leaf; a Remove wins over Updates of that
+        leaf, else the latest Update wins; one proposal per PSK id; the latest GroupContextExtensions
+        (none if the commit carries its own); a ReInit only when nothing else is proposed (latest)."""
+        removed_inline = {p.removed for p in inline if isinstance(p, Remove)}
+        gce_inline = any(isinstance(p, GroupContextExtensions) for p in inline)
+        items = list(self.pending.items())
+        removed = set(removed_inline)
+        for _, (p, _) in items:
+            if isinstance(p, Remove) and p.removed != self.own_leaf:
+                removed.add(p.removed)
+        latest_update = {s.index: ref for ref, (p, s) in items if isinstance(p, Update)}
+        gces = [ref for ref, (p, _) in items if p.proposal_type == P_GROUP_CONTEXT_EXTENSIONS]
+        chosen, seen_removes, seen_psks = [], set(removed_inline), []
+        for ref, (p, s) in items:
+            if isinstance(p, Update):
+                if s.index == self.own_leaf or s.index in removed or latest_update[s.index] != ref:
+                    continue
+            elif isinstance(p, Remove):
+                if p.removed == self.own_leaf or p.removed in seen_removes:
+                    continue
+                seen_removes.add(p.removed)
+            elif isinstance(p, PreSharedKey):
+                if p.psk in seen_psks:
+                    continue
+                seen_psks.append(p.psk)
+            elif p.proposal_type == P_GROUP_CONTEXT_EXTENSIONS:
+                if gce_inline or ref != gces[-1]:
+                    continue
+            chosen.append(ref)
+        reinits = [ref for ref in chosen if self.pending[ref][0].proposal_type == P_REINIT]
+        if reinits:
+            others = [ref for ref in chosen if ref not in reinits]
+            chosen = others if others or inline else reinits[-1:]
+        return chosen
 
     def _welcome(self, staged: _Staged, fdp, path_secrets, with_tree: bool, gi_exts) -> bytes:
         exts = list(gi_exts)
