@@ -360,6 +360,7 @@ def _wire_push(app: "Appliance", origins: list[Origin]) -> None:
     matching into the wake outbox inside every event's transaction, and the delivery workers."""
     from appliance.push.delivery import DeliverySettings
     from appliance.push.descriptor import LEASE_KIND
+    from appliance.push.profiles import ProfileTransports
     from appliance.push.service import Push
     from appliance.relay.authz import can_read
     from appliance.relay.groups import StoredGroups
@@ -374,9 +375,22 @@ def _wire_push(app: "Appliance", origins: list[Origin]) -> None:
             return False
         return can_read(origin, reader, ev, StoredGroups(conn))
 
+    def relay_secret(origin_id: int) -> str:
+        secret = app.groups.keys.secret(origin_id)
+        if secret is None:  # an origin added since the last reload: its key is made there
+            raise LookupError(f"no relay key loaded for origin {origin_id}")
+        return secret
+
+    def make_gateway(origin_id: int, url: str):
+        """Delivery through an APNs gateway, NIP-98 signed with the origin's relay key (NIP-11 `self`)."""
+        from appliance.transports.gateway import GatewayTransport
+
+        return GatewayTransport(url, lambda: relay_secret(origin_id))
+
     push = Push(app.store, app.keyfile, workers=app.settings.lease_workers,
                 relay_max_content_length=app.settings.max_content_length, authorize=authorize,
-                delivery=DeliverySettings.from_settings(app.settings))
+                delivery=DeliverySettings.from_settings(app.settings),
+                transports=ProfileTransports(make_gateway=make_gateway))
     try:
         push.load(origins)
     except Exception:

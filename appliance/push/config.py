@@ -14,6 +14,7 @@ from typing import Any, Sequence
 from appliance.errors import ConfigError
 from appliance.transports.apns import ENVIRONMENTS, ApnsProfile, check_apns_url
 from appliance.transports.credentials import ApnsKey, CredentialError
+from appliance.transports.gateway import check_gateway_url
 
 from .descriptor import (
     CLASS_REGISTRY,
@@ -27,7 +28,7 @@ from .descriptor import (
 from .errors import DescriptorError
 
 __all__ = ["PUSH_FIELDS", "APP_PROFILE_FIELDS", "CREDENTIAL_FIELDS", "check_push_config", "check_app_profile",
-           "delivery_profile", "push_limits", "build_descriptor", "DEFAULT_PUSH_KINDS"]
+           "delivery_profile", "gateway_url_of", "push_limits", "build_descriptor", "DEFAULT_PUSH_KINDS"]
 
 DEFAULT_PUSH_KINDS = (9, 1059, 7)
 PUSH_FIELDS = (
@@ -41,7 +42,10 @@ PUSH_FIELDS = (
 #: ones: topic, team_id, key_id, key_file, environment; apns_url and ca_file are optional overrides.
 CREDENTIAL_FIELDS = ("topic", "team_id", "key_id", "key_file", "environment", "apns_url", "ca_file")
 REQUIRED_CREDENTIALS = ("topic", "team_id", "key_id", "key_file", "environment")
-APP_PROFILE_FIELDS = ("id", "transport") + CREDENTIAL_FIELDS
+#: Instead of credentials, an APNs profile may deliver through an APNs gateway (NIP-PL, Public APNs
+#: Gateway Profile): its leases' endpoints are then the gateway's opaque grants.
+GATEWAY_FIELD = "gateway_url"
+APP_PROFILE_FIELDS = ("id", "transport") + CREDENTIAL_FIELDS + (GATEWAY_FIELD,)
 
 
 def _is_int(v: Any) -> bool:
@@ -119,6 +123,8 @@ def delivery_profile(entry: dict, where: str = "app_profiles") -> ApnsProfile | 
     """
     pid = entry.get("id")
     given = [k for k in CREDENTIAL_FIELDS if k in entry]
+    if gateway_url_of(entry, where) is not None:
+        return None
     if not given:
         return None
     if entry.get("transport") != "apns":
@@ -148,6 +154,26 @@ def delivery_profile(entry: dict, where: str = "app_profiles") -> ApnsProfile | 
     except CredentialError as exc:
         raise ConfigError(where, pid, f"app profile {pid!r}: {exc}") from None
     return profile
+
+
+def gateway_url_of(entry: dict, where: str = "app_profiles") -> str | None:
+    """The `gateway_url` an APNs profile delivers through, or None. It excludes credentials: the
+    gateway holds those (one way to deliver per profile)."""
+    if GATEWAY_FIELD not in entry:
+        return None
+    pid, url = entry.get("id"), entry[GATEWAY_FIELD]
+    if entry.get("transport") != "apns":
+        raise ConfigError(f"{where}.{GATEWAY_FIELD}", url,
+                          f"app profile {pid!r}: an APNs gateway delivers transport \"apns\" only")
+    given = [k for k in CREDENTIAL_FIELDS if k in entry]
+    if given:
+        raise ConfigError(f"{where}.{given[0]}", entry[given[0]],
+                          f"app profile {pid!r}: a profile with gateway_url has no APNs credentials of its "
+                          "own (the gateway holds them); remove one or the other")
+    try:
+        return check_gateway_url(url)
+    except ValueError as exc:
+        raise ConfigError(f"{where}.{GATEWAY_FIELD}", url, f"app profile {pid!r}: {exc}") from None
 
 
 # Any valid x-only public key will do for the key-independent checks (this is the generator's).

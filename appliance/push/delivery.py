@@ -85,6 +85,8 @@ class Wake:
     endpoint: str
     cls: str
     attempt: int
+    #: the latest expiration among the leases it wakes for: no provider holds the wake past it
+    lease_until: float = float("inf")
 
 
 def backoff(attempt: int, base: float, rng: Callable[[], float] = random.random) -> float:
@@ -123,8 +125,8 @@ class Delivery:
 
     # -- the claim (a write transaction) -----------------------------------------------------------
 
-    def _recheck(self, conn: apsw.Connection, job: WakeJob, now: float) -> tuple[str | None, str | None]:
-        """(None, endpoint) if the job may still wake its endpoint, else (reason, None)."""
+    def _recheck(self, conn: apsw.Connection, job: WakeJob, now: float):
+        """(None, lease) if the job may still wake its endpoint, else (reason, None)."""
         lease = effective_lease(conn, job.origin, job.lease_pubkey, job.lease_d)
         if lease is None:
             return "lease gone", None
@@ -143,7 +145,7 @@ class Delivery:
         # One reason for both, as the spec asks: the check must not tell whether the event exists.
         if ev is None or not self.authorize(conn, job.origin, job.lease_pubkey, ev):
             return "event not readable by the lease author", None
-        return None, lease.endpoint
+        return None, lease
 
     def claim(self, conn: apsw.Connection, now: float, limit: int) -> list[Wake]:
         out: list[Wake] = []
@@ -162,11 +164,13 @@ class Delivery:
             passing: list[WakeJob] = []
             endpoint = None
             own_reason = None
+            until = 0.0
             for member in [job] + wakes.wake_members(conn, job.id):
-                reason, ep = self._recheck(conn, member, now)
+                reason, lease = self._recheck(conn, member, now)
                 if reason is None:
                     passing.append(member)
-                    endpoint = endpoint or ep
+                    endpoint = endpoint or lease.endpoint
+                    until = max(until, lease.expiration)
                 elif member is job:
                     own_reason = reason
                 else:
@@ -179,7 +183,7 @@ class Delivery:
             # The wake keeps this job's id (its apns-id) even when only jobs coalesced into it remain.
             cls = max((m.cls for m in passing), key=CLASS_RANK.__getitem__)
             wakes.claim_wake(conn, job, cls, now, self.settings.visibility)
-            out.append(Wake(job, endpoint, cls, job.attempts + 1))
+            out.append(Wake(job, endpoint, cls, job.attempts + 1, until))
         return out
 
     # -- the outcome (a write transaction) ---------------------------------------------------------
@@ -201,8 +205,16 @@ class Delivery:
             return
         if kind == INVALID_ENDPOINT:
             # Disable that endpoint generation only: every lease generation this wake covered (they
-            # share the endpoint), nothing else of the author's.
-            for member in [job] + wakes.wake_members(conn, job.id):
+            # share the endpoint), nothing else of the author's. A gateway names the generation its
+            # 410 is about: it is applied only while that is still the lease's current generation.
+            members = [job] + wakes.wake_members(conn, job.id)
+            if outcome.generation is not None:
+                members = [m for m in members if m.generation == outcome.generation]
+                if not members:
+                    wakes.set_state(conn, job.id, "dropped", now,
+                                    f"gateway invalidated generation {outcome.generation}, not the current one")
+                    return
+            for member in members:
                 invalidate_generation(conn, member.origin, member.lease_pubkey, member.lease_d, member.generation,
                                       now)
             wakes.set_state(conn, job.id, "invalidated", now, what)
@@ -242,7 +254,9 @@ class Delivery:
         transport = self.transport_for(wake.job.origin, wake.job.app_profile)
         if transport is None:
             return Outcome(CONFIGURATION, detail="app profile no longer configured")
-        request = WakeRequest(wake.endpoint, wake.job.id, int(wake.job.expires_at))
+        # The wake's useful age, and never past the lease (a gateway also refuses a request that
+        # outlives the grant the lease carries).
+        request = WakeRequest(wake.endpoint, wake.job.id, int(min(wake.job.expires_at, wake.lease_until)))
         try:
             return await transport.send(request)
         except Exception as exc:  # a transport bug must not lose the job: retry it later

@@ -2,7 +2,8 @@
 
 Built from the origins' push tables whenever they are (re)loaded. An APNs profile with
 credentials gets an `ApnsTransport` (shared by profiles with identical credentials, so they share
-one connection and one provider token); a profile without credentials, or of a transport this
+one connection and one provider token); a profile with `gateway_url` gets a `GatewayTransport`
+(NIP-98 signed with its origin's relay key); a profile without credentials, or of a transport this
 appliance does not ship (fcm, unifiedpush), gets `Unconfigured`: its leases are accepted and its
 wakes wait as configuration faults until the operator adds credentials (docs/spec-notes.md W8).
 A profile that is no longer in the descriptor has no transport: its wakes are dropped.
@@ -11,12 +12,13 @@ A profile that is no longer in the descriptor has no transport: its wakes are dr
 from __future__ import annotations
 
 import os
+from typing import Callable
 
 from appliance.origins import Origin
 from appliance.transports import CONFIGURATION, Outcome, Transport, WakeRequest
 from appliance.transports.apns import ApnsProfile, ApnsTransport
 
-from .config import delivery_profile
+from .config import delivery_profile, gateway_url_of
 
 
 class Unconfigured:
@@ -44,8 +46,11 @@ def _sharing_key(p: ApnsProfile, key_file: str) -> tuple:
 class ProfileTransports:
     """(origin id, app profile id) -> Transport, rebuilt by `configure`."""
 
-    def __init__(self, make_apns=ApnsTransport):
+    def __init__(self, make_apns=ApnsTransport,
+                 make_gateway: Callable[[int, str], Transport] | None = None):
         self._make_apns = make_apns
+        #: (origin id, gateway_url) -> a gateway transport signing with that origin's relay key
+        self._make_gateway = make_gateway
         self._by_origin: dict[int, dict[str, Transport]] = {}
         self._shared: dict[tuple, Transport] = {}
 
@@ -63,7 +68,18 @@ class ProfileTransports:
             table: dict[str, Transport] = {}
             for i, entry in enumerate(o.push.get("app_profiles", [])):
                 pid = entry["id"]
-                profile = delivery_profile(entry, f"origins[{o.origin}].push.app_profiles[{i}]")
+                where = f"origins[{o.origin}].push.app_profiles[{i}]"
+                url = gateway_url_of(entry, where)
+                if url is not None:
+                    if self._make_gateway is None:
+                        table[pid] = Unconfigured("no gateway transport", f"app profile {pid!r}: gateway delivery "
+                                                  "is not wired in this process")
+                        continue
+                    key = ("gateway", o.id, url)  # one client per origin: each signs with its relay key
+                    transport = shared.get(key) or self._shared.get(key) or self._make_gateway(o.id, url)
+                    shared[key] = table[pid] = transport
+                    continue
+                profile = delivery_profile(entry, where)
                 if profile is None:
                     if entry["transport"] == "apns":
                         table[pid] = Unconfigured("no credentials", f"app profile {pid!r} has no APNs credentials "

@@ -169,6 +169,11 @@ class RelayKeys:
         cached = self._cache.get(origin)
         return cached[1] if cached else None
 
+    def secret(self, origin: int) -> str | None:
+        """The origin's relay secret key, once loaded (it also signs NIP-98 gateway deliveries)."""
+        cached = self._cache.get(origin)
+        return cached[0] if cached else None
+
     def get(self, conn: apsw.Connection, origin: int) -> tuple[str, str]:
         """(secret_hex, pubkey) of the origin's relay key, created on first use."""
         cached = self._cache.get(origin)
