@@ -22,6 +22,7 @@ from tests.push.delivery_helpers import Pusher, jobs, log_rows, wait_until
 pytestmark = pytest.mark.anyio
 
 ORIGIN = "ws://push.test"
+QUOTA = 5  # the gateway's endpoint quota here: 5 admitted attempts per endpoint per 10 minutes
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +42,7 @@ def chain(tmp_path_factory):
         f'app_profiles = [{{ id = "{PROFILE}", transport = "apns", gateway_url = "{gateway_url}" }}]',
         "push_kinds = [9, 1059, 7]",
     ])
-    server.config = setup.config(gateway_url, top=top,
+    server.config = setup.config(gateway_url, top=top, extra=f"endpoint_quota_max = {QUOTA}\nendpoint_quota_window = 600",
                                  profiles=setup.profile_toml(apns_url=emu.url, ca_file=emu.ca_file))
     server.start()
     yield server, setup, emu, gateway_url
@@ -175,3 +176,14 @@ async def test_expired_grant_and_another_relays_grant(ctx):
     await carol.lease(app.grants[other], generation=1, app_profile=PROFILE, subscriptions=p_sub(carol), d="carol", ttl=1800)
     assert (await wake(ctx, alice, carol))["state"] == "dead"
     assert ctx.emu.requests(app.endpoint) == []
+
+
+async def test_endpoint_quota_seen_from_the_relay(ctx):
+    app = ctx.app()
+    assert (await app.enroll()).status_code == 201
+    assert (await app.delegate(ctx.relay_pubkey, 1)).status_code == 201
+    alice, bob = await ctx.user(), await ctx.user()
+    await bob.lease(app.grants[ctx.relay_pubkey], generation=1, app_profile=PROFILE, subscriptions=p_sub(bob), ttl=1800)
+    states = [(await wake(ctx, alice, bob))["state"] for _ in range(QUOTA + 1)]
+    assert states == ["delivered"] * QUOTA + ["dead"]
+    assert len(ctx.emu.requests(app.endpoint)) == QUOTA
