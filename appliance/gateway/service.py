@@ -68,6 +68,12 @@ DEFAULT_APNS_EXPIRATION_CEILING = 3600
 
 Answer = tuple[int, bytes]
 
+# Stands in for an unknown installation's key, so refusing one costs what refusing a bad assertion does.
+_UNKNOWN = Verifier("unknown.installation", "production", ())
+_UNKNOWN_KEY = bytes.fromhex(
+    "046b17d1f2e12c4247f8bce6e563a440f277037d812deb33a0f4a13945d898c296"
+    "4fe342e2fe1a7f9b8ee7eb4a7c0f9e162bce33576b315ececbb6406837bf51f5")  # the P-256 generator
+
 
 def _json(obj: Any) -> bytes:
     return orjson.dumps(obj)
@@ -196,11 +202,18 @@ class Gateway:
         inst = await self._read(lambda conn: auth.installation(conn, handle))
         usable = inst is not None and (inst.active(now) or (revoked_ok is not None and revoked_ok(inst, now)))
         verifier = self.verifiers.get(inst.app_profile) if usable else None
+        client_data = tr.transcript(domain, self.config.base_url, r)
         if verifier is None:
-            raise InvalidAttestation("no usable installation")  # indistinguishable from a bad assertion
+            # Indistinguishable from a bad assertion, in the answer and in the work done for it.
+            stand_in = self.verifiers.get(inst.app_profile if inst else "") or next(iter(self.verifiers.values()),
+                                                                                     _UNKNOWN)
+            try:
+                stand_in.verify_assertion(assertion, client_data, _UNKNOWN_KEY)
+            except AttestationFailed:
+                pass
+            raise InvalidAttestation("no usable installation")
         try:
-            counter = verifier.verify_assertion(assertion, tr.transcript(domain, self.config.base_url, r),
-                                                inst.public_key)
+            counter = verifier.verify_assertion(assertion, client_data, inst.public_key)
         except AttestationFailed as exc:
             log.debug("assertion refused: %s", exc)
             raise InvalidAttestation(str(exc)) from None
