@@ -61,6 +61,8 @@ WAL_RESTART_PAGES = 2048
 # How long a RESTART waits for readers on older snapshots (it holds new writes back meanwhile);
 # if they are not done by then, the next commit tries again.
 WAL_RESTART_WAIT_MS = 100
+# After readers kept a RESTART from finishing (a long or paused query), commits skip it this long.
+WAL_RESTART_BACKOFF = 1.0
 
 _bestpractice_applied = False
 
@@ -406,6 +408,7 @@ class SqliteStore:
         self._wal_big = threading.Event()
         self.wal_pages = 0
         self.wal_restarts = 0
+        self._restart_after = 0.0
         self._write_conn.set_wal_hook(self._wal_hook)
         self._writer = Writer(self._write_conn, self.write_batch)
         self._writer.after_commit = self._restart_wal
@@ -441,7 +444,7 @@ class SqliteStore:
         """Writer thread, after a commit: past WAL_RESTART_PAGES, copy the rest of the WAL back and
         have the next commit start it afresh (no writer to wait for: this is the writer). Readers
         on older snapshots get WAL_RESTART_WAIT_MS; if they are not done, the next commit retries."""
-        if self.wal_pages < WAL_RESTART_PAGES:
+        if self.wal_pages < WAL_RESTART_PAGES or time.monotonic() < self._restart_after:
             return
         conn = self._write_conn
         conn.set_busy_timeout(WAL_RESTART_WAIT_MS)
@@ -454,6 +457,8 @@ class SqliteStore:
         if not busy:
             self.wal_restarts += 1
             self.wal_pages = 0
+        else:  # a long read holds an old snapshot: do not stall every commit on it
+            self._restart_after = time.monotonic() + WAL_RESTART_BACKOFF
 
     def scrub_wal(self) -> bool:
         """Checkpoint everything and truncate the WAL to zero bytes, so page images written before
