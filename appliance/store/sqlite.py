@@ -409,6 +409,7 @@ class SqliteStore:
         self.wal_pages = 0
         self.wal_restarts = 0
         self._restart_after = 0.0
+        self._checkpointing = threading.Lock()  # one checkpoint at a time: PASSIVE or the writer's RESTART
         self._write_conn.set_wal_hook(self._wal_hook)
         self._writer = Writer(self._write_conn, self.write_batch)
         self._writer.after_commit = self._restart_wal
@@ -434,7 +435,8 @@ class SqliteStore:
                     break
                 self._wal_big.clear()
                 try:
-                    conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
+                    with self._checkpointing:
+                        conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
                 except apsw.Error as exc:  # busy or locked: the next round catches up
                     log.debug("checkpoint skipped: %s", exc)
         finally:
@@ -447,13 +449,17 @@ class SqliteStore:
         if self.wal_pages < WAL_RESTART_PAGES or time.monotonic() < self._restart_after:
             return
         conn = self._write_conn
-        conn.set_busy_timeout(WAL_RESTART_WAIT_MS)
-        try:
-            busy, _frames, _copied = conn.execute("PRAGMA wal_checkpoint(RESTART)").fetchone()
-        except apsw.BusyError:
-            busy = 1
-        finally:
-            conn.set_busy_timeout(BUSY_TIMEOUT_MS)
+        # A PASSIVE round under way is let finish first (it copies what RESTART would; SQLite
+        # would otherwise refuse the second checkpoint as busy): no new writes meanwhile, so the
+        # WAL stops growing here.
+        with self._checkpointing:
+            conn.set_busy_timeout(WAL_RESTART_WAIT_MS)
+            try:
+                busy, _frames, _copied = conn.execute("PRAGMA wal_checkpoint(RESTART)").fetchone()
+            except apsw.BusyError:
+                busy = 1
+            finally:
+                conn.set_busy_timeout(BUSY_TIMEOUT_MS)
         if not busy:
             self.wal_restarts += 1
             self.wal_pages = 0
