@@ -175,6 +175,11 @@ class ReadPool:
         self._seq = itertools.count()
         self._stopping = False
         self.pauses = 0
+        with self._cv:  # the run slots' threads now, so no read waits for a connection to open
+            for n in range(active):
+                thread = _ReaderThread(self, n)
+                self._threads.append(thread)
+                self._idle.append(thread)
 
     def submit(self, fn: Callable[[apsw.Connection], T], timeout: float | None, owner: Any) -> asyncio.Future:
         loop = asyncio.get_running_loop()
@@ -546,7 +551,9 @@ class SqliteStore:
     def _reader(self) -> apsw.Connection:
         conn = getattr(self._local, "conn", None)
         if conn is None:
-            conn = connect(self.path, sync_mode=self.sync_mode, reader=True)
+            # Read-only: reads never take a write lock, not even the best-practice PRAGMA optimize
+            # (which, on a busy database, could hold a new reader up behind the writer).
+            conn = connect(self.path, sync_mode=self.sync_mode, readonly=True, reader=True)
             self._local.conn = conn
             with self._lock:
                 self._reader_conns.append(conn)
