@@ -119,3 +119,24 @@ def test_nip86_over_the_wire(make_server):
         "Authorization": make_http_auth(admin.secret, server.url, "POST", body)})
     assert r.status_code == 200 and r.json() == {"result": True}
     assert server.nip11()["name"] == "From NIP-86"
+
+
+def test_a_dashboard_edit_reaches_open_connections(make_server):
+    """Switching the origin to members-only from the dashboard closes an open anonymous connection at
+    once (as a CLI edit would within a second)."""
+    from websockets.sync.client import connect
+
+    server = make_server()
+    with httpx.Client() as c:
+        assert set_password(c, admin_url(server)).status_code == 303
+        with connect(server.url) as ws:
+            assert json.loads(ws.recv())[0] == "AUTH"
+            page = c.get(f"{server.http}/admin/origins/1")
+            r = c.post(f"{server.http}/admin/origins/1", data={"csrf": csrf_of(page.text), "access_policy": "members",
+                                                              "auth_required_present": "1"})
+            assert r.status_code == 303
+            notice = json.loads(ws.recv(timeout=5))
+            assert notice[0] == "NOTICE" and "access rules changed" in notice[1]
+            with pytest.raises(Exception):
+                ws.recv(timeout=5)
+            assert ws.close_code == 1008
