@@ -255,7 +255,8 @@ SETTINGS: tuple[Setting, ...] = (
        "may be sent twice.", minimum=1, maximum=3600),
     _s("delivery_log_retention", _int, 7 * 86400,
        "Seconds delivery-log rows (one per attempt) and finished wake jobs are kept: a week covers "
-       "looking into last week's \"I got no notification\".", minimum=3600, maximum=366 * 86400),
+       "looking into last week's \"I got no notification\".", minimum=3600, maximum=366 * 86400,
+       editable=True),
     _s("ws_compression", _bool, True,
        "Offer permessage-deflate to websocket clients. Saves bandwidth on metered links; costs CPU "
        "(about 2-3 ms per 50-event REQ on a small VM). Turn off on a CPU-bound box."),

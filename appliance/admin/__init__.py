@@ -41,6 +41,10 @@ def install(app, *, fetch_assets: bool = True) -> Admin | None:
     if admin.base_url is None:
         return None
     admin.management = management
+    if app.push is not None:
+        from .pages.deliveries import DeliveriesSection
+
+        admin.sections["deliveries"] = DeliveriesSection(admin)
     if app.gateway is not None:
         from .pages.gateway import GatewaySection
 

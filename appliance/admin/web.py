@@ -11,6 +11,7 @@ import logging
 import secrets
 import socket
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Awaitable, Callable
 from urllib.parse import quote, urlsplit
@@ -72,6 +73,14 @@ def _display_host(host: str) -> str:
 
 def setup_url(base: str, token: str) -> str:
     return f"{base}setup?token={quote(token)}"
+
+
+@dataclass(frozen=True)
+class Upload:
+    """A file sent with a form (read into memory; forms are small)."""
+
+    filename: str
+    data: bytes
 
 
 class Page(Exception):
@@ -251,7 +260,13 @@ class Admin:
             raise Page(PlainTextResponse("form too large\n", status_code=413))
         form = await request.form(max_files=4, max_fields=2000)
         data: dict[str, Any] = {}
+        items = []
         for key, value in form.multi_items():
+            if hasattr(value, "read"):  # an uploaded file: read now (the form is bounded), closed below
+                value = Upload(value.filename or "", await value.read(MAX_FORM_BYTES))
+            items.append((key, value))
+        await form.close()
+        for key, value in items:
             if key in data:
                 data[key] = data[key] if isinstance(data[key], list) else [data[key]]
                 data[key].append(value)

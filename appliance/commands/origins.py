@@ -202,3 +202,18 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         saved = store.write_sync(op)
         print(json.dumps(origin_json(saved)))
     return 0
+
+
+def store_apns_key(conn: apsw.Connection, keyfile, pem: bytes, now: int) -> str:
+    """Keep an APNs .p8 signing key in the database, wrapped by the key file; its fingerprint, which
+    an app profile names as `key_stored` (the key itself is never shown again)."""
+    from appliance.store.credentials import save_apns_key
+    from appliance.transports.credentials import CredentialError, key_fingerprint, parse_p8
+
+    try:
+        key = parse_p8(pem)
+    except CredentialError as exc:
+        raise ConfigError("key", "(the uploaded .p8 file)", str(exc)) from None
+    fingerprint = key_fingerprint(key)
+    save_apns_key(conn, keyfile, fingerprint, pem, now)
+    return fingerprint

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import fields
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from appliance.errors import ConfigError
 from appliance.transports.apns import ENVIRONMENTS, ApnsProfile, check_apns_url
@@ -40,7 +40,9 @@ PUSH_FIELDS = (
 #: Keys of one `app_profiles` entry. Only `id` and `transport` are ever advertised (NIP-11); the
 #: rest are the profile's delivery credentials (APNs token-based auth), all or none of the required
 #: ones: topic, team_id, key_id, key_file, environment; apns_url and ca_file are optional overrides.
-CREDENTIAL_FIELDS = ("topic", "team_id", "key_id", "key_file", "environment", "apns_url", "ca_file")
+#: Instead of `key_file`, `key_stored` names a .p8 uploaded through the dashboard (kept in the
+#: database wrapped by the key file) by its fingerprint.
+CREDENTIAL_FIELDS = ("topic", "team_id", "key_id", "key_file", "key_stored", "environment", "apns_url", "ca_file")
 REQUIRED_CREDENTIALS = ("topic", "team_id", "key_id", "key_file", "environment")
 #: Instead of credentials, an APNs profile may deliver through an APNs gateway (NIP-PL, Public APNs
 #: Gateway Profile): its leases' endpoints are then the gateway's opaque grants.
@@ -115,11 +117,14 @@ def check_app_profile(entry: Any, where: str) -> None:
     delivery_profile(entry, where)
 
 
-def delivery_profile(entry: dict, where: str = "app_profiles") -> ApnsProfile | None:
+def delivery_profile(entry: dict, where: str = "app_profiles",
+                     stored_keys: Mapping[str, bytes] | None = None) -> ApnsProfile | None:
     """The delivery credentials of an app profile (its .p8 key loaded), or None when it has none.
 
     A profile without credentials is still advertised and accepts leases; its wakes wait as
     configuration faults (see docs/spec-notes.md W8). ConfigError names the profile and the reason.
+    A `key_stored` key is loaded from `stored_keys` (fingerprint -> PEM); without them (a check that
+    has no database) only its shape is checked and None is returned.
     """
     pid = entry.get("id")
     given = [k for k in CREDENTIAL_FIELDS if k in entry]
@@ -131,10 +136,15 @@ def delivery_profile(entry: dict, where: str = "app_profiles") -> ApnsProfile | 
         raise ConfigError(f"{where}.{given[0]}", entry[given[0]],
                           f"app profile {pid!r}: delivery credentials are for transport \"apns\"; this "
                           f"appliance has no {entry.get('transport')} transport")
-    missing = [k for k in REQUIRED_CREDENTIALS if k not in entry]
+    if "key_file" in entry and "key_stored" in entry:
+        raise ConfigError(f"{where}.key_stored", entry["key_stored"],
+                          f"app profile {pid!r}: give key_file or key_stored, not both")
+    required = [k if k != "key_file" or "key_stored" not in entry else "key_stored" for k in REQUIRED_CREDENTIALS]
+    missing = [k for k in required if k not in entry]
     if missing:
         raise ConfigError(f"{where}.{missing[0]}", None,
-                          f"app profile {pid!r}: credentials need all of " + ", ".join(REQUIRED_CREDENTIALS))
+                          f"app profile {pid!r}: credentials need all of " + ", ".join(REQUIRED_CREDENTIALS)
+                          + " (or key_stored instead of key_file)")
     for k in given:
         if not isinstance(entry[k], str) or not entry[k]:
             raise ConfigError(f"{where}.{k}", entry[k], f"app profile {pid!r}: expected non-empty text")
@@ -147,8 +157,16 @@ def delivery_profile(entry: dict, where: str = "app_profiles") -> ApnsProfile | 
                           f"app profile {pid!r}: expected " + " or ".join(f'"{e}"' for e in ENVIRONMENTS))
     try:
         apns_url = check_apns_url(entry["apns_url"]) if "apns_url" in entry else None
-        profile = ApnsProfile(pid, entry["topic"], entry["environment"],
-                              ApnsKey.load(entry["team_id"], entry["key_id"], entry["key_file"]),
+        if "key_stored" in entry:
+            pem = (stored_keys or {}).get(entry["key_stored"])
+            if pem is None:
+                if stored_keys is None:
+                    return None  # shape checked; the key itself is in the database
+                raise CredentialError(f"no uploaded .p8 key {entry['key_stored']} in this database")
+            key = ApnsKey.from_pem(entry["team_id"], entry["key_id"], pem)
+        else:
+            key = ApnsKey.load(entry["team_id"], entry["key_id"], entry["key_file"])
+        profile = ApnsProfile(pid, entry["topic"], entry["environment"], key,
                               apns_url=apns_url, ca_file=entry.get("ca_file"))
         profile.ssl_context()  # a ca_file that does not load fails here, not at the first wake
     except CredentialError as exc:

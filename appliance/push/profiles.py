@@ -57,9 +57,10 @@ class ProfileTransports:
     def get(self, origin_id: int, profile_id: str) -> Transport | None:
         return self._by_origin.get(origin_id, {}).get(profile_id)
 
-    def configure(self, origins: list[Origin]) -> list[Transport]:
+    def configure(self, origins: list[Origin], stored_keys: dict[str, bytes] | None = None) -> list[Transport]:
         """Build the map for these origins (ConfigError if credentials do not load); returns the
-        transports no longer used, for the caller to close on the event loop."""
+        transports no longer used, for the caller to close on the event loop. `stored_keys` are the
+        .p8 keys kept in the database (fingerprint -> PEM)."""
         by_origin: dict[int, dict[str, Transport]] = {}
         shared: dict[tuple, Transport] = {}
         for o in origins:
@@ -79,7 +80,7 @@ class ProfileTransports:
                     transport = shared.get(key) or self._shared.get(key) or self._make_gateway(o.id, url)
                     shared[key] = table[pid] = transport
                     continue
-                profile = delivery_profile(entry, where)
+                profile = delivery_profile(entry, where, stored_keys or {})
                 if profile is None:
                     if entry["transport"] == "apns":
                         table[pid] = Unconfigured("no credentials", f"app profile {pid!r} has no APNs credentials "
@@ -88,7 +89,7 @@ class ProfileTransports:
                         table[pid] = Unconfigured("unsupported transport", f"app profile {pid!r}: this appliance has "
                                                   f"no {entry['transport']} transport")
                     continue
-                key = _sharing_key(profile, entry["key_file"])
+                key = _sharing_key(profile, entry.get("key_file") or "stored:" + entry["key_stored"])
                 transport = shared.get(key) or self._shared.get(key)
                 if transport is None:
                     transport = self._make_apns(profile)

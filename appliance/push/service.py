@@ -25,6 +25,7 @@ from appliance.nostr import nip44
 from appliance.origins import Origin
 from appliance.push.workers import LeaseValidator
 from appliance.store import wakes
+from appliance.store.credentials import load_apns_keys
 from appliance.store.keyfile import KeyFile
 from appliance.store.sqlite import SqliteStore
 
@@ -119,7 +120,8 @@ class Push:
             desc = build_descriptor(o.origin, o.push, keystore.advertised(rows, now))
             loaded[o.id] = OriginPush(o.id, desc, rows, secrets, frozenset(desc.push_kinds))
         # Credentials last: a profile whose key does not load refuses the whole (re)load.
-        self._retired += self.transports.configure([o for o in origins if o.id in loaded])
+        stored = self.store.read_sync(lambda conn: load_apns_keys(conn, self.keyfile))
+        self._retired += self.transports.configure([o for o in origins if o.id in loaded], stored)
         self.origins = loaded
 
     def maintain(self, conn: apsw.Connection, now: int) -> int:

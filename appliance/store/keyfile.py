@@ -93,7 +93,8 @@ class KeyFile:
 def holds_wrapped_keys(conn) -> bool:
     """Whether the database holds any private key wrapped by a key file."""
     return bool(conn.execute(
-        "SELECT EXISTS (SELECT 1 FROM relay_keys) OR EXISTS (SELECT 1 FROM executor_keys WHERE wrapped IS NOT NULL)"
+        "SELECT EXISTS (SELECT 1 FROM relay_keys) OR EXISTS (SELECT 1 FROM executor_keys WHERE wrapped IS NOT NULL) "
+        "OR EXISTS (SELECT 1 FROM apns_keys)"
         " OR EXISTS (SELECT 1 FROM gateway_grant_keys WHERE wrapped IS NOT NULL)"
         " OR EXISTS (SELECT 1 FROM gateway_installations WHERE token IS NOT NULL)"
     ).fetchone()[0])

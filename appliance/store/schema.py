@@ -361,6 +361,15 @@ MIGRATIONS: tuple[str, ...] = (
         PRIMARY KEY (origin, app_profile, reason)
     ) WITHOUT ROWID;
     """,
+    # 9: APNs .p8 signing keys uploaded through the dashboard, wrapped by the key file like executor
+    # keys; an app profile names one by its fingerprint (`key_stored`) instead of a `key_file` path.
+    """
+    CREATE TABLE apns_keys (
+        fingerprint TEXT PRIMARY KEY,         -- p8:<16 hex of SHA-256 of the public key>: safe to show
+        wrapped     BLOB NOT NULL,            -- the PEM, wrapped by the key file
+        created_at  INTEGER NOT NULL
+    ) WITHOUT ROWID;
+    """,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -330,3 +330,83 @@ def alerts(conn: apsw.Connection, *, active_only: bool = True) -> list[dict[str,
         sql += " WHERE cleared_at IS NULL"
     sql += " ORDER BY last_at DESC"
     return [dict(zip(_ALERT_COLUMNS, r)) for r in conn.execute(sql)]
+
+
+# -- operator actions and views (the dashboard) -------------------------------------------------------
+
+SQL_DEAD_JOB = f"SELECT {_JOB_COLUMNS} FROM wake_jobs WHERE id = ? AND state = 'dead'"
+SQL_RETRY_DEAD = (
+    "UPDATE wake_jobs SET state = ?, wake_id = ?, due_at = ?, expires_at = ?, attempts = 0, finished_at = NULL, "
+    "last_error = NULL WHERE id = ? AND state = 'dead'"
+)
+SQL_DISCARD_DEAD = (
+    "UPDATE wake_jobs SET state = 'cancelled', finished_at = ?, last_error = ? WHERE id = ? AND state = 'dead'"
+)
+SQL_QUEUE_SUMMARY = (
+    "SELECT coalesce(sum(state IN ('pending', 'claimed')), 0), "
+    "coalesce(sum(state IN ('pending', 'claimed') AND attempts > 0), 0), coalesce(sum(state = 'dead'), 0) "
+    "FROM wake_jobs WHERE state IN ('pending', 'claimed', 'dead')"
+)
+SQL_OUTCOME_COUNTS = "SELECT outcome, count(*) FROM delivery_log WHERE at >= ? GROUP BY outcome"
+SQL_OUTCOME_COUNTS_ORIGIN = "SELECT outcome, count(*) FROM delivery_log WHERE at >= ? AND origin = ? GROUP BY outcome"
+# Per-minute attempts, mean and slowest latency (delivery_log_at index range).
+SQL_LATENCY_MINUTES = (
+    "SELECT CAST(at / 60 AS INTEGER) * 60, count(*), avg(latency_ms), max(latency_ms) FROM delivery_log "
+    "WHERE at >= ? AND latency_ms IS NOT NULL GROUP BY 1 ORDER BY 1"
+)
+# The latest attempt of each (origin, app profile): how its transport last answered.
+SQL_LAST_OUTCOMES = (
+    "SELECT d.origin, d.app_profile, d.transport, d.outcome, d.status, d.reason, d.at FROM delivery_log d "
+    "JOIN (SELECT origin, app_profile, max(id) AS id FROM delivery_log WHERE at >= ? GROUP BY origin, app_profile) m "
+    "ON d.id = m.id"
+)
+
+
+def retry_dead(conn: apsw.Connection, job_id: str, now: float, useful_age: float) -> bool:
+    """The operator sends a dead-lettered wake again: due now, a fresh useful age and attempt count
+    (it joins its endpoint's pending wake if there is one). Whether it was dead."""
+    row = conn.execute(SQL_DEAD_JOB, (job_id,)).fetchone()
+    if row is None:
+        return False
+    job = _job(row)
+    pending = conn.execute(SQL_PENDING_WAKE, (job.origin, job.app_profile, job.transport, job.endpoint_hash)).fetchone()
+    state, wake_id = ("coalesced", pending[0]) if pending else ("pending", None)
+    conn.execute(SQL_RETRY_DEAD, (state, wake_id, now, now + useful_age, job_id))
+    return True
+
+
+def discard_dead(conn: apsw.Connection, job_id: str, now: float) -> bool:
+    """The operator gives up on a dead-lettered wake (kept, cancelled, until the log retention)."""
+    conn.execute(SQL_DISCARD_DEAD, (now, "discarded by the operator", job_id))
+    return conn.changes() == 1
+
+
+def queue_summary(conn: apsw.Connection) -> dict[str, int]:
+    """Wakes waiting (pending or being sent), of which retrying after a failure, and dead-lettered."""
+    queued, retrying, dead = conn.execute(SQL_QUEUE_SUMMARY).fetchone()
+    return {"queued": queued, "failed": retrying, "dead": dead}
+
+
+def outcome_counts(conn: apsw.Connection, since: float, origin: int | None = None) -> dict[str, int]:
+    rows = conn.execute(SQL_OUTCOME_COUNTS, (since,)) if origin is None else \
+        conn.execute(SQL_OUTCOME_COUNTS_ORIGIN, (since, origin))
+    return dict(rows.fetchall())
+
+
+def latency_by_minute(conn: apsw.Connection, since: float) -> list[tuple[int, int, float, float]]:
+    """(minute start, attempts, mean latency ms, slowest ms) since `since`."""
+    return conn.execute(SQL_LATENCY_MINUTES, (since,)).fetchall()
+
+
+def last_outcomes(conn: apsw.Connection, since: float) -> list[dict[str, Any]]:
+    keys = ("origin", "app_profile", "transport", "outcome", "status", "reason", "at")
+    return [dict(zip(keys, r)) for r in conn.execute(SQL_LAST_OUTCOMES, (since,))]
+
+
+SQL_JOBS_BY_ID = f"SELECT {_JOB_COLUMNS} FROM wake_jobs WHERE id IN (SELECT value FROM json_each(?))"
+
+
+def jobs_by_id(conn: apsw.Connection, ids) -> dict[str, WakeJob]:
+    import json
+
+    return {j.id: j for j in map(_job, conn.execute(SQL_JOBS_BY_ID, (json.dumps(list(ids)),)))}

@@ -64,6 +64,14 @@ def parse_p8(data: bytes) -> ec.EllipticCurvePrivateKey:
     return key
 
 
+def key_fingerprint(key: ec.EllipticCurvePrivateKey) -> str:
+    """`p8:` and 16 hex of SHA-256 of the public key: names a .p8 key without revealing it."""
+    import hashlib
+
+    der = key.public_key().public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+    return "p8:" + hashlib.sha256(der).hexdigest()[:16]
+
+
 def load_p8(path: str | Path) -> ec.EllipticCurvePrivateKey:
     """Read and parse a .p8 file; CredentialError naming the problem (missing, unreadable, wrong type)."""
     p = Path(path)
@@ -98,6 +106,13 @@ class ApnsKey:
         check_apple_id("team_id", team_id)
         check_apple_id("key_id", key_id)
         return cls(team_id, key_id, load_p8(key_file))
+
+    @classmethod
+    def from_pem(cls, team_id: str, key_id: str, pem: bytes) -> "ApnsKey":
+        """From the .p8 file's bytes (a key kept in the database rather than in a file)."""
+        check_apple_id("team_id", team_id)
+        check_apple_id("key_id", key_id)
+        return cls(team_id, key_id, parse_p8(pem))
 
     def sign_token(self, issued_at: int) -> str:
         """A provider token (JWT, ES256) issued at `issued_at`."""

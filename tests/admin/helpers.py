@@ -42,10 +42,15 @@ class Dashboard:
         self.admin = install(self.app, fetch_assets=False)
         self.client = httpx.AsyncClient(transport=httpx.ASGITransport(app=asgi(self.app)),
                                         base_url="http://127.0.0.1:7777")
+        self.closed = False
 
     async def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
         await self.client.aclose()
         if self.app.push is not None:
+            await self.app.push.aclose()
             self.app.push.close()
         self.app.relay.close()
         self.app.store.close()

@@ -17,6 +17,7 @@ from websockets.sync.client import connect
 
 from appliance.nostr.event import sign_event
 from tests.conftest import ROOT, Server
+from tests.push.delivery_helpers import KEY_ID, TEAM, TOPIC, Apns, token
 from tests.push.e2e_helpers import Installation, active, current_key, lease
 
 from .helpers import PASSWORD
@@ -37,7 +38,10 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    server = Server(tmp_path_factory.mktemp("browser") / "data").start()
+    tmp = tmp_path_factory.mktemp("browser")
+    apns = Apns(tmp).start()
+    server = Server(tmp / "data", "--wake-min-interval", "0").start()
+    server.apns = apns
     SHOTS.mkdir(parents=True, exist_ok=True)
     with playwright_api.sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM if Path(CHROMIUM).exists() else shutil.which("chromium"),
@@ -50,6 +54,7 @@ def stack(tmp_path_factory):
         finally:
             browser.close()
             server.stop()
+            apns.stop()
 
 
 def shot(page, name: str) -> None:
@@ -60,10 +65,8 @@ def nip11(server: Server) -> dict:
     return server.nip11()
 
 
-def publish_lease(server: Server, user: Installation, endpoint: str) -> None:
-    """AUTH (NIP-42) and publish a lease over a real websocket."""
-    exec_id, exec_pub = current_key(nip11(server))
-    ev = lease(user, active(user, endpoint=endpoint, origin=server.url), exec_pub=exec_pub, exec_id=exec_id)
+def publish(server: Server, user: Installation, ev) -> None:
+    """AUTH (NIP-42) and publish one event over a real websocket."""
     with connect(server.url) as ws:
         challenge = json.loads(ws.recv())[1]
         auth = sign_event(user.secret, 22242, [["relay", server.url], ["challenge", challenge]], "")
@@ -72,6 +75,12 @@ def publish_lease(server: Server, user: Installation, endpoint: str) -> None:
         ws.send(json.dumps(["EVENT", ev]))
         reply = json.loads(ws.recv())
         assert reply[0] == "OK" and reply[2] is True, reply
+
+
+def publish_lease(server: Server, user: Installation, endpoint: str) -> None:
+    exec_id, exec_pub = current_key(nip11(server))
+    publish(server, user, lease(user, active(user, endpoint=endpoint, origin=server.url), exec_pub=exec_pub,
+                                exec_id=exec_id))
 
 
 def test_dashboard_in_a_browser(stack):
@@ -127,9 +136,28 @@ def test_dashboard_in_a_browser(stack):
     assert new_id != old_id and new_id in page.content()
     shot(page, "keys")
 
+    # APNs credentials for the profile, with the .p8 uploaded (stored wrapped by the key file).
+    page.goto(f"{base}/descriptor")
+    apns = server.apns
+    for field, value in (("topic", TOPIC), ("team_id", TEAM), ("key_id", KEY_ID), ("apns_url", apns.emulator.url),
+                         ("ca_file", apns.emulator.ca_file)):
+        page.fill(f"input[name=cred_0_{field}]", value)
+    page.select_option("select[name=cred_0_environment]", "production")
+    page.set_input_files("input[name=cred_0_p8]", str(apns.key_file))
+    page.click("#descriptor-form button[type=submit]")
+    page.locator(".flash").filter(has_text="Descriptor saved").wait_for()
+    assert "uploaded, in the database" in page.content()
+    # A test wake from the profile's page: APNs' answer is shown.
+    test_token = token()
+    page.fill("form.test-wake input[name=token]", test_token)
+    with page.expect_navigation():
+        page.click("form.test-wake button[type=submit]")
+    assert "accepted by APNs" in page.content() and test_token not in page.content()
+    shot(page, "test-wake")
+
     # A lease made over websockets appears on the Leases page, redacted.
     user = Installation()
-    endpoint = "tok-browser-" + "c" * 52
+    endpoint = token()
     publish_lease(server, user, endpoint)
     page.goto(f"{base}/leases")
     rows = page.locator("tr.lease")
@@ -142,10 +170,23 @@ def test_dashboard_in_a_browser(stack):
     assert "time_sensitive" in page.content() and user.pubkey not in page.content()
     shot(page, "lease")
 
+    # An event for the lease wakes the device: the APNs emulator gets it, the delivery log shows it.
+    sender = Installation()
+    publish(server, sender, sign_event(sender.secret, 9, [["p", user.pubkey]], "hello").to_dict())
+    apns.emulator.wait_for(lambda records: any(r.token == endpoint and r.status == 200 for r in records))
+    for _ in range(50):
+        page.goto(f"{base}/deliveries")
+        if page.locator("tr.outcome-accepted").count():
+            break
+        page.wait_for_timeout(100)
+    assert page.locator("tr.outcome-accepted").count() == 1
+    assert endpoint not in page.content() and user.pubkey not in page.content()
+    shot(page, "deliveries")
+
     # Every page: a screenshot, and no full pubkey or endpoint of the test data anywhere.
     for name, path in (("overview", "/"), ("origins", "/origins"), ("origin", "/origins/1"),
                        ("descriptor", "/descriptor"), ("keys", "/keys"), ("leases", "/leases"),
-                       ("quotas", "/quotas"), ("settings", "/settings")):
+                       ("quotas", "/quotas"), ("deliveries", "/deliveries"), ("settings", "/settings")):
         page.goto(base + path)
         assert page.locator("h1").count() == 1, path
         shot(page, name)
@@ -153,7 +194,7 @@ def test_dashboard_in_a_browser(stack):
         assert user.pubkey not in content and endpoint not in content, path
         assert "Internal Server Error" not in content
     for name in ("setup", "login", "overview", "origins", "origin", "descriptor", "keys", "leases", "lease",
-                 "quotas", "settings"):
+                 "quotas", "deliveries", "test-wake", "settings"):
         assert (SHOTS / f"{name}.png").stat().st_size > 5_000, name
 
 
@@ -174,8 +215,8 @@ def test_csrf_rejected_without_the_token(stack):
     page.evaluate("""() => { document.body.removeAttribute('hx-headers'); document.body.removeAttribute('hx-boost');
         document.querySelectorAll('input[name=csrf]').forEach(e => e.remove()); }""")
     page.fill("input[name=origin]", "ws://csrf.test")
-    page.click("text=Add origin")
-    page.wait_for_load_state()
+    with page.expect_navigation():
+        page.click("button:has-text('Add origin')")
     assert "CSRF check failed" in page.content()
     shot(page, "csrf-refused")
     origins = httpx.get(server.http + "/", headers={"Accept": "application/nostr+json", "Host": "csrf.test"})

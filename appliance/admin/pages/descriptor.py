@@ -10,9 +10,12 @@ import time
 from starlette.requests import Request
 from starlette.routing import Route
 
-from appliance.commands.origins import find, owned_fields, set_push
+from appliance.commands.origins import find, owned_fields, set_push, store_apns_key
 from appliance.errors import ConfigError
 from appliance.origins import load_origins
+from appliance.store.credentials import list_apns_keys
+
+from ..web import Upload
 from appliance.push.config import build_descriptor, check_push_config, check_push_fits_relay
 from appliance.push.descriptor import CLASS_REGISTRY, H_GRAMMARS, TRANSPORTS, ExecutorKey, Limits, \
     descriptor_to_json
@@ -38,8 +41,39 @@ def _as_list(value) -> list:
     return value if isinstance(value, list) else [value]
 
 
-def push_from_form(form: dict, current: dict) -> dict:
+# APNs credential fields edited as text (key_file is write-only: empty keeps the current key).
+CREDENTIAL_TEXT = ("topic", "team_id", "key_id", "environment", "apns_url", "ca_file")
+CREDENTIALS = CREDENTIAL_TEXT + ("key_file", "key_stored")
+
+
+def _credentials(form: dict, i: int, base: dict, uploads: list) -> dict:
+    """Apply the credential fields of profile row `i` to its entry; a .p8 upload is queued in
+    `uploads` as (entry, bytes) for the caller to store (it names the stored key in the entry)."""
+    if form.get(f"cred_{i}_clear") == "on":
+        return {k: v for k, v in base.items() if k not in CREDENTIALS}
+    for field in CREDENTIAL_TEXT:
+        key = f"cred_{i}_{field}"
+        if key in form:
+            value = str(form[key]).strip()
+            if value:
+                base[field] = value
+            else:
+                base.pop(field, None)
+    key_file = str(form.get(f"cred_{i}_key_file", "")).strip()
+    if key_file:
+        base["key_file"] = key_file
+        base.pop("key_stored", None)
+    upload = form.get(f"cred_{i}_p8")
+    data = upload.data if isinstance(upload, Upload) else None
+    if data:
+        base.pop("key_file", None)
+        uploads.append((base, data))
+    return base
+
+
+def push_from_form(form: dict, current: dict, uploads: list | None = None) -> dict:
     """The push table an edit form describes ({} when push is switched off)."""
+    uploads = [] if uploads is None else uploads
     if form.get("push_enabled") != "on":
         return {}
     push: dict = {}
@@ -47,15 +81,17 @@ def push_from_form(form: dict, current: dict) -> dict:
     existing = {p["id"]: p for p in current.get("app_profiles", [])}
     removed = set(_as_list(form.get("profile_remove")))
     profiles = []
-    for pid, transport in zip(_as_list(form.get("profile_id")), _as_list(form.get("profile_transport"))):
-        original = str(form.get(f"profile_original_{len(profiles)}", pid))
+    for i, (pid, transport) in enumerate(zip(_as_list(form.get("profile_id")), _as_list(form.get("profile_transport")))):
+        original = str(form.get(f"profile_original_{i}", pid))
         if original in removed:
-            profiles.append(None)
             continue
         base = dict(existing.get(original, {}))
         base.update({"id": str(pid).strip(), "transport": str(transport)})
+        if base["transport"] == "apns" and not base.get("gateway_url"):
+            base = _credentials(form, i, base, uploads)
+        elif base["transport"] != "apns":
+            base = {k: v for k, v in base.items() if k not in CREDENTIALS}
         profiles.append(base)
-    profiles = [p for p in profiles if p is not None]
     new_id = str(form.get("new_profile_id", "")).strip()
     if new_id:
         profiles.append({"id": new_id, "transport": str(form.get("new_profile_transport", "apns"))})
@@ -93,6 +129,34 @@ def push_from_form(form: dict, current: dict) -> dict:
                                            "class_support", "limitation", "allowed_skew", "endpoint"):
             push[key] = current[key]
     return push
+
+
+# Largest .p8 accepted (Apple's are about 250 bytes).
+MAX_P8 = 8192
+
+
+async def read_uploads(form: dict) -> None:
+    """Refuse an uploaded .p8 that is too large to be one, before anything else."""
+    for key, value in form.items():
+        if key.endswith("_p8") and isinstance(value, Upload) and len(value.data) > MAX_P8:
+            raise ConfigError("key", value.filename, "not an APNs .p8 key: the file is too large")
+
+
+def credential_summary(entry: dict, stored: dict[str, int]) -> str:
+    """What the dashboard says about a profile's credentials: never the key, only a fingerprint."""
+    from appliance.transports.credentials import CredentialError, key_fingerprint, load_p8
+
+    if entry.get("gateway_url"):
+        return f"delivers through the APNs gateway {entry['gateway_url']}"
+    if entry.get("key_stored"):
+        where = "uploaded, in the database" if entry["key_stored"] in stored else "uploaded key MISSING"
+        return f"key {entry['key_stored']} ({where})"
+    if entry.get("key_file"):
+        try:
+            return f"key {key_fingerprint(load_p8(entry['key_file']))} (from a file)"
+        except CredentialError as exc:
+            return f"key file unusable: {exc}"
+    return "no credentials: wakes wait as configuration faults"
 
 
 def failing_rule(exc: ConfigError) -> str:
@@ -136,22 +200,34 @@ def routes(admin) -> list[Route]:
             origins = await admin.read(load_origins)
         owned = await admin.read(lambda conn: owned_fields(conn, settings, origin))
         shown = origin.push if push is None else push
+        stored = dict(await admin.read(list_apns_keys))
+        summaries = {p["id"]: credential_summary(p, stored) for p in shown.get("app_profiles", [])}
         preview_json, preview_error = preview(origin, shown)
         return admin.render(request, "admin/descriptor.html", status=status, section="descriptor", origin=origin,
                             origins=origins, push=shown, owned="push" in owned, error=error,
                             preview_json=preview_json, preview_error=preview_error, limits=Limits(),
                             advertised=Limits.ADVERTISED, transports=sorted(TRANSPORTS), classes=CLASS_REGISTRY,
-                            grammars=sorted(H_GRAMMARS))
+                            grammars=sorted(H_GRAMMARS), summaries=summaries, environments=("production", "sandbox"),
+                            saved_push=origin.push)
 
     async def save(request: Request):
         form = request.state.form
         origin = await admin.read(lambda conn: find(conn, int(form.get("origin", 0))))
+        uploads: list = []
         try:
-            push = push_from_form(form, origin.push)
+            await read_uploads(form)
+            push = push_from_form(form, origin.push, uploads)
         except ConfigError as exc:
             return await page(request, failing_rule(exc), 400, origin=origin)
+        now = int(time.time())
+
+        def op(conn, ctx):
+            for entry, data in uploads:  # kept wrapped by the key file; the profile names it
+                entry["key_stored"] = store_apns_key(conn, admin.app.keyfile, data, now)
+            return set_push(conn, settings, origin.id, push)
+
         try:
-            await admin.write(lambda conn, ctx: set_push(conn, settings, origin.id, push))
+            await admin.write(op)
         except ConfigError as exc:
             return await page(request, "Not saved. " + failing_rule(exc), 400, push=push, origin=origin)
         return admin.redirect(f"/descriptor?origin={origin.id}", "Descriptor saved; NIP-11 shows it now.")
@@ -159,8 +235,12 @@ def routes(admin) -> list[Route]:
     async def live_preview(request: Request):
         form = request.state.form
         origin = await admin.read(lambda conn: find(conn, int(form.get("origin", 0))))
+        uploads: list = []
         try:
-            push = push_from_form(form, origin.push)
+            await read_uploads(form)
+            push = push_from_form(form, origin.push, uploads)
+            for entry, _data in uploads:
+                entry["key_stored"] = "p8:uploaded"  # stored (and named) on save
             text, error = preview(origin, push)
         except ConfigError as exc:
             text, error = "", failing_rule(exc)

@@ -19,6 +19,13 @@ from appliance.store import admin as stored
 
 from .. import auth
 
+def refresh_runtime(app) -> None:
+    """Parts that copied settings at start take the edited values."""
+    from .deliveries import refresh_delivery_settings
+
+    refresh_delivery_settings(app)
+
+
 # Settings whose values are secret or personal: shown redacted.
 SECRET_SETTINGS = {"metrics_token"}
 PUBKEY_SETTINGS = {"admin_pubkeys", "relay_pubkey"}
@@ -66,6 +73,7 @@ def routes(admin) -> list[Route]:
         if form.get("reset") == "1":
             await admin.app.store.write(lambda conn: stored.drop_setting(conn, name))
             settings.clear_stored(name)
+            refresh_runtime(admin.app)
             return admin.redirect("/settings", f"{name} is back to its default.")
         raw = str(form.get("value", ""))
         try:
@@ -75,6 +83,7 @@ def routes(admin) -> list[Route]:
         await admin.app.store.write(lambda conn: stored.save_setting(conn, name, raw))
         settings.apply_stored({name: raw})
         del value
+        refresh_runtime(admin.app)
         return admin.redirect("/settings", f"{name} saved; it applies now and after restarts.")
 
     async def password(request: Request):

@@ -1,0 +1,32 @@
+"""APNs .p8 keys uploaded through the dashboard: kept wrapped by the key file (like executor keys),
+named by a fingerprint of their public key (which is safe to show)."""
+
+from __future__ import annotations
+
+import apsw
+
+from .keyfile import KeyFile
+
+SQL_SAVE = (
+    "INSERT INTO apns_keys (fingerprint, wrapped, created_at) VALUES (?, ?, ?) "
+    "ON CONFLICT (fingerprint) DO NOTHING"
+)
+SQL_ALL = "SELECT fingerprint, wrapped FROM apns_keys"
+SQL_LIST = "SELECT fingerprint, created_at FROM apns_keys ORDER BY created_at"
+
+
+def _label(fingerprint: str) -> str:
+    return f"apns-key:{fingerprint}"
+
+
+def save_apns_key(conn: apsw.Connection, keyfile: KeyFile, fingerprint: str, pem: bytes, now: int) -> None:
+    conn.execute(SQL_SAVE, (fingerprint, keyfile.wrap(pem, label=_label(fingerprint)), now))
+
+
+def load_apns_keys(conn: apsw.Connection, keyfile: KeyFile) -> dict[str, bytes]:
+    """fingerprint -> PEM of every stored key."""
+    return {fp: keyfile.unwrap(wrapped, label=_label(fp)) for fp, wrapped in conn.execute(SQL_ALL)}
+
+
+def list_apns_keys(conn: apsw.Connection) -> list[tuple[str, int]]:
+    return conn.execute(SQL_LIST).fetchall()
