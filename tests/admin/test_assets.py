@@ -1,0 +1,50 @@
+"""htmx comes from the npm registry at a pinned version, checked against its pinned integrity:
+a tarball or a file that differs is refused (no network needed for these checks)."""
+
+from __future__ import annotations
+
+import io
+import tarfile
+
+import pytest
+
+from appliance.admin import assets
+
+
+def tarball(member: str, data: bytes) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        info = tarfile.TarInfo(member)
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def test_a_tarball_that_is_not_the_pinned_one_is_refused():
+    with pytest.raises(assets.AssetError, match="integrity"):
+        assets.verify_tarball(assets.HTMX, tarball(assets.HTMX.member, b"alert('not htmx')"))
+
+
+def test_a_file_that_is_not_the_pinned_one_is_refused(tmp_path, monkeypatch):
+    pinned = assets.Asset("x", "1.0.0", assets._digest("sha512", b"t"), "package/x.js", "x.js",
+                          assets._digest("sha384", b"good"))
+    monkeypatch.setattr(assets, "VENDOR", tmp_path / "vendor")
+    (tmp_path / "vendor").mkdir()
+    (tmp_path / "vendor" / "x.js").write_bytes(b"tampered")
+    assert assets.load(pinned) is None
+    (tmp_path / "vendor" / "x.js").write_bytes(b"good")
+    assert assets.load(pinned) == b"good"
+    # A tarball with the right integrity whose member differs from its pin is refused too.
+    tb = tarball("package/x.js", b"evil")
+    pinned = assets.Asset("x", "1.0.0", assets._digest("sha512", tb), "package/x.js", "x.js",
+                          assets._digest("sha384", b"good"))
+    with pytest.raises(assets.AssetError, match="does not match"):
+        assets.verify_tarball(pinned, tb)
+
+
+def test_the_pinned_htmx_is_installed_where_ci_fetched_it():
+    """`.ci/run` fetched it (`appliance admin fetch-assets`); without npm or network it is absent."""
+    data = assets.load(assets.HTMX)
+    if data is None:
+        pytest.skip("htmx not fetched here: run `appliance admin fetch-assets` (needs npm)")
+    assert b"htmx" in data[:2000]
