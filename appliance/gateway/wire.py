@@ -117,6 +117,12 @@ def _positive(value: Any) -> int:
 def _str(value: Any) -> str:
     if type(value) is not str:
         raise InvalidRequest("expected a string")
+    if not value.isascii():
+        # JSON can spell lone surrogates ("\ud800"): no Unicode text, so no value of any member.
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise InvalidRequest("string is not Unicode text") from None
     return value
 
 

@@ -105,6 +105,17 @@ async def test_invalid_auth(ctx):
     assert ctx.emu.requests(inst.endpoint) == []
 
 
+async def test_a_grant_that_is_not_unicode_text_is_an_invalid_request(ctx):
+    # JSON can spell a lone surrogate ("\\ud800"); it is no Unicode text, so no grant: 400, not a 503.
+    relay = Relay()
+    rid = str(uuid.uuid4())
+    for grant in (b"\\ud800", b"g20250101abcdef.\\udfff", b"\\ud83d"):
+        body = b'{"v":1,"endpoint_grant":"%s","request_id":"%s","expires_at":%d}' % (
+            grant, rid.encode(), int(time.time()) + 60)
+        r = await ctx.post(body, make_http_auth(relay.secret, ctx.url, "POST", body))
+        assert (r.status_code, r.json()) == (400, {"error": "invalid_request"}), grant
+
+
 async def test_wrong_signer_tampered_grant_and_times(ctx):
     relay, intruder = Relay(), Relay()
     inst = await ctx.installation(relay, lifetime=600)

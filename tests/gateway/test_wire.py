@@ -204,6 +204,18 @@ def test_grants_up_to_4096_bytes():
     refused(raw({**obj, "endpoint_grant": ""}), schema)
 
 
+
+@pytest.mark.parametrize("name", VALID)
+def test_lone_surrogates_are_no_text_in_any_string_member(name):
+    # json.loads turns "\\ud800" into a str no encoder can write: every string member refuses it (400),
+    # the grant included, whose only other rule is its size in bytes.
+    schema, obj = VALID[name]
+    for member, value in obj.items():
+        if isinstance(value, str):
+            refused(raw({**obj, member: value[:-1]}).replace(b'"' + value[:-1].encode() + b'"',
+                                                           b'"' + value[:-1].encode() + b'\\udc80"'), schema)
+    assert wire.parse_request(raw({**VALID["delivery"][1], "endpoint_grant": "k.\u00e9"}), wire.DELIVERY)
+
 @pytest.mark.parametrize("value,ok", [
     ("application/json", True), ("Application/JSON", True), ("application/json; charset=utf-8", True),
     ("application/json;charset=UTF-8", True), (None, False), ("text/plain", False),
