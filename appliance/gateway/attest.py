@@ -159,6 +159,19 @@ def _cose_p256(cose: object) -> bytes:
     return b"\x04" + x + y
 
 
+def _only_attestation_failures(check, *args):
+    """Run one verification so that every refusal is AttestationFailed. Certificates parse their
+    extensions and keys lazily, so a broken one (a non-DER BasicConstraints, an unknown curve in an
+    intermediate not yet checked against the root) raises ValueError, UnsupportedAlgorithm and the
+    like from deep inside: still a bad attestation (401), never a server fault."""
+    try:
+        return check(*args)
+    except AttestationFailed:
+        raise
+    except Exception as exc:
+        raise AttestationFailed(f"malformed object ({type(exc).__name__}: {exc})") from None
+
+
 class Verifier:
     """App Attest checks for one app id and environment against configured roots."""
 
@@ -173,6 +186,10 @@ class Verifier:
     # -- enrollment ----------------------------------------------------------------------------
 
     def verify_attestation(self, attestation: bytes, key_id: bytes, client_data: bytes, now: int) -> AttestedKey:
+        """The attested key, or AttestationFailed (whatever part of the object is malformed)."""
+        return _only_attestation_failures(self._verify_attestation, attestation, key_id, client_data, now)
+
+    def _verify_attestation(self, attestation: bytes, key_id: bytes, client_data: bytes, now: int) -> AttestedKey:
         if not 1 <= len(attestation) <= MAX_ATTESTATION_BYTES:
             raise AttestationFailed("attestation size")
         obj = _cbor_map(attestation, "attestation")
@@ -251,6 +268,9 @@ class Verifier:
 
     def verify_assertion(self, assertion: bytes, client_data: bytes, public_key: bytes) -> int:
         """The assertion's counter if its signature and RP id verify; the caller checks it increased."""
+        return _only_attestation_failures(self._verify_assertion, assertion, client_data, public_key)
+
+    def _verify_assertion(self, assertion: bytes, client_data: bytes, public_key: bytes) -> int:
         if not 1 <= len(assertion) <= MAX_ASSERTION_BYTES:
             raise AttestationFailed("assertion size")
         obj = _cbor_map(assertion, "assertion")

@@ -60,3 +60,12 @@ class GatewaySetup:
         body.append(extra)
         body.append(self.profile_toml() if profiles is None else profiles)
         return "\n".join(body) + "\n"
+
+
+def corrupt_intermediate(der: bytes, how: str) -> bytes:
+    """An intermediate certificate that still loads but breaks once looked into: its BasicConstraints
+    `ca` flag as a non-DER boolean, or its key on a curve nobody supports (OID 1.3.132.0.99)."""
+    old, new = {"basic constraints": ("30060101ff", "3006010101"),
+                "curve": ("06052b81040022", "06052b81040063")}[how]
+    at = der.index(bytes.fromhex(old))
+    return der[:at] + bytes.fromhex(new) + der[at + len(old) // 2:]

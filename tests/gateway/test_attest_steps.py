@@ -14,6 +14,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 
 from appliance.gateway.attest import AAGUID, AttestationFailed, Verifier, nonce_extension_value
 from appliance.testing.attester import SoftwareAttester, TestCA
+from tests.gateway.helpers import corrupt_intermediate
 
 APP = "TEAM123456.com.example.app"
 NOW = int(time.time())
@@ -76,6 +77,9 @@ def test_structure_violations(ca):
         _rebuild(att, authData="text"),
         _rebuild(att, extra=1),
         cbor2.dumps([1, 2]), b"\xff\x00", b"",
+        # an intermediate (not yet checked against the root) that breaks once looked into
+        _rebuild(att, attStmt__x5c=[cbor2.loads(att)["attStmt"]["x5c"][0], corrupt_intermediate(inter, "basic constraints")]),
+        _rebuild(att, attStmt__x5c=[cbor2.loads(att)["attStmt"]["x5c"][0], corrupt_intermediate(inter, "curve")]),
     ]
     for bad in cases:
         with pytest.raises(AttestationFailed):

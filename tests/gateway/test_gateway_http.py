@@ -172,6 +172,24 @@ async def test_enrollment_refusals(gw, http):
     assert (await inst.enroll()).status_code == 201
 
 
+async def test_malformed_certificates_are_invalid_attestations(gw, http):
+    # An intermediate nobody vouched for yet is parsed before its issuer is checked: a broken
+    # extension or an unknown curve in it is a bad attestation (401), never a 503.
+    import cbor2
+
+    from appliance.testing.attester import SoftwareAttester, TestCA
+    from tests.gateway.helpers import APP_ID, corrupt_intermediate
+
+    server, _ = gw
+    for how in ("basic constraints", "curve"):
+        stranger = SoftwareAttester(TestCA(name="Rogue"), APP_ID)
+        inst = AppInstallation(http, f"http://127.0.0.1:{server.port}", stranger, PROFILE, token())
+        att = cbor2.loads(base64.b64decode(stranger.attest(b"any")))
+        att["attStmt"]["x5c"][1] = corrupt_intermediate(att["attStmt"]["x5c"][1], how)
+        r = await inst.enroll(tamper={"attestation": base64.b64encode(cbor2.dumps(att)).decode()})
+        assert (r.status_code, r.json()) == (401, ERR["invalid_attestation"]), how
+
+
 async def test_challenges_are_single_use_and_consumed_only_after_verification(gw, http):
     inst = app(gw, http)
     c = await inst.challenge()
