@@ -35,6 +35,7 @@ from appliance.errors import ConfigError
 from appliance.transports.apns import ApnsProfile, check_apns_url
 from appliance.transports.credentials import ApnsKey, CredentialError
 
+from .attest import load_roots
 from .wire import REGISTERED_PROFILES
 
 #: The APNs environment each registered profile sends to (NIP-PL, "Registered values").
@@ -215,6 +216,11 @@ def parse_gateway(table: Any, *, gateway_listen: str = "", derived_url: str = ""
     if root is not None:
         if not isinstance(root, str) or not Path(root).is_file():
             raise ConfigError("gateway.app_attest_root_ca", root, "no such file (a PEM certificate)")
+        try:
+            load_roots(root)
+        except (OSError, ValueError) as exc:
+            raise ConfigError("gateway.app_attest_root_ca", root,
+                              f"not a PEM certificate file (the App Attest root CA): {exc}") from None
     listen = table.get("gateway_listen", "")
     if not isinstance(listen, str):
         raise ConfigError("gateway.gateway_listen", listen, "expected host:port")

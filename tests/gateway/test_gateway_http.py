@@ -362,6 +362,7 @@ def test_gateway_listen_serves_the_routes_on_their_own_address(tmp_path):
     (lambda s, t: t.replace('app_id = "TEAM123456.com.example.app"', 'app_id = "com.example.app"'), "topic"),
     (lambda s, t: t.replace(str(s.p8), "/nonexistent.p8"), "key_file"),
     (lambda s, t: t.replace(str(s.root_path), "/nonexistent.pem"), "app_attest_root_ca"),
+    (lambda s, t: t.replace(str(s.root_path), str(s.p8)), "app_attest_root_ca"),  # a file, but no certificate
     (lambda s, t: t + "\nbogus = 1\n", "bogus"),
     (lambda s, t: t.replace("enabled = true", 'enabled = true\npublic_url = "ftp://x"'), "public_url"),
 ])
