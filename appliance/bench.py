@@ -1008,3 +1008,12 @@ BENCHMARKS["gateway"] = Benchmark(
     _bench_gateway.add_args,
     _bench_gateway.run,
 )
+
+
+from appliance import bench_wakes as _bench_wakes  # noqa: E402 - registered like `relay`
+
+BENCHMARKS["wakes"] = Benchmark(
+    "NIP-PL wakes: ingest with 0/10k/100k leases, event-to-APNs latency, peak wakes/s, memory at 100k leases.",
+    _bench_wakes.add_args,
+    _bench_wakes.run,
+)

@@ -46,7 +46,7 @@ from appliance.transports import (
 
 from .descriptor import CLASS_RANK
 from .matcher import Authorize
-from .state import effective_lease, invalidate_generation
+from .state import invalidate_generation
 
 log = logging.getLogger("appliance.push")
 
@@ -57,7 +57,6 @@ CONFIGURATION_RETRY = 60.0
 # Longest a claimer sleeps with nothing due, in case a nudge was missed (seconds).
 IDLE_POLL = 5.0
 
-SQL_EVENT = "SELECT raw, expiration FROM events WHERE origin = ? AND id = ?"
 
 
 @dataclass(frozen=True)
@@ -85,6 +84,7 @@ class Wake:
     endpoint: str
     cls: str
     attempt: int
+    fresh: bool = False  # claimed at match time: re-checked (read only) by the worker before sending
     #: the latest expiration among the leases it wakes for: no provider holds the wake past it
     lease_until: float = float("inf")
 
@@ -92,17 +92,6 @@ class Wake:
 def backoff(attempt: int, base: float, rng: Callable[[], float] = random.random) -> float:
     """Exponential backoff with jitter: base * 2^(attempt-1), at most MAX_BACKOFF, times 0.5..1."""
     return min(base * 2 ** (attempt - 1), MAX_BACKOFF) * (0.5 + rng() / 2)
-
-
-def stored_event(conn: apsw.Connection, origin: int, event_id: str, now: float) -> Event | None:
-    """The event as the store serves it now (None once deleted, purged or expired)."""
-    row = conn.execute(SQL_EVENT, (origin, event_id)).fetchone()
-    if row is None or (row[1] is not None and row[1] <= now):
-        return None
-    try:
-        return parse_event(orjson.loads(row[0]))
-    except (InvalidEvent, ValueError):
-        return None
 
 
 class Delivery:
@@ -117,39 +106,81 @@ class Delivery:
         self.clock = clock
         self._wakeup = asyncio.Event()
         self._inflight: set[asyncio.Task] = set()
+        self._queue: asyncio.Queue = asyncio.Queue()
+        self._running = False  # workers are taking wakes (the fast path is open)
+        self._busy = 0
+        self._outcomes: list | None = None
+        self._recorded: asyncio.Future | None = None
         self.stats = {"sent": 0, "accepted": 0, "failed": 0, "dropped": 0}
 
     def nudge(self) -> None:
         """New wakes may be due (called after the commit that wrote them)."""
         self._wakeup.set()
 
+    # -- the fast path: wakes claimed in the event's own transaction --------------------------------
+
+    def has_room(self) -> bool:
+        """Whether a wake claimed at match time would find a worker soon (read from the writer
+        thread: an estimate is enough; without room the wake waits as pending for the claimer)."""
+        return self._running and self._queue.qsize() + self._busy < 4 * self.settings.workers
+
+    def fresh_wake(self, job_id: str, origin: int, event_id: str, m, now: float) -> "Wake":
+        """The Wake of a job `insert_job` just wrote as claimed (the match `m` gave its fields)."""
+        job = WakeJob(job_id, origin, m.app_profile, m.transport, m.endpoint_hash, event_id, m.pubkey, m.d,
+                      m.generation, m.cls, "claimed", None, now, now + self.settings.visibility,
+                      now + self.settings.useful_age, 0, None, None)
+        return Wake(job, m.endpoint, m.cls, 1, fresh=True, lease_until=m.expiration)
+
+    def submit(self, fresh: list["Wake"]) -> None:
+        """After the commit that wrote them: hand match-time claimed wakes to the workers."""
+        for wake in fresh:
+            self._queue.put_nowait(wake)
+
     # -- the claim (a write transaction) -----------------------------------------------------------
 
-    def _recheck(self, conn: apsw.Connection, job: WakeJob, now: float):
-        """(None, lease) if the job may still wake its endpoint, else (reason, None)."""
-        lease = effective_lease(conn, job.origin, job.lease_pubkey, job.lease_d)
+    def _verdict(self, conn: apsw.Connection, job: WakeJob, lease: tuple | None, raw: str | None,
+                 ev_expiration: int | None, now: float) -> tuple[str | None, str | None]:
+        """(None, lease row) if the job may still wake its endpoint, else (reason, None). `lease`
+        (generation, active, expiration, invalidated_at, app_profile, transport, endpoint,
+        endpoint_hash) and the event are the rows at the job's lease address and event id."""
         if lease is None:
             return "lease gone", None
-        if lease.generation != job.generation:
+        generation, active, expiration, invalidated_at, profile, transport, endpoint, endpoint_hash = lease
+        if generation != job.generation:
             return "lease replaced by a newer generation", None
-        if not lease.active:
+        if not active:
             return "lease revoked", None
-        if lease.expiration <= now:
+        if expiration <= now:
             return "lease expired", None
-        if lease.invalidated:
+        if invalidated_at is not None:
             return "endpoint generation invalidated", None
-        if (lease.app_profile, lease.transport, lease.endpoint_hash) != (job.app_profile, job.transport,
-                                                                          job.endpoint_hash):
+        if (profile, transport, endpoint_hash) != (job.app_profile, job.transport, job.endpoint_hash):
             return "lease endpoint changed", None
-        ev = stored_event(conn, job.origin, job.event_id, now)
+        ev = None
+        if raw is not None and (ev_expiration is None or ev_expiration > now):
+            try:
+                ev = parse_event(orjson.loads(raw))
+            except (InvalidEvent, ValueError):
+                ev = None
         # One reason for both, as the spec asks: the check must not tell whether the event exists.
         if ev is None or not self.authorize(conn, job.origin, job.lease_pubkey, ev):
             return "event not readable by the lease author", None
         return None, lease
 
+    def _recheck(self, conn: apsw.Connection, job: WakeJob, now: float) -> tuple[str | None, tuple | None]:
+        """The re-check of one job against the state this connection sees now."""
+        checked = wakes.job_checked(conn, job.id)
+        if checked is None:
+            return "job gone", None
+        _job, lease, raw, ev_expiration = checked
+        return self._verdict(conn, job, lease, raw, ev_expiration, now)
+
     def claim(self, conn: apsw.Connection, now: float, limit: int) -> list[Wake]:
         out: list[Wake] = []
-        for job in wakes.due_wakes(conn, now, limit):
+        due = wakes.due_wakes_checked(conn, now, limit)
+        members = wakes.members_checked(conn, [job.id for job, *_ in due])
+        claims: list[tuple[WakeJob, str]] = []
+        for job, lease, raw, ev_expiration in due:
             if now >= job.expires_at:
                 why = "useful age passed" + (f" (last: {job.last_error})" if job.last_error else "")
                 wakes.set_state(conn, job.id, "dead", now, why)
@@ -164,9 +195,8 @@ class Delivery:
             passing: list[WakeJob] = []
             endpoint = None
             own_reason = None
-            until = 0.0
-            for member in [job] + wakes.wake_members(conn, job.id):
-                reason, lease = self._recheck(conn, member, now)
+            for member, m_lease, m_raw, m_exp in [(job, lease, raw, ev_expiration)] + members.get(job.id, []):
+                reason, ep = self._verdict(conn, member, m_lease, m_raw, m_exp, now)
                 if reason is None:
                     passing.append(member)
                     endpoint = endpoint or lease.endpoint
@@ -182,8 +212,10 @@ class Delivery:
                 continue
             # The wake keeps this job's id (its apns-id) even when only jobs coalesced into it remain.
             cls = max((m.cls for m in passing), key=CLASS_RANK.__getitem__)
-            wakes.claim_wake(conn, job, cls, now, self.settings.visibility)
-            out.append(Wake(job, endpoint, cls, job.attempts + 1, until))
+            claims.append((job, cls))
+            out.append(Wake(job, endpoint, cls, job.attempts + 1, lease_until=until))
+        if claims:
+            wakes.claim_wakes(conn, claims, now, self.settings.visibility)
         return out
 
     # -- the outcome (a write transaction) ---------------------------------------------------------
@@ -264,14 +296,45 @@ class Delivery:
             return Outcome(TRANSIENT, detail=f"transport error: {type(exc).__name__}")
 
     async def deliver(self, wake: Wake) -> Outcome:
-        """Send one claimed wake and record the outcome."""
+        """Send one claimed wake and record the outcome (returns once it is committed)."""
         t0 = time.perf_counter()
         outcome = await self._send(wake)
         latency = (time.perf_counter() - t0) * 1000
         self.stats["sent"] += 1
         self.stats["accepted" if outcome.kind == ACCEPTED else "failed"] += 1
-        await self.store.write(lambda conn: self.record(conn, wake, outcome, latency, self.clock()))
+        await self._record_soon(wake, outcome, latency)
         return outcome
+
+    async def _record_soon(self, wake: Wake, outcome: Outcome, latency: float) -> None:
+        """Outcomes that arrive together are recorded in one write (one transaction, one wait)."""
+        loop = asyncio.get_running_loop()
+        if self._outcomes is None:
+            self._outcomes = []
+            self._recorded = loop.create_future()
+            loop.call_soon(self._flush_outcomes)
+        self._outcomes.append((wake, outcome, latency))
+        await asyncio.shield(self._recorded)
+
+    def _flush_outcomes(self) -> None:
+        batch, done = self._outcomes, self._recorded
+        self._outcomes = self._recorded = None
+
+        def op(conn):
+            now = self.clock()
+            for wake, outcome, latency in batch:
+                self.record(conn, wake, outcome, latency, now)
+
+        def finished(fut: asyncio.Future) -> None:
+            if done.done():
+                return
+            if fut.cancelled():
+                done.cancel()
+            elif fut.exception() is not None:
+                done.set_exception(fut.exception())
+            else:
+                done.set_result(None)
+
+        self.store.write(op).add_done_callback(finished)
 
     async def run_once(self) -> int:
         """Claim every due wake and deliver them all (tests drive the workers with this)."""
@@ -279,38 +342,71 @@ class Delivery:
         await asyncio.gather(*(self.deliver(w) for w in claimed))
         return len(claimed)
 
-    def _done(self, task: asyncio.Task) -> None:
-        self._inflight.discard(task)
-        self._wakeup.set()  # a slot is free
-        if not task.cancelled() and task.exception() is not None:
-            log.error("wake delivery failed", exc_info=task.exception())
+    async def _recheck_fresh(self, wake: Wake) -> bool:
+        """The re-check right before the first attempt of a wake claimed at match time: a read of
+        committed state (the claim is already written). False: dropped."""
+        now = self.clock()
+        reason, _ep = await self.store.read(lambda conn: self._recheck(conn, wake.job, now))
+        if reason is None:
+            return True
+        self.stats["dropped"] += 1
+        await self.store.write(lambda conn: wakes.set_state(conn, wake.job.id, "dropped", self.clock(), reason))
+        return False
 
-    async def run(self) -> None:
-        """The claimer: forever claim what is due (up to the free worker slots) and send it."""
+    async def _worker(self) -> None:
+        """One delivery worker: take a claimed wake, send it, record the outcome; forever."""
         while True:
+            wake = await self._queue.get()
+            self._busy += 1
             try:
-                await self._cycle()
+                if not wake.fresh or await self._recheck_fresh(wake):
+                    await self.deliver(wake)
             except asyncio.CancelledError:
                 raise
-            except Exception:
-                log.exception("wake delivery cycle failed")
-                await asyncio.sleep(1.0)
+            except Exception:  # its claim lapses and the wake is tried again: log, keep working
+                log.exception("wake delivery failed for job %s", wake.job.id)
+            finally:
+                self._busy -= 1
+                self._wakeup.set()  # room to claim more
 
-    async def _cycle(self) -> None:
+    async def run(self) -> None:
+        """The claimer and `workers` delivery workers. The claimer claims ahead of the workers (up
+        to twice their number, in batches), so no commit stands between one send and the next."""
+        n = self.settings.workers
+        workers = [asyncio.create_task(self._worker()) for _ in range(n)]
+        self._running = True
+        self._inflight.update(workers)
+        try:
+            while True:
+                try:
+                    await self._cycle(n)
+                except asyncio.CancelledError:
+                    raise
+                except Exception:
+                    log.exception("wake delivery cycle failed")
+                    await asyncio.sleep(1.0)
+        finally:
+            self._running = False
+            for task in workers:
+                task.cancel()
+            await asyncio.gather(*workers, return_exceptions=True)
+            self._inflight.difference_update(workers)
+
+    async def _cycle(self, n: int) -> None:
         self._wakeup.clear()
-        free = self.settings.workers - len(self._inflight)
-        if free > 0:
-            claimed = await self.store.write(lambda conn: self.claim(conn, self.clock(), free))
+        queued = self._queue.qsize()
+        room = 2 * n - queued - self._busy
+        timeout = IDLE_POLL
+        # Claim in batches (a quarter of the workers at least) unless the workers are starving.
+        if room >= max(1, n // 4) or (room > 0 and queued == 0):
+            claimed = await self.store.write(lambda conn: self.claim(conn, self.clock(), room))
             for wake in claimed:
-                task = asyncio.create_task(self.deliver(wake))
-                self._inflight.add(task)
-                task.add_done_callback(self._done)
-            if len(claimed) == free:
-                return  # there may be more due: claim again as soon as slots free up
+                self._queue.put_nowait(wake)
+            if len(claimed) == room:
+                return  # there may be more due: claim again once the workers made room
             nxt = await self.store.read(wakes.next_due)
-            timeout = IDLE_POLL if nxt is None else min(IDLE_POLL, max(0.0, nxt - self.clock()))
-        else:
-            timeout = IDLE_POLL
+            if nxt is not None:
+                timeout = min(IDLE_POLL, max(0.0, nxt - self.clock()))
         if timeout > 0:
             try:
                 await asyncio.wait_for(self._wakeup.wait(), timeout)

@@ -54,6 +54,8 @@ class Match:
     transport: str
     endpoint_hash: str
     cls: str
+    endpoint: str
+    expiration: int  # the lease's: no wake outlives it
 
 
 def parse_subscriptions(text: str) -> tuple[ParsedSubscription, ...]:
@@ -136,5 +138,5 @@ class Matcher:
             best = by_endpoint.get(key)
             if best is None or CLASS_RANK[cls] > CLASS_RANK[best.cls]:
                 by_endpoint[key] = Match(cand.pubkey, cand.d, cand.generation, cand.app_profile, cand.transport,
-                                         cand.endpoint_hash, cls)
+                                         cand.endpoint_hash, cls, cand.endpoint, cand.expiration)
         return list(by_endpoint.values())

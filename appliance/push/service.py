@@ -219,13 +219,23 @@ class Push:
             return
         now = time.time()
         created = False
+        fresh: list = []
         for m in self.matcher.match(conn, origin, op.descriptor, op.push_kinds, ev, int(now)):
+            job_id = str(uuid.uuid4())
+            # A wake due at once goes straight to a worker after the commit (already claimed, so a
+            # crash before it is sent leaves a claim that lapses and is retried).
+            fast = self.delivery.has_room()
             state_ = wakes.insert_job(
-                conn, job_id=str(uuid.uuid4()), origin=origin, app_profile=m.app_profile, transport=m.transport,
+                conn, job_id=job_id, origin=origin, app_profile=m.app_profile, transport=m.transport,
                 endpoint_hash=m.endpoint_hash, event_id=ev.id, lease_pubkey=m.pubkey, lease_d=m.d,
                 generation=m.generation, cls=m.cls, now=now, useful_age=self.settings.useful_age,
-                min_interval=self.settings.min_interval, rank=CLASS_RANK)
+                min_interval=self.settings.min_interval, rank=CLASS_RANK,
+                claim_for=self.settings.visibility if fast else None)
+            if state_ == "claimed":
+                fresh.append(self.delivery.fresh_wake(job_id, origin, ev.id, m, now))
             created = created or state_ == "pending"
+        if fresh:
+            ctx.setdefault("after_commit", []).append(lambda: self.delivery.submit(fresh))
         if created:  # after the commit: the workers look for due wakes
             ctx.setdefault("after_commit", []).append(self.delivery.nudge)
 

@@ -152,7 +152,7 @@ def purge(conn: apsw.Connection, now: int) -> int:
 # the effective lease row. Cost follows the number of candidates, not the number of leases.
 SQL_CANDIDATES = (
     "SELECT DISTINCT l.pubkey, l.d, l.event_id, l.generation, l.app_profile, l.transport, l.endpoint_hash, "
-    "l.subscriptions FROM json_each(?) j CROSS JOIN lease_selectors s ON s.origin = ? "
+    "l.subscriptions, l.endpoint, l.expiration FROM json_each(?) j CROSS JOIN lease_selectors s ON s.origin = ? "
     "AND s.selector_type = j.value ->> 0 AND s.value = j.value ->> 1 "
     "JOIN leases l ON l.origin = s.origin AND l.pubkey = s.pubkey AND l.d = s.d "
     "WHERE l.active = 1 AND l.expiration > ? AND l.invalidated_at IS NULL"
@@ -179,6 +179,8 @@ class Candidate:
     transport: str
     endpoint_hash: str
     subscriptions: str  # JSON, as `subscriptions_json` wrote it
+    endpoint: str
+    expiration: int
 
 
 def candidate_leases(conn: apsw.Connection, origin: int, author: str, p_values, h_values, now: int

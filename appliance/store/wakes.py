@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import apsw
+import orjson
 
 __all__ = [
     "JOB_STATES",
@@ -79,6 +80,20 @@ SQL_DUE = (
     "ORDER BY due_at LIMIT ?"
 )
 SQL_MEMBERS = f"SELECT {_JOB_COLUMNS} FROM wake_jobs WHERE wake_id = ? AND state = 'coalesced'"
+# The same, with what the re-check before an attempt needs: the lease row at the job's address and
+# the stored event (one statement per claim batch instead of several per job).
+_CHECK_SELECT = (
+    "SELECT " + ", ".join(f"j.{c.strip()}" for c in _JOB_COLUMNS.split(",")) + ", "
+    "l.generation, l.active, l.expiration, l.invalidated_at, l.app_profile, l.transport, l.endpoint, "
+    "l.endpoint_hash, e.raw, e.expiration FROM wake_jobs j "
+    "LEFT JOIN leases l ON l.origin = j.origin AND l.pubkey = j.lease_pubkey AND l.d = j.lease_d "
+    "LEFT JOIN events e ON e.origin = j.origin AND e.id = j.event_id "
+)
+SQL_DUE_CHECKED = _CHECK_SELECT + "WHERE j.state IN ('pending', 'claimed') AND j.due_at <= ? ORDER BY j.due_at LIMIT ?"
+SQL_MEMBERS_CHECKED = _CHECK_SELECT + (
+    "WHERE j.wake_id IN (SELECT value FROM json_each(?)) AND j.state = 'coalesced'"
+)
+SQL_JOB_CHECKED = _CHECK_SELECT + "WHERE j.id = ?"
 SQL_CLAIM = "UPDATE wake_jobs SET state = 'claimed', due_at = ?, class = ? WHERE id = ?"
 SQL_COUNT_ATTEMPT = "UPDATE wake_jobs SET attempts = attempts + 1 WHERE id = ?"
 SQL_SET_STATE = "UPDATE wake_jobs SET state = ?, finished_at = ?, last_error = ? WHERE id = ?"
@@ -168,12 +183,16 @@ def redact_lease(pubkey: str, d: str) -> str:
 
 def insert_job(conn: apsw.Connection, *, job_id: str, origin: int, app_profile: str, transport: str,
                endpoint_hash: str, event_id: str, lease_pubkey: str, lease_d: str, generation: int, cls: str,
-               now: float, useful_age: float, min_interval: float, rank: dict[str, int]) -> str | None:
+               now: float, useful_age: float, min_interval: float, rank: dict[str, int],
+               claim_for: float | None = None) -> str | None:
     """Write the job of one (endpoint, event) match; the state it got, None if it already existed.
 
     Coalescing: if the endpoint already has a pending wake, this job joins it (`coalesced`) and
     raises its class if this match's is higher; otherwise it is a new pending wake, due at once or,
     under the per-endpoint rate cap, `min_interval` after the last wake sent to the endpoint.
+    With `claim_for` (seconds), a new wake that is due at once is written already claimed for
+    that long, and its send noted for the rate cap: the caller hands it to a worker itself after
+    the commit (state `claimed`), saving the claim transaction on the way to the provider.
     """
     key = (origin, app_profile, transport, endpoint_hash)
     pending = conn.execute(SQL_PENDING_WAKE, key).fetchone()
@@ -182,10 +201,14 @@ def insert_job(conn: apsw.Connection, *, job_id: str, origin: int, app_profile: 
     else:
         row = conn.execute(SQL_LAST_SENT, key).fetchone()
         state, wake_id, due = "pending", None, now if row is None else max(now, row[0] + min_interval)
+        if claim_for is not None and due <= now:
+            state, due = "claimed", now + claim_for
     conn.execute(SQL_INSERT_JOB, (job_id, origin, app_profile, transport, endpoint_hash, event_id, lease_pubkey,
                                   lease_d, generation, cls, state, wake_id, now, due, now + useful_age))
     if conn.changes() == 0:
         return None  # the same event matched this endpoint before: one job, not two
+    if state == "claimed":
+        conn.execute(SQL_NOTE_SENT, (*key, now))
     if pending is not None and rank[cls] > rank[pending[1]]:
         conn.execute(SQL_RAISE_CLASS, (cls, pending[0]))
     return state
@@ -194,6 +217,43 @@ def insert_job(conn: apsw.Connection, *, job_id: str, origin: int, app_profile: 
 def due_wakes(conn: apsw.Connection, now: float, limit: int) -> list[WakeJob]:
     """Pending wakes whose time came, and claims that lapsed, oldest due first."""
     return [_job(r) for r in conn.execute(SQL_DUE, (now, limit))]
+
+
+_N_JOB = len(_JOB_COLUMNS.split(","))
+
+
+def _checked(row: tuple) -> tuple[WakeJob, tuple | None, str | None, int | None]:
+    """(job, lease row or None, event raw or None, event expiration) from a *_CHECKED row."""
+    job = WakeJob(*row[:_N_JOB])
+    lease = row[_N_JOB:_N_JOB + 8]
+    return job, (None if lease[0] is None else lease), row[_N_JOB + 8], row[_N_JOB + 9]
+
+
+def due_wakes_checked(conn: apsw.Connection, now: float, limit: int) -> list[tuple]:
+    """`due_wakes`, each with its lease row (generation, active, expiration, invalidated_at,
+    app_profile, transport, endpoint, endpoint_hash) and its event (raw, expiration)."""
+    return [_checked(r) for r in conn.execute(SQL_DUE_CHECKED, (now, limit))]
+
+
+def members_checked(conn: apsw.Connection, wake_ids: list[str]) -> dict[str, list[tuple]]:
+    """The coalesced jobs of these wakes, as `due_wakes_checked` gives them, by wake id."""
+    out: dict[str, list[tuple]] = {}
+    if wake_ids:
+        for r in conn.execute(SQL_MEMBERS_CHECKED, (orjson.dumps(wake_ids).decode(),)):
+            item = _checked(r)
+            out.setdefault(item[0].wake_id, []).append(item)
+    return out
+
+
+def job_checked(conn: apsw.Connection, job_id: str) -> tuple | None:
+    row = conn.execute(SQL_JOB_CHECKED, (job_id,)).fetchone()
+    return None if row is None else _checked(row)
+
+
+def claim_wakes(conn: apsw.Connection, claims: list[tuple[WakeJob, str]], now: float, visibility: float) -> None:
+    """`claim_wake` for many (job, class) at once."""
+    conn.executemany(SQL_CLAIM, [(now + visibility, cls, job.id) for job, cls in claims])
+    conn.executemany(SQL_NOTE_SENT, [(*job.endpoint_key, now) for job, _cls in claims])
 
 
 def wake_members(conn: apsw.Connection, wake_id: str) -> list[WakeJob]:

@@ -1,0 +1,470 @@
+"""`appliance bench wakes`: the NIP-PL delivery path, measured (issue #8's figures).
+
+Every part starts `appliance serve` (push enabled, one APNs app profile with credentials) on a
+temporary data directory and the APNs emulator (HTTP/2 + TLS, verifying every provider token) as
+a separate process, so the appliance has a core to itself on a 2-core box as it would next to
+Apple. Leases are preloaded straight into the SQLite file through the executor's own functions
+(`check_lease_stateless` on the plaintext, then `apply_lease`, as an accepted lease is stored),
+each user holding `--devices` leases (#p self, and #h of one of `--channels` channels).
+
+- ingest:  the same signed kind-9 events published (8 clients, window 100) to appliances holding
+           0, 10,000 and 100,000 active leases at one origin. The events mention pubkeys no lease
+           names, so every event pays for matching (the index lookup) but wakes nobody: the
+           figures compare the cost of the lease count itself.
+- latency: a steady stream (default 200 events/s) of events, each mentioning a different leased
+           user, against 10,000 leases: time from the client sending EVENT to the emulator
+           receiving that user's APNs request (both clocks are this host's).
+- peak:    `--peak-jobs` due wake jobs (with their leases and events) preloaded into the outbox,
+           then the appliance started: wakes/s from its first APNs request to its last, through one
+           HTTP/2 connection; with the CPU seconds each process spent (where the time goes).
+- rss:     resident memory of the appliance holding 100,000 active leases, after a burst of
+           matching traffic (VmRSS and its peak VmHWM from /proc).
+
+A shared or busy machine gives noisy figures: run it on a quiet box.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import orjson
+
+from appliance.bench import appliance_process, free_port, info, ingest, percentile
+
+ORIGIN = "ws://bench.wakes"
+PROFILE = "com.example.bench/ios"
+TOPIC = "com.example.bench"
+TEAM, KEY_ID = "BENCHTEAM1", "BENCHKEY01"
+PARTS = ("ingest", "latency", "peak", "rss")
+
+
+def add_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--only", action="append", choices=PARTS, help="run only this part (repeatable; default all)")
+    p.add_argument("--events", type=int, default=20_000, help="events per ingest run (default 20000)")
+    p.add_argument("--lease-counts", default="0,10000,100000",
+                   help="active leases held in the ingest runs (default 0,10000,100000)")
+    p.add_argument("--rounds", type=int, default=2,
+                   help="ingest runs per lease count, interleaved; the best of each is reported (default 2)")
+    p.add_argument("--rate", type=float, default=200.0, help="matching events/s for the latency part (default 200)")
+    p.add_argument("--seconds", type=float, default=20.0, help="length of the latency stream (default 20)")
+    p.add_argument("--latency-leases", type=int, default=10_000, help="leases held in the latency part")
+    p.add_argument("--peak-jobs", type=int, default=20_000, help="wake jobs preloaded for the peak part")
+    p.add_argument("--rss-leases", type=int, default=100_000, help="leases held in the rss part")
+    p.add_argument("--devices", type=int, default=1, help="leases per user (default 1)")
+    p.add_argument("--channels", type=int, default=5_000, help="channels the leases' #h subscriptions spread over")
+    p.add_argument("--workers", type=int, default=os.cpu_count() or 2, help="processes signing events")
+    p.add_argument("--sync-mode", default="full", choices=("full", "normal"), help="SQLite durability (default full)")
+    p.add_argument("--server-arg", action="append", default=[], metavar="ARG",
+                   help="extra argument for `appliance serve` (repeatable), e.g. --server-arg=--wake-workers=128")
+    p.add_argument("--keep", metavar="DIR", help="work in (and keep) this directory")
+
+
+# -- the emulator and the config --------------------------------------------------------------------
+
+
+class Emulator:
+    """The APNs emulator as its own process, logging one line per answered request."""
+
+    def __init__(self, work: Path):
+        from cryptography.hazmat.primitives import serialization
+
+        from appliance.testing.tls import make_p8
+
+        self.work = work
+        self.key_file = work / f"AuthKey_{KEY_ID}.p8"
+        key = make_p8(self.key_file)
+        pub = work / "apns-key.pub.pem"
+        pub.write_bytes(key.public_key().public_bytes(serialization.Encoding.PEM,
+                                                      serialization.PublicFormat.SubjectPublicKeyInfo))
+        self.log = work / "apns-requests.log"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "appliance.testing.apns_emulator", "--dir", str(work / "apns-pki"),
+             "--key", f"{TEAM}:{KEY_ID}:{pub}", "--topic", TOPIC, "--log", str(self.log)],
+            stdout=subprocess.PIPE, text=True)
+        ready = json.loads(self.proc.stdout.readline())
+        self.url, self.ca_file = ready["url"], ready["ca_file"]
+
+    def requests(self) -> list[tuple[float, int, str, str]]:
+        """(time, status, apns-id, token) per answered request so far."""
+        out = []
+        if self.log.exists():
+            for line in self.log.read_text().splitlines():
+                at, status, _reason, apns_id, token = line.split(" ")
+                out.append((float(at), int(status), apns_id, token))
+        return out
+
+    def reset(self) -> None:
+        self.log.write_text("")
+
+    def cpu_seconds(self) -> float:
+        return _cpu_seconds(self.proc.pid)
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+def config_text(emu: Emulator) -> str:
+    return f"""
+public_url = "{ORIGIN}"
+[push]
+app_profiles = [{{ id = "{PROFILE}", transport = "apns", topic = "{TOPIC}", team_id = "{TEAM}", key_id = "{KEY_ID}", \
+key_file = "{emu.key_file}", environment = "production", apns_url = "{emu.url}", ca_file = "{emu.ca_file}" }}]
+push_kinds = [9, 7]
+[push.limitation]
+max_leases_per_pubkey = 16
+"""
+
+
+def _cpu_seconds(pid: int) -> float:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return float("nan")
+
+
+def _memory(pid: int) -> dict[str, float]:
+    out = {}
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith(("VmRSS:", "VmHWM:")):
+                out[line.split(":")[0]] = int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return out
+
+
+# -- preloading leases, events and jobs ------------------------------------------------------------
+
+
+def _fake_pubkey(rng: random.Random) -> str:
+    return rng.randbytes(32).hex()
+
+
+def preload(data_dir: Path, config: Path, *, users: int, devices: int, channels: int, seed: int,
+            jobs_for: int = 0) -> list[tuple[str, list[str]]]:
+    """Store `users` x `devices` active leases (and, for the first `jobs_for` users, one stored
+    event and one due wake job per lease); return [(pubkey, [device tokens])]."""
+    from appliance.app import prepare_origins
+    from appliance.nostr.event import Event
+    from appliance.push.acceptance import check_lease_stateless
+    from appliance.push.config import build_descriptor
+    from appliance.push.descriptor import CLASS_RANK, ExecutorKey
+    from appliance.push.state import apply_lease
+    from appliance.settings import load
+    from appliance.store import wakes
+    from appliance.store.events import store_event
+    from appliance.store.sqlite import SqliteStore
+
+    settings = load(flags={"data_dir": str(data_dir)}, environ={}, config_path=config)
+    store = SqliteStore(data_dir, sync_mode="normal").open()
+    rng = random.Random(seed)
+    now = int(time.time())
+    probe = ExecutorKey("bench", "79be667ef9dcbbac55a06295ce870b07029bfcdb2dce28d959f2815b16f81798", current=True)
+    out: list[tuple[str, list[str]]] = []
+    try:
+        origins = prepare_origins(store, settings)
+        origin = next(o for o in origins if o.origin == ORIGIN)
+        desc = build_descriptor(origin.origin, origin.push, [probe])
+        chan = [str(uuid.UUID(int=rng.getrandbits(128), version=4)) for _ in range(max(1, channels))]
+        batch: list = []
+
+        def flush() -> None:
+            def op(conn, items=list(batch)):
+                for ev, raw, lease, job in items:
+                    store_event(conn, origin.id, ev, raw=raw, expiration=lease.expiration if ev.kind == 30350 else None,
+                                now=now)
+                    if lease is not None and ev.kind == 30350:
+                        apply_lease(conn, origin.id, lease, desc.limits, now)
+                    if job is not None:
+                        wakes.insert_job(conn, **job, now=time.time(), useful_age=3600, min_interval=0,
+                                         rank=CLASS_RANK)
+            store.write_sync(op)
+            batch.clear()
+
+        for u in range(users):
+            pub = _fake_pubkey(rng)
+            tokens = []
+            for dev in range(devices):
+                token = rng.randbytes(32).hex()
+                tokens.append(token)
+                pt = {"v": 1, "origin": ORIGIN, "app_profile": PROFILE, "transport": "apns", "endpoint": token,
+                      "generation": 1, "active": True, "subscriptions": [
+                          {"filter": {"kinds": [9], "#p": [pub]}, "class": "time_sensitive"},
+                          {"filter": {"kinds": [9, 7], "#h": [chan[rng.randrange(len(chan))]]}, "class": "default"}]}
+                content = json.dumps(pt)
+                d = f"bench-{rng.randbytes(12).hex()}"
+                tags = [["d", d], ["expiration", str(now + 86400)], ["exec", "bench"]]
+                eid = hashlib.sha256(f"{pub}{d}".encode()).hexdigest()
+                ev = Event(eid, pub, now, 30350, tags, content, "00" * 64)
+                # The content is the plaintext itself: "decrypting" it is the identity.
+                lease = check_lease_stateless(ev, authed_pubkey=pub, descriptor=desc, decrypt=lambda _k, c: c,
+                                              now=now, verify=lambda _e: True)
+                batch.append((ev, ev.to_json(), lease, None))
+                if u < jobs_for:
+                    mention = Event(hashlib.sha256(f"m{eid}".encode()).hexdigest(), _fake_pubkey(rng), now, 9,
+                                    [["p", pub]], "bench", "00" * 64)
+                    job = dict(job_id=str(uuid.uuid4()), origin=origin.id, app_profile=PROFILE, transport="apns",
+                               endpoint_hash=lease.endpoint_hash, event_id=mention.id, lease_pubkey=pub, lease_d=d,
+                               generation=1, cls="time_sensitive")
+                    batch.append((mention, mention.to_json(), None, job))
+            out.append((pub, tokens))
+            if len(batch) >= 5000:
+                flush()
+        if batch:
+            flush()
+    finally:
+        store.close()
+    return out
+
+
+# -- signed events (worker processes) ----------------------------------------------------------------
+
+_signers: list = []
+
+
+def _init_signers(secrets: list[str]) -> None:
+    from coincurve import PrivateKey, PublicKeyXOnly
+
+    _signers[:] = [(PrivateKey(bytes.fromhex(s)), PublicKeyXOnly.from_secret(bytes.fromhex(s)).format().hex())
+                   for s in secrets]
+
+
+def _sign(task: tuple[int, list[str]]) -> list[bytes]:
+    """Kind-9 events, one per mentioned pubkey."""
+    seed, mentions = task
+    rng = random.Random(seed)
+    out = []
+    for i, p in enumerate(mentions):
+        priv, pubkey = _signers[rng.randrange(len(_signers))]
+        created_at = int(time.time())
+        tags = [["p", p]]
+        content = f"bench message {seed}.{i}"
+        digest = hashlib.sha256(orjson.dumps([0, pubkey, created_at, 9, tags, content])).digest()
+        sig = priv.sign_schnorr(digest, rng.randbytes(32)).hex()
+        out.append(orjson.dumps({"id": digest.hex(), "pubkey": pubkey, "created_at": created_at, "kind": 9,
+                                 "tags": tags, "content": content, "sig": sig}))
+    return out
+
+
+def sign_mentions(mentions: list[str], workers: int, seed: int) -> list[bytes]:
+    from appliance.nostr.keys import generate_secret
+
+    secrets = [generate_secret() for _ in range(16)]
+    chunk = max(100, -(-len(mentions) // (workers * 4)))
+    tasks = [(seed * 100_000 + i, mentions[i * chunk:(i + 1) * chunk]) for i in range(-(-len(mentions) // chunk))]
+    with ProcessPoolExecutor(workers, initializer=_init_signers, initargs=(secrets,)) as pool:
+        return [raw for part in pool.map(_sign, tasks) for raw in part]
+
+
+# -- the parts ----------------------------------------------------------------------------------------
+
+
+class Run:
+    """One appliance on its own data directory, with `leases` preloaded."""
+
+    def __init__(self, work: Path, name: str, emu: Emulator, args, *, users: int, jobs_for: int = 0):
+        self.dir = work / name
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.config = self.dir / "appliance.toml"
+        self.config.write_text(config_text(emu))
+        self.data = self.dir / "data"
+        t0 = time.perf_counter()
+        self.users = preload(self.data, self.config, users=users, devices=args.devices, channels=args.channels,
+                             seed=hash(name) & 0xFFFF, jobs_for=jobs_for) if users else []
+        if users:
+            info(f"  {name}: preloaded {users * args.devices:,} leases"
+                 + (f" and {jobs_for * args.devices:,} wake jobs" if jobs_for else "")
+                 + f" in {time.perf_counter() - t0:.1f} s")
+        self.port = free_port()
+        self.proc = appliance_process(self.data, self.port, self.dir / "server.log", args.sync_mode,
+                                      ["--config", str(self.config), *args.server_arg])
+
+    def __enter__(self) -> "Run":
+        self.proc.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.proc.stop()
+
+    @property
+    def pid(self) -> int:
+        return self.proc.proc.pid
+
+
+def part_ingest(work: Path, emu: Emulator, args) -> list[tuple[int, list[float]]]:
+    counts = [int(c) for c in args.lease_counts.split(",")]
+    rng = random.Random(7)
+    nobody = [_fake_pubkey(rng) for _ in range(args.events)]
+    raws = sign_mentions(nobody, args.workers, seed=1)
+    rates: dict[int, list[float]] = {c: [] for c in counts}
+    runs = {c: Run(work, f"ingest-{c}", emu, args, users=c // args.devices) for c in counts}
+    for rnd in range(args.rounds):
+        for c in counts:
+            run = runs[c]
+            if rnd:  # a fresh copy of the same preloaded data for every round
+                shutil.rmtree(run.data)
+                run.users = preload(run.data, run.config, users=c // args.devices, devices=args.devices,
+                                    channels=args.channels, seed=hash(f"ingest-{c}") & 0xFFFF) if c else []
+            with run:
+                time.sleep(1.0)  # let start-up work settle
+                res = asyncio.run(ingest(run.proc.url, raws, 8, 100, False))
+            rate = res.accepted / res.seconds if res.seconds else 0.0
+            rates[c].append(rate)
+            info(f"  ingest with {c:,} leases, round {rnd + 1}: {res.accepted:,} accepted, {rate:,.0f} events/s"
+                 + (f", rejected {res.reasons}" if res.rejected else ""))
+    return [(c, rates[c]) for c in counts]
+
+
+async def _stream(url: str, raws: list[bytes], rate: float) -> dict[str, float]:
+    """Publish at a steady rate; the send time of each event by the pubkey it mentions."""
+    import websockets
+
+    sent: dict[str, float] = {}
+    ws = await websockets.connect(url, max_size=None, compression=None, ping_interval=None)
+    oks = 0
+
+    refused: dict[str, int] = {}
+
+    async def reader() -> None:
+        nonlocal oks
+        while oks < len(raws):
+            msg = orjson.loads(await ws.recv())
+            if msg[0] == "OK":
+                oks += 1
+                if not msg[2]:
+                    refused[msg[3]] = refused.get(msg[3], 0) + 1
+            elif msg[0] == "NOTICE":
+                info(f"  NOTICE {msg[1]}")
+
+    task = asyncio.create_task(reader())
+    t0 = time.perf_counter()
+    for i, raw in enumerate(raws):
+        due = t0 + i / rate
+        delay = due - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        mention = orjson.loads(raw)["tags"][0][1]
+        sent[mention] = time.time()
+        await ws.send('["EVENT",' + raw.decode() + ']')
+    try:
+        async with asyncio.timeout(60):
+            await task
+    except TimeoutError:
+        info(f"  only {oks:,} of {len(raws):,} OKs came back in time")
+    if refused:
+        info(f"  refused: {refused}")
+    await ws.close()
+    return sent
+
+
+def part_latency(work: Path, emu: Emulator, args) -> dict:
+    n = int(args.rate * args.seconds)
+    users = max(args.latency_leases // args.devices, n)
+    run = Run(work, "latency", emu, args, users=users)
+    mentioned = [pub for pub, _t in run.users[:n]]
+    token_of = {t: pub for pub, tokens in run.users for t in tokens}
+    raws = sign_mentions(mentioned, args.workers, seed=2)
+    emu.reset()
+    with run:
+        time.sleep(1.0)
+        sent = asyncio.run(_stream(run.proc.url, raws, args.rate))
+        deadline = time.time() + 30
+        while time.time() < deadline and len(emu.requests()) < n * args.devices:
+            time.sleep(0.2)
+    lat = [(at - sent[token_of[token]]) * 1000 for at, _s, _id, token in emu.requests() if token_of.get(token) in sent]
+    return {"events": n, "wakes": len(lat), "p50": percentile(lat, 50), "p90": percentile(lat, 90),
+            "p99": percentile(lat, 99), "max": max(lat) if lat else float("nan")}
+
+
+def part_peak(work: Path, emu: Emulator, args) -> dict:
+    run = Run(work, "peak", emu, args, users=args.peak_jobs // args.devices, jobs_for=args.peak_jobs // args.devices)
+    emu.reset()
+    cpu_emu0 = emu.cpu_seconds()
+    expected = (args.peak_jobs // args.devices) * args.devices
+    with run:
+        deadline = time.time() + 600
+        while time.time() < deadline and len(emu.requests()) < expected:
+            time.sleep(0.5)
+        cpu_app = _cpu_seconds(run.pid)
+    reqs = emu.requests()
+    times = sorted(r[0] for r in reqs)
+    span = times[-1] - times[0] if len(times) > 1 else float("nan")
+    return {"wakes": len(reqs), "accepted": sum(r[1] == 200 for r in reqs), "seconds": span,
+            "rate": (len(times) - 1) / span if span else float("nan"),
+            "cpu_appliance": cpu_app, "cpu_emulator": emu.cpu_seconds() - cpu_emu0}
+
+
+def part_rss(work: Path, emu: Emulator, args) -> dict:
+    users = args.rss_leases // args.devices
+    run = Run(work, "rss", emu, args, users=users)
+    rng = random.Random(3)
+    mentioned = [run.users[rng.randrange(len(run.users))][0] for _ in range(5000)]
+    raws = sign_mentions(mentioned, args.workers, seed=3)
+    with run:
+        time.sleep(1.0)
+        idle = _memory(run.pid)
+        asyncio.run(ingest(run.proc.url, raws, 4, 50, False))
+        time.sleep(3.0)  # let the wakes drain
+        busy = _memory(run.pid)
+    return {"leases": users * args.devices, "idle_rss": idle.get("VmRSS"), "rss": busy.get("VmRSS"),
+            "hwm": busy.get("VmHWM")}
+
+
+def run(args: argparse.Namespace) -> int:
+    parts = args.only or list(PARTS)
+    work = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="appliance-bench-wakes-"))
+    work.mkdir(parents=True, exist_ok=True)
+    emu = Emulator(work)
+    results: dict = {}
+    try:
+        for part in parts:
+            info(f"{part}:")
+            results[part] = {"ingest": part_ingest, "latency": part_latency, "peak": part_peak,
+                             "rss": part_rss}[part](work, emu, args)
+    finally:
+        emu.stop()
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+    print(f"\nappliance bench wakes: sync_mode {args.sync_mode}, {args.devices} lease(s) per user, "
+          f"{os.cpu_count()} CPUs (a shared or busy machine gives noisy figures)")
+    if "ingest" in results:
+        base = max(results["ingest"][0][1]) if results["ingest"] and results["ingest"][0][1] else 0
+        print(f"\ningest ({args.events:,} kind-9 events mentioning no leased user, 8 clients x window 100):")
+        print("  leases     events/s (best)   all rounds              vs first")
+        for count, rates in results["ingest"]:
+            best = max(rates)
+            change = f"{(best / base - 1) * 100:+.1f}%" if base else "-"
+            print(f"  {count:>7,}    {best:>10,.0f}       {', '.join(f'{r:,.0f}' for r in rates):<22}  {change}")
+    if "latency" in results:
+        r = results["latency"]
+        print(f"\nevent -> APNs request latency at {args.rate:.0f} matching events/s over {args.seconds:.0f} s "
+              f"({args.latency_leases:,} leases): {r['wakes']:,} wakes for {r['events']:,} events")
+        print(f"  p50 {r['p50']:.1f} ms   p90 {r['p90']:.1f} ms   p99 {r['p99']:.1f} ms   max {r['max']:.1f} ms")
+    if "peak" in results:
+        r = results["peak"]
+        print(f"\npeak delivery through one HTTP/2 connection ({r['wakes']:,} preloaded due wakes, "
+              f"{r['accepted']:,} accepted): {r['rate']:,.0f} wakes/s over {r['seconds']:.1f} s")
+        print(f"  CPU seconds: appliance {r['cpu_appliance']:.1f} (start-up included), emulator {r['cpu_emulator']:.1f}")
+    if "rss" in results:
+        r = results["rss"]
+        print(f"\nresident memory with {r['leases']:,} active leases: {r['idle_rss']:.0f} MB idle, "
+              f"{r['rss']:.0f} MB after 5,000 matching events (peak {r['hwm']:.0f} MB)")
+    return 0
