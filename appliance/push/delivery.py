@@ -1,20 +1,24 @@
-"""Delivery workers: claim due wakes, re-check them, send them through their transport, record
+"""Delivery workers: take due wakes, re-check them, send them through their transport, record
 what happened (NIP-PL "Wake Delivery", "Lease and Key Lifecycle").
 
-One claimer task and up to `wake_workers` concurrent sends, all on the event loop. A claim is a
-write transaction that, for each due wake:
+`wake_workers` worker tasks on the event loop take claimed wakes from a queue and send them; the
+claimer keeps the queue fed. Two ways in:
 
-- dead-letters it if its useful age passed;
-- re-checks every job it covers right before the attempt: the lease is still the effective one
-  at its address, active, unexpired, at the job's generation, not invalidated, and the lease
-  author may read the event at the job's origin now (`authorize`: the relay's `can_read` over
-  committed state). A job that fails is dropped silently; a wake with no job left is dropped;
-- marks the wake claimed until now + `wake_visibility_timeout` (a crashed process's claim lapses
-  and the wake is claimed again, with the same id) and notes the send for the rate cap.
+- a wake due at once is written already claimed in the event's own transaction (`insert_job`
+  with `claim_for`) and handed to the queue after that commit; its worker re-reads the committed
+  state (`_recheck`) right before the first attempt;
+- every other wake (rate-capped, retried, or left by a crash) is claimed by the claimer in a write
+  transaction that, for each due wake, dead-letters it past its useful age, re-checks every job
+  it covers (`_verdict`: the lease is still the effective one at its address, active, unexpired,
+  at the job's generation, not invalidated, and the lease author may read the event at the job's
+  origin now, by the relay's `can_read` over committed state), drops the jobs that fail, and
+  marks the wake claimed until now + `wake_visibility_timeout` (a crashed process's claim lapses
+  and the wake is claimed again, with the same id) noting the send for the rate cap.
 
-The attempt's outcome (transports.base) then decides, in another write transaction: delivered;
-endpoint generation invalidated; configuration alert and a later retry; transient retry with
-exponential backoff, jitter and Retry-After; or dead letter. Every attempt is logged.
+The attempt's outcome (transports.base) then decides, in a write transaction shared by the
+outcomes that arrive together: delivered; endpoint generation invalidated; configuration alert
+and a later retry; transient retry with exponential backoff, jitter and Retry-After; or dead
+letter. Every attempt is logged.
 """
 
 from __future__ import annotations

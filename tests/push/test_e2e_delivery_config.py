@@ -209,13 +209,22 @@ def test_credentials_only_for_apns_profiles(tmp_path):
     assert proc.returncode != 0 and "no fcm transport" in proc.stderr
 
 
-async def test_nip11_advertises_only_id_and_transport(apns, tmp_path):
-    server = Server(tmp_path / "data", config=delivery_config(apns)).start()
+async def test_nip11_advertises_only_id_and_transport_and_fcm_needs_a_profile(apns, tmp_path):
+    server = Server(tmp_path / "data", config=delivery_config(apns, profiles=[apns.profile()])).start()
     try:
-        profiles = server.nip11()["push"]["app_profiles"]
-        assert profiles == [{"id": IOS, "transport": "apns"}, {"id": ANDROID, "transport": "fcm"}]
+        assert server.nip11()["push"]["app_profiles"] == [{"id": IOS, "transport": "apns"}]
         text = str(server.nip11())
         assert "TEAM123456" not in text and "AuthKey" not in text and "127.0.0.1" not in text
+        # FCM and UnifiedPush are no v1 profiles: a lease naming them needs such a configured profile.
+        bob = await Pusher.connect(server)
+        for over, reason in ((dict(app_profile=ANDROID, transport="fcm"), "invalid: unknown app profile"),
+                             (dict(transport="unifiedpush"), "invalid: transport mismatch")):
+            from tests.push.e2e_helpers import active, current_key, lease
+
+            exec_id, exec_pub = current_key(server.nip11())
+            ev = lease(bob.user, active(bob.user, endpoint=token(), **over), exec_pub=exec_pub, exec_id=exec_id)
+            assert await bob.client.publish(ev) == (False, reason)
+        await bob.client.close()
     finally:
         server.stop()
 
