@@ -199,12 +199,13 @@ class Delivery:
             passing: list[WakeJob] = []
             endpoint = None
             own_reason = None
+            until = 0.0
             for member, m_lease, m_raw, m_exp in [(job, lease, raw, ev_expiration)] + members.get(job.id, []):
-                reason, ep = self._verdict(conn, member, m_lease, m_raw, m_exp, now)
+                reason, row = self._verdict(conn, member, m_lease, m_raw, m_exp, now)
                 if reason is None:
                     passing.append(member)
-                    endpoint = endpoint or lease.endpoint
-                    until = max(until, lease.expiration)
+                    endpoint = endpoint or row[6]  # (generation, active, expiration, ..., endpoint, hash)
+                    until = max(until, row[2])
                 elif member is job:
                     own_reason = reason
                 else:
