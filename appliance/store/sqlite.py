@@ -128,13 +128,16 @@ def connect(path: Path, *, sync_mode: str = "full", readonly: bool = False, read
 class _Read:
     """One read: waiting to start, running on a reader thread, or paused between time slices."""
 
-    __slots__ = ("fn", "deadline", "timeout", "owner", "seq", "fut", "loop", "resume", "slice_start")
+    __slots__ = ("fn", "deadline", "timeout", "owner", "seq", "fut", "loop", "resume", "slice_start",
+                 "started", "evicted")
 
     def __init__(self, fn, deadline, timeout, owner, seq, fut, loop):
         self.fn, self.deadline, self.timeout, self.owner, self.seq, self.fut, self.loop = (
             fn, deadline, timeout, owner, seq, fut, loop)
         self.resume: threading.Event | None = None  # set while paused
         self.slice_start = 0.0
+        self.started = 0.0  # when it got its thread
+        self.evicted = False  # gave its thread up to another owner's first read (see ReadPool)
 
 
 class ReadPool:
@@ -151,7 +154,11 @@ class ReadPool:
     started never runs; one already started finishes, its owner's slot taken until then.
 
     Threads: one per started read (running or paused), created as needed up to `max_threads`,
-    each with its own connection; idle ones wait for the next read.
+    each with its own connection; idle ones wait for the next read. When every thread holds a
+    started read, an owner's first read takes the thread of a paused read (the one whose owner has
+    the most started, then the one that has run longest), which is abandoned as too long
+    (QueryTimeout): a handful of connections with heavy queries cannot pin every thread, and the
+    paused reads keep resuming meanwhile (a read that cannot start never holds the others up).
     """
 
     def __init__(self, store: "SqliteStore", active: int, per_owner: int = DEFAULT_READS_PER_OWNER,
@@ -175,6 +182,8 @@ class ReadPool:
         self._seq = itertools.count()
         self._stopping = False
         self.pauses = 0
+        self.evictions = 0
+        self._evicting = 0  # evicted reads still unwinding (their threads about to be free)
         with self._cv:  # the run slots' threads now, so no read waits for a connection to open
             for n in range(active):
                 thread = _ReaderThread(self, n)
@@ -196,8 +205,11 @@ class ReadPool:
     def _pickable(self, read: _Read) -> bool:
         return read.resume is not None or self._started.get(read.owner, 0) < self._per_owner
 
-    def _pick(self) -> _Read | None:
-        best, best_key = None, None
+    def _pick(self, can_start: bool) -> tuple[_Read | None, _Read | None]:
+        """(the most deserving read that can run now, the most deserving new read that could not
+        start for want of a thread). Without a free thread only paused reads can run."""
+        best = best_key = None
+        blocked = blocked_key = None
         queue = self._queue
         i = 0
         while i < len(queue):
@@ -209,26 +221,34 @@ class ReadPool:
                 continue
             if self._pickable(read):
                 key = (self._active.get(read.owner, 0), self._last.get(read.owner, -1), read.seq)
-                if best_key is None or key < best_key:
-                    best, best_key = i, key
+                if read.resume is None and not can_start:
+                    if blocked_key is None or key < blocked_key:
+                        blocked, blocked_key = read, key
+                elif best_key is None or key < best_key:
+                    best, best_key = read, key
             i += 1
-        return None if best is None else queue[best]
+        return best, blocked
+
+    def _can_start(self) -> bool:
+        return bool(self._idle) or len(self._threads) < self._max_threads
 
     def _dispatch(self) -> None:
         """Give free run slots to the most deserving waiting reads."""
         while self.active < self._active_max and not self._stopping:
-            read = self._pick()
+            read, blocked = self._pick(self._can_start())
+            if blocked is not None and not self._started.get(blocked.owner) and not self._evicting \
+                    and self._evict_for(blocked):
+                continue  # the queue changed: pick again
             if read is None:
                 return
             if read.resume is None:  # a new read needs a thread of its own
                 if self._idle:
                     thread = self._idle.pop()
-                elif len(self._threads) < self._max_threads:
+                else:
                     thread = _ReaderThread(self, len(self._threads))
                     self._threads.append(thread)
-                else:
-                    return  # every thread holds a started read; one finishing dispatches again
                 self._started[read.owner] = self._started.get(read.owner, 0) + 1
+                read.started = time.monotonic()
                 thread.give(read)
             self._queue.remove(read)
             self.active += 1
@@ -238,6 +258,25 @@ class ReadPool:
             if read.resume is not None:
                 resume, read.resume = read.resume, None
                 resume.set()
+
+    def _evict_for(self, newcomer: _Read) -> bool:
+        """Every thread holds a started read and `newcomer` is its owner's first: abandon a paused
+        read (its owner's most, then the longest running) so its thread comes free. False when
+        none is paused (the running ones pause or end within a slice)."""
+        paused = [r for r in self._queue if r.resume is not None and r.owner is not newcomer.owner]
+        if not paused:
+            return False
+        victim = max(paused, key=lambda r: (self._started.get(r.owner, 0), -r.started))
+        self._queue.remove(victim)
+        victim.evicted = True
+        self._evicting += 1
+        self.evictions += 1
+        # It unwinds holding a run slot, given back when it finishes (see _finished).
+        self.active += 1
+        self._active[victim.owner] = self._active.get(victim.owner, 0) + 1
+        resume, victim.resume = victim.resume, None
+        resume.set()
+        return True
 
     def _release_slot(self, read: _Read) -> None:
         self.active -= 1
@@ -249,6 +288,8 @@ class ReadPool:
 
     def _finished(self, read: _Read, thread: "_ReaderThread") -> None:
         with self._cv:
+            if read.evicted:
+                self._evicting -= 1
             self._release_slot(read)
             n = self._started[read.owner] - 1
             if n:
@@ -262,15 +303,16 @@ class ReadPool:
 
     # -- time slices (reader threads, from SQLite's progress handler) ----------------------------
 
-    def maybe_pause(self, read: _Read) -> None:
+    def maybe_pause(self, read: _Read) -> bool:
         """Called every PROGRESS_STEPS VM steps of `read`: past its slice, with a read waiting
-        that could run, step aside until it is this read's turn again."""
+        that could run, step aside until it is this read's turn again. True: abandon the read
+        (its thread went to another owner's first read)."""
         if not self._queue or time.monotonic() - read.slice_start < self._slice:
-            return
+            return False
         with self._cv:
             if not any(self._pickable(r) for r in self._queue if r is not read):
                 read.slice_start = time.monotonic()
-                return
+                return False
             resume = read.resume = threading.Event()
             read.seq = next(self._seq)  # to the back of the queue
             self._queue.append(read)
@@ -285,8 +327,9 @@ class ReadPool:
                     self._queue.remove(read)
                     self.active += 1
                     self._active[read.owner] = self._active.get(read.owner, 0) + 1
-                    return  # the caller's deadline check abandons the read
-            resume.wait()  # dispatched meanwhile: the slot is ours already
+                    return False  # the caller's deadline check abandons the read
+            resume.wait()  # dispatched (or evicted) meanwhile: the slot is ours already
+        return read.evicted
 
     def _retire(self, thread: "_ReaderThread") -> bool:
         """An extra thread idle for READER_IDLE_SECONDS leaves (True), unless a read was just
@@ -572,17 +615,21 @@ class SqliteStore:
 
     @staticmethod
     def _read_on(conn: apsw.Connection, fn: Callable[[apsw.Connection], T], deadline: float | None,
-                 timeout: float | None, every: Callable[[], None] | None = None) -> T:
+                 timeout: float | None, every: Callable[[], bool] | None = None) -> T:
         """`fn(conn)` in one read transaction; `every` runs now and then while SQLite works (the
-        pool's time slices), and past `deadline` the read is abandoned (QueryTimeout)."""
+        pool's time slices; True abandons the read), and past `deadline` the read is abandoned
+        (QueryTimeout)."""
         if deadline is None and every is None:
             with conn:
                 return fn(conn)
         clock = time.monotonic
+        evicted = False
 
         def progress() -> bool:
-            if every is not None:
-                every()
+            nonlocal evicted
+            if every is not None and every():
+                evicted = True
+                return True
             return deadline is not None and clock() > deadline
 
         conn.set_progress_handler(progress, PROGRESS_STEPS, id="timeout")
@@ -590,6 +637,8 @@ class SqliteStore:
             with conn:
                 return fn(conn)
         except apsw.InterruptError:
+            if evicted:
+                raise QueryTimeout("query abandoned: its reader went to another connection") from None
             raise QueryTimeout(f"query took longer than {timeout:g} s") from None
         finally:
             conn.set_progress_handler(None, id="timeout")

@@ -395,3 +395,47 @@ async def test_heavy_counts_do_not_starve_a_bystander(make_server, alice, bob):
     assert bystander_done < max(t for t, _msg in answered)
     for client in [c, *hogs]:
         await client.close()
+
+
+async def test_connections_pinning_every_reader_thread_stall_nothing(make_server, alice, bob):
+    """13 connections with two heavy COUNTs each want 26 reader threads; there are at most 24.
+    Before, the first reads left without a thread stopped the whole pool: every paused query
+    waited for its deadline, the bystander's REQ too. Now a connection's first read takes the
+    thread of a paused query (CLOSED, too long here), so the rest keep running to completion."""
+    srv = make_server("--event-rate", "0", "--req-rate", "0", "--reader-threads", "1", "--query-timeout", "100")
+    values = [f"v{i}" for i in range(10)]
+    c = await Client.connect(srv.url)
+    for i in range(1000):
+        await c.send(["EVENT", alice.sign(1, [["t", v] for v in values] + [["p", bob.pubkey]], str(i)).to_dict()])
+    for _ in range(1000):
+        assert (await c.expect(lambda m: m[0] == "OK"))[2]
+    heavy = [{"#t": values, "since": k} for k in range(16)]
+    hogs = [await Client.connect(srv.url) for _ in range(13)]
+    answers: list[list] = []
+    loop = asyncio.get_running_loop()
+    last_count = 0.0
+
+    async def collect(h):
+        nonlocal last_count
+        for _ in range(2):
+            msg = await h.expect(lambda m: m[0] in ("COUNT", "CLOSED"), timeout=40)
+            answers.append(msg)
+            if msg[0] == "COUNT":
+                last_count = loop.time()
+
+    for h in hogs:
+        for n in range(2):
+            await h.send(["COUNT", f"heavy{n}", *heavy])
+    collectors = [asyncio.create_task(collect(h)) for h in hogs]
+    events, closed = await c.req("bystander", {"kinds": [1], "#p": [bob.pubkey], "limit": 5})
+    bystander_done = loop.time()
+    assert closed is None and len(events) == 5
+    await asyncio.gather(*collectors)
+    counted = [m for m in answers if m[0] == "COUNT"]
+    assert all(m[2] == {"count": 1000} for m in counted), answers
+    refused = [m for m in answers if m[0] == "CLOSED"]
+    assert all(m[2].startswith("error: this query takes too long here") for m in refused), refused
+    assert len(counted) >= 20, answers  # only a few paused queries gave their thread up
+    assert bystander_done < last_count
+    for client in [c, *hogs]:
+        await client.close()

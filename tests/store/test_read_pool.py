@@ -128,3 +128,40 @@ async def test_an_owner_never_has_more_than_two_started(store):
         assert 1 <= peak <= 2
     finally:
         pool.stop()
+
+
+async def test_a_first_read_takes_the_thread_of_a_paused_one(store):
+    """Every thread holds a started read (two hogs, two threads, one run slot): a third owner's
+    first read takes a paused read's thread (that read is abandoned), and the rest keep running.
+    Before, the waiting newcomer stopped the pool: nothing resumed until the deadlines."""
+    pool = use_pool(store, max_threads=2)
+    finished: list[str] = []
+
+    async def run(name, fn, owner, timeout=None):
+        try:
+            await store.read(fn, timeout=timeout, owner=owner)
+            finished.append(name)
+        except QueryTimeout:
+            finished.append(name + " abandoned")
+
+    hogs = [asyncio.create_task(run(f"hog{i}", long_read, f"hog{i}", timeout=600)) for i in range(2)]
+    while sum(pool._started.values()) < 2 or pool.pauses == 0:
+        await asyncio.sleep(0.001)
+    await asyncio.wait_for(run("bystander", short_read, "bystander"), 60)
+    await asyncio.gather(*hogs)
+    done = [name for name in finished if not name.endswith("abandoned")]
+    assert done[0] == "bystander", finished
+    assert sorted(finished) in (["bystander", "hog0", "hog1 abandoned"], ["bystander", "hog0 abandoned", "hog1"])
+    assert pool.evictions == 1
+
+
+async def test_an_evicted_read_without_a_budget_is_abandoned_cleanly(store):
+    """query_timeout 0 (no budget): an evicted read still ends with QueryTimeout, not a crash."""
+    pool = use_pool(store, max_threads=1)
+    hog = asyncio.create_task(store.read(long_read, owner="hog"))
+    while pool._started.get("hog", 0) == 0:
+        await asyncio.sleep(0.001)
+    bystander = asyncio.create_task(store.read(short_read, owner="bystander"))
+    with pytest.raises(QueryTimeout):
+        await hog
+    assert await bystander == 42
