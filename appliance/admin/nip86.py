@@ -45,6 +45,22 @@ def _param(params: list, i: int, default: Any = ...) -> Any:
     return default
 
 
+async def _bounded_body(request: Request) -> bytes | None:
+    """The request body, or None as soon as it is known to pass MAX_BODY (by its Content-Length,
+    or while it streams in, chunked): never more than MAX_BODY is held."""
+    length = request.headers.get("content-length", "")
+    if length and (not length.isdigit() or int(length) > MAX_BODY):
+        return None
+    parts: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_BODY:
+            return None
+        parts.append(chunk)
+    return b"".join(parts)
+
+
 class Management:
     def __init__(self, app):
         self.app = app
@@ -116,9 +132,10 @@ class Management:
             # Not a NIP-86 call at all: answered as the relay's other non-websocket requests are.
             return PlainTextResponse(f"unsupported media type: a relay URL takes POSTs only as NIP-86 calls "
                                      f"({CONTENT_TYPE})\n", status_code=415)
-        body = await request.body()
-        if len(body) > MAX_BODY:
-            return JSONResponse({"error": "request too large"}, status_code=413)
+        body = await _bounded_body(request)
+        if body is None:
+            # Refused before the rest is read (anyone can send one); the connection is closed.
+            return JSONResponse({"error": "request too large"}, status_code=413, headers={"Connection": "close"})
         now = int(time.time())
         header = request.headers.get("authorization", "")
         event = None

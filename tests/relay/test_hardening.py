@@ -439,3 +439,19 @@ async def test_connections_pinning_every_reader_thread_stall_nothing(make_server
     assert bystander_done < last_count
     for client in [c, *hogs]:
         await client.close()
+
+
+@pytest.mark.parametrize("framing", ["content-length", "chunked"])
+def test_management_api_bodies_are_bounded(server, framing):
+    """A NIP-86 POST (no auth needed to send one) is refused with 413 once it passes 64 KiB,
+    before the rest is read: before, the whole body was buffered first (700 MB sent: RSS 759 MB)."""
+    before = rss_kib(server.proc.pid)
+    total = 64 * 1024 * 1024
+    head = (b"POST / HTTP/1.1\r\nHost: x\r\nContent-Type: application/nostr+json+rpc\r\n"
+            + (b"Transfer-Encoding: chunked\r\n\r\n" if framing == "chunked" else b"Content-Length: %d\r\n\r\n" % total))
+    piece = b"a" * 65536
+    chunk = b"10000\r\n" + piece + b"\r\n" if framing == "chunked" else piece
+    sent, answer = flood(server.port, head, chunk, total)
+    assert answer.startswith(b"HTTP/1.1 413"), answer[:80]
+    assert sent < 16 * 1024 * 1024, f"the server kept reading ({sent} bytes)"
+    assert rss_kib(server.proc.pid) - before < 32 * 1024
