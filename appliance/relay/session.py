@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import secrets
 import time
 
@@ -47,6 +48,9 @@ SEND_BATCH = 256
 
 STOPPING_MESSAGE = "error: the relay is restarting; try again in a moment"
 QUERY_TIMEOUT_MESSAGE = "error: this query takes too long here; narrow its filters or lower its limit"
+
+
+_HOST_HEADER = re.compile(r"(?:\[(?P<v6>[0-9A-Fa-f:.]+)\]|(?P<name>[A-Za-z0-9.-]+))(?::[0-9]{1,5})?").fullmatch
 
 
 def _dumps(obj) -> str:
@@ -524,9 +528,12 @@ class Session:
         if len(hosts) != 1:
             return ()
         host = hosts[0].strip()
-        hostname = host.rsplit(":", 1)[0] if not host.endswith("]") else host
-        if hostname.startswith("[") or host.startswith("["):
-            hostname = host[1:].split("]", 1)[0]
+        # RFC 9110 7.2: Host is uri-host [":" port] and nothing else. Anything more (an "@", a
+        # path) would make the URL below name another host than the one checked here.
+        match = _HOST_HEADER(host)
+        if match is None:
+            return ()
+        hostname = match["v6"] or match["name"]
         server = self.ws.scope.get("server") or ("",)
         if not is_local_host(hostname, also=(str(server[0]),)):
             return ()

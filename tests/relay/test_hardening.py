@@ -222,6 +222,51 @@ async def test_auth_from_localhost_on_default_install(make_server, alice):
     await c.close()
 
 
+async def _raw_auth(port: int, host_header: str, secret: str, relay_tag: str) -> list:
+    """A websocket handshake with exactly `host_header` as Host (no client library builds one like
+    these), then one AUTH naming `relay_tag`; the relay's OK."""
+    from appliance.nostr.event import sign_event
+
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write((f"GET / HTTP/1.1\r\nHost: {host_header}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                  "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n").encode())
+    head = await reader.readuntil(b"\r\n\r\n")
+    assert b" 101 " in head.split(b"\r\n")[0], head
+
+    async def message() -> list:
+        first = await reader.readexactly(2)
+        n = first[1] & 0x7F
+        if n == 126:
+            n = int.from_bytes(await reader.readexactly(2), "big")
+        return json.loads(await reader.readexactly(n))
+
+    challenge = (await message())[1]
+    ev = sign_event(secret, 22242, [["relay", relay_tag], ["challenge", challenge]], "")
+    payload = json.dumps(["AUTH", ev.to_dict()]).encode()
+    mask = b"\x01\x02\x03\x04"
+    writer.write(b"\x81\xfe" + len(payload).to_bytes(2, "big") + mask
+                 + bytes(b ^ mask[i % 4] for i, b in enumerate(payload)))
+    try:
+        return await asyncio.wait_for(message(), 10)
+    finally:
+        writer.close()
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1:{port}@evil.example.com", "[::1]@evil.example.com",
+                                  "localhost:{port}@evil.example.com:80"])
+async def test_auth_host_header_naming_another_host_is_not_trusted(make_server, alice, host):
+    """A Host header that starts like this machine but names another host in a URL (userinfo
+    before an @) must not widen AUTH: `ws://127.0.0.1:7777@evil.example.com` is a relay at
+    evil.example.com to every URL parser. Before, its loopback-looking prefix was trusted."""
+    srv = make_server()
+    host = host.format(port=srv.port)
+    answer = await _raw_auth(srv.port, host, alice.secret, f"ws://{host}")
+    assert answer[0] == "OK" and answer[2] is False and answer[3] == "invalid: relay url mismatch", answer
+    # The same handshake with a plain local Host still works.
+    answer = await _raw_auth(srv.port, f"localhost:{srv.port}", alice.secret, f"ws://localhost:{srv.port}")
+    assert answer[2] is True, answer
+
+
 async def test_auth_with_public_url_is_exact(make_server, alice):
     srv = make_server("--public-url", "wss://relay.example.org")
     assert "also" not in srv.log_path.read_text()
