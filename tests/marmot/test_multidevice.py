@@ -12,7 +12,7 @@ from appliance.marmot import components as comp
 from appliance.marmot import errors as E
 from appliance.marmot import mls, multidevice as md, profile, proofs
 from appliance.marmot.device import Device
-from appliance.marmot.mls.structs import AppEphemeral, PreSharedKey, PreSharedKeyID, Remove
+from appliance.marmot.mls.structs import AppEphemeral, MLSMessage
 from appliance.nostr.keys import generate_secret, public_key
 
 RELAYS = ["ws://127.0.0.1:7777"]
@@ -65,11 +65,15 @@ def test_full_join_every_member_agrees():
 
 
 def test_the_same_pending_join_rebuilds_the_same_leaf():
+    """The prepared leaf is the one the Commit carries, also after a trip through the state bytes."""
     w = World()
     pending, leaf = w.pending()
     again = md.PendingJoin.from_bytes(pending.to_bytes())
-    _, leaf2, _ = md._assemble(again, None, w.alice.secret)
-    assert leaf2.encode() == leaf.encode()
+    assert again.leaf.encode() == leaf.encode()
+    proof = md.authorize_join(w.alice.secret, again.candidate_context(), again.leaf)
+    _, message = md.finish_external_join(again, w.alice.secret, proof)
+    assert MLSMessage.decode(message).body.content.content.path.leaf_node.encode() == leaf.encode()
+    assert all(md.process_external_commit(g, message).epoch == 2 for g in w.members())
 
 
 def test_only_an_admin_may_authorize():
@@ -87,22 +91,32 @@ def _expect(w: World, message: bytes, error: type) -> None:
         assert g.to_bytes() == before  # nothing applied
 
 
-def _build(w: World, *, proof_by=None, proof_for=None, proposals=None, authenticated_data=b"", leaf_ctx=None):
-    pending, leaf = w.pending()
+def _prepare(w: World, *, secret=None, psks=None, remove_leaf=None, extensions=None) -> md.PendingJoin:
+    """A new device's pending join through the MLS core's public two-step API, with knobs a hostile
+    or buggy device could turn: its PSKs (`psks(join_psk_id, join_psk)`), a resync Remove, its leaf
+    extensions (`extensions(signature_public_key)`)."""
+    g = w.parent()
+    secret = secret or w.alice.secret
+    psk_id, psk = md.join_psk(g)
+    sig_priv, sig_pub = mls.crypto.signature_keypair()
+    exts = extensions(sig_pub) if extensions else profile.leaf_extensions(secret, sig_pub)
+    join = mls.prepare_external_join(g.group_info(), profile.credential_of(secret), sig_priv,
+                                     capabilities=profile.leaf_capabilities(), leaf_extensions=exts,
+                                     external_psks=psks(psk_id, psk) if psks else {psk_id: psk},
+                                     remove_leaf=remove_leaf)
+    return md.PendingJoin(join, md.group_event_key(g))
+
+
+def _build(w: World, *, proof_by=None, proof_for=None, proposals=None, authenticated_data=b"", leaf_ctx=None,
+           **prepare):
+    pending = _prepare(w, **prepare)
     signer = proof_by or w.alice.secret
     ctx = leaf_ctx or pending.candidate_context()
-    binding = md.join_binding(ctx, proof_for or leaf)
+    binding = md.join_binding(ctx, proof_for or pending.leaf)
     proof = proofs.sign_proof(binding, signer).encode()
-    if proposals is not None:
-        proposals = proposals(pending, proof)
-    _, _, message = md._assemble(pending, AppEphemeral(comp.MULTI_DEVICE_JOIN_AUTHORIZATION, proof), w.alice.secret,
-                                 proposals=proposals, authenticated_data=authenticated_data)
+    extra = proposals(proof) if proposals is not None else [AppEphemeral(comp.MULTI_DEVICE_JOIN_AUTHORIZATION, proof)]
+    _, message = pending.join.finish(extra, authenticated_data=authenticated_data)
     return message
-
-
-def _psk(pending, psk_id=None):
-    ctx = pending.candidate_context()
-    return PreSharedKey(PreSharedKeyID.external(psk_id or md.join_psk_id(ctx.encode()), b"\x01" * 32))
 
 
 def test_rule_missing_gate():
@@ -112,24 +126,24 @@ def test_rule_missing_gate():
 
 def test_rule_wrong_psk_id():
     w = World()
-    message = _build(w, proposals=lambda p, proof: [_psk(p, b"\x1f" + b"x" * 63),
-                                                   AppEphemeral(0x800A, proof)])
+    message = _build(w, psks=lambda psk_id, psk: {b"\x1f" + b"x" * 63: psk})
     _expect(w, message, E.JoinPskInvalid)
 
 
 def test_rule_two_psks():
     w = World()
-    message = _build(w, proposals=lambda p, proof: [_psk(p), _psk(p, b"another external psk"),
-                                                   AppEphemeral(0x800A, proof)])
+    message = _build(w, psks=lambda psk_id, psk: {psk_id: psk, b"another external psk": psk})
     _expect(w, message, E.JoinPskInvalid)
+
+
+def test_rule_missing_psk():
+    w = World()
+    _expect(w, _build(w, psks=lambda psk_id, psk: {}), E.JoinPskInvalid)
 
 
 def test_rule_wrong_psk_value():
     w = World()
-    pending, leaf = w.pending()
-    bad = md.PendingJoin(**{**pending.__dict__, "join_psk": b"\x00" * 32})
-    proof = md.authorize_join(w.alice.secret, pending.candidate_context(), leaf)
-    _, message = md.finish_external_join(bad, w.alice.secret, proof)
+    message = _build(w, psks=lambda psk_id, psk: {psk_id: b"\x00" * 32})
     _expect(w, message, E.ExternalCommitMlsInvalid)
 
 
@@ -146,7 +160,7 @@ def test_rule_stale_epoch():
 
 def test_rule_extra_proposal():
     w = World()
-    message = _build(w, proposals=lambda p, proof: [_psk(p), AppEphemeral(0x800A, proof), Remove(0)])  # an RFC resync
+    message = _build(w, remove_leaf=0)  # an RFC resync of Alice's first device
     _expect(w, message, E.ExtraProposal)
 
 
@@ -182,35 +196,32 @@ def test_rule_proof_bound_to_another_group_context():
 
 def test_rule_duplicated_app_ephemeral():
     w = World()
-    message = _build(w, proposals=lambda p, proof: [_psk(p), AppEphemeral(0x800A, proof), AppEphemeral(0x800A, proof)])
+    message = _build(w, proposals=lambda proof: [AppEphemeral(0x800A, proof), AppEphemeral(0x800A, proof)])
     _expect(w, message, E.AuthorizationDuplicated)
 
 
 def test_rule_missing_app_ephemeral():
     w = World()
-    _expect(w, _build(w, proposals=lambda p, proof: [_psk(p)]), E.AuthorizationMissing)
+    _expect(w, _build(w, proposals=lambda proof: []), E.AuthorizationMissing)
 
 
 def test_rule_wrong_component_id():
     w = World()
-    _expect(w, _build(w, proposals=lambda p, proof: [_psk(p), AppEphemeral(0x8009, proof)]),
+    _expect(w, _build(w, proposals=lambda proof: [AppEphemeral(0x8009, proof)]),
             E.AuthorizationWrongComponent)
 
 
 def test_rule_invalid_proof_data():
     w = World()
-    _expect(w, _build(w, proposals=lambda p, proof: [_psk(p), AppEphemeral(0x800A, proof[:-1])]),
+    _expect(w, _build(w, proposals=lambda proof: [AppEphemeral(0x800A, proof[:-1])]),
             E.AuthorizationInvalid)
 
 
 def test_rule_authenticated_data_misuse():
     w = World()
-    def with_proof_in_aad(pending, proof):
-        return [_psk(pending), AppEphemeral(0x800A, proof)]
-    pending, leaf = w.pending()
-    proof = md.authorize_join(w.alice.secret, pending.candidate_context(), leaf).encode()
-    _, _, message = md._assemble(pending, AppEphemeral(0x800A, proof), w.alice.secret,
-                                 proposals=with_proof_in_aad(pending, proof), authenticated_data=proof)
+    pending = _prepare(w)
+    proof = md.authorize_join(w.alice.secret, pending.candidate_context(), pending.leaf).encode()
+    _, message = pending.join.finish([AppEphemeral(0x800A, proof)], authenticated_data=proof)
     _expect(w, message, E.AuthenticatedDataMisuse)
 
 
@@ -227,15 +238,9 @@ def test_rule_unknown_account():
 
 def test_rule_joining_leaf_without_valid_account_proof():
     w = World()
-    g = w.parent()
-    _, psk = md.join_psk(g)
     # A leaf whose 0x8009 proof was made by another account than its credential's.
-    pending, _ = md.prepare_external_join(w.alice.secret, g.group_info(), psk)
-    sig_pub = mls.crypto.signature_public(pending.signature_priv)
-    forged = profile.leaf_extensions(generate_secret(), sig_pub)
-    pending = md.PendingJoin(**{**pending.__dict__, "leaf_extensions": b"".join(e.encode() for e in forged)})
-    _, leaf, _ = md._assemble(pending, None, w.alice.secret)
-    proof = md.authorize_join(w.alice.secret, pending.candidate_context(), leaf)
+    pending = _prepare(w, extensions=lambda sig_pub: profile.leaf_extensions(generate_secret(), sig_pub))
+    proof = md.authorize_join(w.alice.secret, pending.candidate_context(), pending.leaf)
     _, message = md.finish_external_join(pending, w.alice.secret, proof)
     _expect(w, message, E.JoiningLeafProofInvalid)
 
@@ -363,3 +368,17 @@ def test_group_context_locations():
         profile.check_group_context(GroupContext(ctx.version, ctx.cipher_suite, ctx.group_id, ctx.epoch,
                                                  ctx.tree_hash, ctx.confirmed_transcript_hash, exts))
     assert e.value.code == "component.invalid_location"
+
+
+def test_multidevice_uses_only_the_mls_cores_public_api():
+    """The External Commit comes from the core's public two-step API (prepare, then finish), never
+    from the core's private building blocks."""
+    import ast
+    import inspect
+
+    tree = ast.parse(inspect.getsource(md))
+    private = [f"{node.module}.{a.name}" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+               and (node.module or "").startswith("mls") for a in node.names if a.name.startswith("_")]
+    private += [node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute)
+                and node.attr.startswith("_") and not node.attr.startswith("__")]
+    assert private == []
