@@ -32,6 +32,7 @@ from .errors import (
     AuthorizationInvalid,
     AuthorizationMissing,
     AuthorizationWrongComponent,
+    ComponentError,
     ExternalCommitMlsInvalid,
     ExternalInitMissing,
     ExtraProposal,
@@ -287,6 +288,11 @@ def _check_external_commit(view: ExternalCommitView) -> None:
         raise SignerNotAdmin(f"the group has no admin policy: {exc}") from None
     if proof.signer_pubkey not in state.admins:
         raise SignerNotAdmin("the authorization signer is not an active admin of the parent state")
+    # "active administrator account in the candidate parent state": listed by the admin policy and
+    # holding a member leaf there; an admin key whose account has no leaf left is not active (M22).
+    if not any(m.credential.identity == proof.signer_pubkey for _, m in tree.leaves()):
+        raise SignerNotAdmin("the authorization signer is an admin key with no member leaf in the parent "
+                             "state, not an active admin")
     try:
         proofs.verify_proof(data, join_binding(context, leaf))
     except ProofError as exc:
@@ -296,6 +302,13 @@ def _check_external_commit(view: ExternalCommitView) -> None:
         raise AuthorizationInvalid(f"the authorization proof is invalid: {exc}") from None
     if view.authenticated_data:
         raise AuthenticatedDataMisuse("this flow contributes nothing to authenticated_data; it must be empty")
+    # Ordinary validation of the MLS extensions draft's app_components: the new member supports every
+    # component the group requires (or it could not process the group's state, and a new device
+    # lacking 0x800a would switch the signaling gate off for every later one).
+    try:
+        profile.check_supports_required(profile.required_components(context), leaf, "the joining leaf")
+    except ComponentError as exc:
+        raise ExternalCommitMlsInvalid(str(exc)) from None
 
 
 def external_commit_policy() -> ExternalCommitPolicy:

@@ -53,6 +53,9 @@ __all__ = [
     "group_extensions",
     "GroupState",
     "read_group_state",
+    "required_components",
+    "supported_components",
+    "check_supports_required",
 ]
 
 CIPHERSUITE = crypto.CIPHER_SUITE
@@ -177,6 +180,37 @@ def check_group_context(context: GroupContext) -> None:
         if cid in data:
             raise ComponentError(f"component 0x{cid:04x} has data in the GroupContext, where it is invalid",
                                  "component.invalid_location")
+
+
+def required_components(context: GroupContext) -> list[int]:
+    """The component ids the GroupContext's `app_components` requires (none without the entry)."""
+    data = app_data(context.extensions)
+    if comp.APP_COMPONENTS not in data:
+        return []
+    try:
+        return decode_components_list(data[comp.APP_COMPONENTS])
+    except mls.MLSError as exc:
+        raise ComponentError(f"app_components is malformed: {exc}", "component.app_components") from None
+
+
+def supported_components(leaf: LeafNode) -> list[int]:
+    """The component ids a LeafNode lists as supported in its `app_components` entry."""
+    data = app_data(leaf.extensions)
+    if comp.APP_COMPONENTS not in data:
+        return []
+    try:
+        return decode_components_list(data[comp.APP_COMPONENTS])
+    except mls.MLSError as exc:
+        raise ComponentError(f"a leaf's app_components is malformed: {exc}", "component.app_components") from None
+
+
+def check_supports_required(required, leaf: LeafNode, what: str = "the leaf") -> None:
+    """app-components/README.md, Negotiation: a member that does not support every required
+    component id MUST NOT join (and a group may not come to require one a member lacks)."""
+    lacking = sorted(set(required) - set(supported_components(leaf)))
+    if lacking:
+        raise ComponentError(f"{what} does not support required component(s) "
+                             f"{', '.join(f'0x{c:04x}' for c in lacking)}", "component.unsupported")
 
 
 def check_key_package_extensions(kp) -> None:

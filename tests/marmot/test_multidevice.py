@@ -382,3 +382,207 @@ def test_multidevice_uses_only_the_mls_cores_public_api():
     private += [node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute)
                 and node.attr.startswith("_") and not node.attr.startswith("__")]
     assert private == []
+
+
+def _reframe(w: World, message: bytes, pending: md.PendingJoin, proposals) -> bytes:
+    """The same External Commit with another proposal list, re-signed by the joiner (what a hostile
+    device can send: the signature verifies, the confirmation tag no longer matters to the rules)."""
+    from appliance.marmot.mls.framing import sign_content
+    from appliance.marmot.mls.structs import (WF_PUBLIC_MESSAGE, Commit, FramedContent, FramedContentAuthData,
+                                              PublicMessage)
+
+    pm = MLSMessage.decode(message).body
+    c = pm.content
+    content = FramedContent(c.group_id, c.epoch, c.sender, c.authenticated_data, c.content_type,
+                            Commit(tuple(proposals(list(c.content.proposals))), c.content.path))
+    signature = sign_content(WF_PUBLIC_MESSAGE, content, pending.candidate_context(), pending.join.signature_priv)
+    auth = FramedContentAuthData(signature, pm.auth.confirmation_tag)
+    return MLSMessage(WF_PUBLIC_MESSAGE, PublicMessage(content, auth, None)).encode()
+
+
+def _authorized(w: World, pending: md.PendingJoin) -> bytes:
+    proof = md.authorize_join(w.alice.secret, pending.candidate_context(), pending.leaf)
+    return md.finish_external_join(pending, w.alice.secret, proof)[1]
+
+
+def test_rule_external_init_missing():
+    w = World()
+    pending = _prepare(w)
+    message = _reframe(w, _authorized(w, pending), pending, lambda ps: [p for p in ps if p.proposal_type != 6])
+    _expect(w, message, E.ExternalInitMissing)
+
+
+def test_rule_second_external_init_is_an_extra_proposal():
+    w = World()
+    pending = _prepare(w)
+    message = _reframe(w, _authorized(w, pending), pending, lambda ps: [ps[0], *ps])
+    _expect(w, message, E.ExtraProposal)
+
+
+@pytest.mark.parametrize("missing", ["extension", "extension_version", "required_extension", "required_proposal",
+                                     "required_component", "leaf_extension", "leaf_proposal", "leaf_component"])
+def test_signaling_gate_every_condition(missing):
+    """marmot-multi-device.md, Signaling gate: each of its conditions alone turns the gate off."""
+    from appliance.marmot.mls.structs import Capabilities, Extension, GroupContext, LeafNode
+
+    w = World()
+    ctx = w.parent().context
+    leaves = list(w.parent().tree.leaves())
+    md.check_signaling_gate(ctx, leaves)
+    exts = list(ctx.extensions)
+
+    def replace(ext_type, data):
+        return [Extension(ext_type, data) if e.extension_type == ext_type else e for e in exts]
+
+    req = mls.RequiredCapabilities.decode(ctx.extension(0x0003).extension_data)
+    data = profile.app_data(ctx.extensions)
+    required = profile.decode_components_list(data[comp.APP_COMPONENTS])
+    if missing == "extension":
+        exts = [e for e in exts if e.extension_type != 0xF2F0]
+    elif missing == "extension_version":
+        exts = replace(0xF2F0, b"\x00\x02")
+    elif missing == "required_extension":
+        exts = replace(0x0003, mls.RequiredCapabilities(tuple(t for t in req.extension_types if t != 0xF2F0),
+                                                        req.proposal_types).encode())
+    elif missing == "required_proposal":
+        exts = replace(0x0003, mls.RequiredCapabilities(req.extension_types,
+                                                        tuple(t for t in req.proposal_types if t != 9)).encode())
+    elif missing == "required_component":
+        data[comp.APP_COMPONENTS] = profile.encode_components_list([c for c in required if c != 0x800A])
+        exts = replace(comp.APP_DATA_DICTIONARY, mls.encode_app_data_dictionary(data.items()))
+    index, leaf = leaves[1]
+    caps, leaf_exts = leaf.capabilities, leaf.extensions
+    if missing == "leaf_extension":
+        caps = Capabilities(extensions=tuple(t for t in caps.extensions if t != 0xF2F0), proposals=caps.proposals)
+    elif missing == "leaf_proposal":
+        caps = Capabilities(extensions=caps.extensions, proposals=tuple(t for t in caps.proposals if t != 9))
+    elif missing == "leaf_component":
+        ld = profile.app_data(leaf.extensions)
+        ld[comp.APP_COMPONENTS] = profile.encode_components_list(
+            [c for c in profile.decode_components_list(ld[comp.APP_COMPONENTS]) if c != 0x800A])
+        leaf_exts = tuple(Extension(e.extension_type, mls.encode_app_data_dictionary(ld.items()))
+                          if e.extension_type == comp.APP_DATA_DICTIONARY else e for e in leaf.extensions)
+    leaves[1] = (index, LeafNode(leaf.encryption_key, leaf.signature_key, leaf.credential, caps,
+                                 leaf.leaf_node_source, leaf.lifetime, leaf.parent_hash, leaf_exts, leaf.signature))
+    context = GroupContext(ctx.version, ctx.cipher_suite, ctx.group_id, ctx.epoch, ctx.tree_hash,
+                           ctx.confirmed_transcript_hash, tuple(exts))
+    with pytest.raises(E.SignalingGateInactive):
+        md.check_signaling_gate(context, leaves)
+
+
+def _leaf_extensions_supporting(secret: str, components):
+    """A leaf dictionary with a valid 0x8009 proof but only `components` in its app_components."""
+    from appliance.marmot.mls.structs import Extension
+
+    def build(sig_pub):
+        proof = proofs.sign_proof(proofs.AccountIdentityBinding(1, 0x0807, sig_pub), secret)
+        return (Extension(comp.APP_DATA_DICTIONARY, mls.encode_app_data_dictionary([
+            (comp.APP_COMPONENTS, profile.encode_components_list(components)),
+            (comp.ACCOUNT_IDENTITY_PROOF, proof.encode())])),)
+    return build
+
+
+@pytest.mark.parametrize("lacking", [0x800A, 0x8003])
+def test_joining_leaf_must_support_every_required_component(lacking):
+    """app-components/README.md: a member that does not support every required component id MUST NOT
+    join. A new device lacking 0x800a would also switch the gate off for every later device."""
+    w = World()
+    supported = [c for c in profile.SUPPORTED_COMPONENTS if c != lacking]
+    pending = _prepare(w, extensions=_leaf_extensions_supporting(w.alice.secret, supported))
+    _expect(w, _authorized(w, pending), E.ExternalCommitMlsInvalid)
+
+
+def test_an_admin_without_a_leaf_is_not_an_active_admin():
+    """Carol stays in the admin policy after her only leaf was removed: she is no active admin of that
+    state, so her kind 452 proof authorizes nothing (fail-closed reading of "active administrator
+    account in the candidate parent state", spec note M22)."""
+    carol = Device(generate_secret())
+    w = World(admins_extra=[carol.account])
+    ev, rumors = w.alice.commit(w.gid, add=[carol.new_key_package(RELAYS)])
+    w.bob.receive(ev)
+    carol.join(rumors[0])
+    # Carol, still a member, may authorize a join (positive control)...
+    pending = _prepare(w)
+    proof = md.authorize_join(carol.secret, pending.candidate_context(), pending.leaf)
+    message = md.finish_external_join(pending, w.alice.secret, proof)[1]
+    assert md.process_external_commit(w.bob.group(w.gid), message).epoch == w.parent().epoch + 1
+    # ...until Alice removes her leaf (the admin policy still lists her).
+    ev, _ = w.alice.commit(w.gid, remove=[carol.account])
+    w.bob.receive(ev)
+    assert bytes.fromhex(carol.account) in profile.read_group_state(w.parent().context).admins
+    pending = _prepare(w)
+    proof = proofs.sign_proof(md.join_binding(pending.candidate_context(), pending.leaf), carol.secret)
+    _expect(w, md.finish_external_join(pending, w.alice.secret, proof)[1], E.SignerNotAdmin)
+
+
+def test_members_refuse_an_added_leaf_that_lacks_a_required_component():
+    """app-components/README.md, Negotiation: an invitee whose key package does not support every
+    component the group requires may not be added; members refuse the Commit, nothing applied."""
+    from appliance.marmot import transport as tp
+
+    w = World()
+    dave = generate_secret()
+    sig_priv, sig_pub = mls.crypto.signature_keypair()
+    exts = _leaf_extensions_supporting(dave, [comp.NOSTR_ROUTING, comp.ACCOUNT_IDENTITY_PROOF])(sig_pub)
+    kps = mls.create_key_package(bytes.fromhex(public_key(dave)), sig_priv, capabilities=profile.leaf_capabilities(),
+                                 lifetime=profile.lifetime(), leaf_extensions=exts)
+    g = w.alice.group(w.gid)
+    out = g.commit(add=[kps.key_package])
+    ev = tp.encrypt_group_message(md.group_event_key(g), bytes.fromhex(w.alice.groups[w.gid]["h"]), out.message)
+    before = w.bob.groups[w.gid]["state"]
+    with pytest.raises(E.MarmotError) as e:
+        w.bob.receive(ev)
+    assert e.value.code == "component.unsupported" and w.bob.groups[w.gid]["state"] == before
+    # Our own tooling never builds such a Commit either.
+    with pytest.raises(E.MarmotError) as e:
+        w.alice.commit(w.gid, add=[profile.key_package_event(dave, kps, RELAYS)])
+    assert e.value.code == "component.unsupported"
+
+
+def test_members_refuse_a_new_requirement_some_member_lacks():
+    """A GroupContextExtensions that makes the group require a component a current member does not
+    support is refused (identity.md: group state cannot be mutated into a state not all members support)."""
+    from appliance.marmot import transport as tp
+    from appliance.marmot.mls.structs import Extension
+
+    w = World()
+    g = w.alice.group(w.gid)
+    data = profile.app_data(g.context.extensions)
+    data[comp.APP_COMPONENTS] = profile.encode_components_list(profile.required_components(g.context) + [0x8001])
+    exts = [Extension(e.extension_type, mls.encode_app_data_dictionary(data.items()))
+            if e.extension_type == comp.APP_DATA_DICTIONARY else e for e in g.context.extensions]
+    out = g.commit(group_context_extensions=exts)
+    ev = tp.encrypt_group_message(md.group_event_key(g), bytes.fromhex(w.alice.groups[w.gid]["h"]), out.message)
+    with pytest.raises(E.MarmotError) as e:
+        w.bob.receive(ev)
+    assert e.value.code == "component.unsupported"
+
+
+def test_a_welcome_into_a_group_requiring_an_unsupported_component_is_refused():
+    """joining.md, Failure behavior: the receiver rejects a Welcome when the group requires a capability
+    this client does not support (here component 0x8001, which the appliance does not implement)."""
+    import os
+
+    from appliance.marmot import transport as tp
+    from appliance.marmot.mls.structs import Extension
+
+    alice, bob = Device(generate_secret()), Device(generate_secret())
+    kp = bob.new_key_package(RELAYS)
+    exts = profile.group_extensions(admins=[bytes.fromhex(alice.account)], nostr_group_id=os.urandom(32),
+                                    relays=RELAYS, multi_device=False)
+    data = profile.app_data(exts)
+    data[comp.APP_COMPONENTS] = profile.encode_components_list([0x8001, *profile.decode_components_list(
+        data[comp.APP_COMPONENTS])])
+    exts = [Extension(e.extension_type, mls.encode_app_data_dictionary(data.items()))
+            if e.extension_type == comp.APP_DATA_DICTIONARY else e for e in exts]
+    sig_priv, sig_pub = mls.crypto.signature_keypair()
+    creator = _leaf_extensions_supporting(alice.secret, [0x8001, *profile.SUPPORTED_COMPONENTS])(sig_pub)
+    g = mls.Group.create(profile.new_group_id(), profile.credential_of(alice.secret), sig_priv,
+                         capabilities=profile.leaf_capabilities(), lifetime=profile.lifetime(),
+                         leaf_extensions=creator, extensions=exts)
+    out = g.commit(add=[mls.parse_key_package(tp.parse_key_package_event(kp).key_package)])
+    rumor = tp.build_welcome_rumor(alice.account, out.welcome, kp.id, RELAYS)
+    with pytest.raises(E.MarmotError) as e:
+        bob.join(rumor)
+    assert e.value.code == "component.unsupported"
+    assert bob.groups == {} and len(bob.key_packages) == 1  # nothing joined, the key package kept
