@@ -66,8 +66,9 @@ class Device:
 
     # -- key packages ------------------------------------------------------------------------------
 
-    def new_key_package(self, relays: list[str], *, device_label: str | None = None) -> Event:
-        kps = profile.create_key_package(self.secret, device_label=device_label)
+    def new_key_package(self, relays: list[str], *, device_label: str | None = None, draft: bool = False) -> Event:
+        """A kind 30443 key package event; `draft` (the draft switch) lets it join multi-device groups."""
+        kps = profile.create_key_package(self.secret, device_label=device_label, draft=draft)
         ev = profile.key_package_event(self.secret, kps, relays)
         ref = mls.key_package_ref(kps.key_package).hex()
         self.key_packages[ref] = {"secrets": _b64(kps.to_bytes()), "event": ev.id}
@@ -106,11 +107,15 @@ class Device:
         exts = profile.group_extensions(admins=[bytes.fromhex(a) for a in admins], nostr_group_id=os.urandom(32),
                                         relays=relays, multi_device=multi_device)
         group = mls.Group.create(profile.new_group_id(), profile.credential_of(self.secret), sig_priv,
-                                 capabilities=profile.leaf_capabilities(), lifetime=profile.lifetime(),
-                                 leaf_extensions=profile.leaf_extensions(self.secret, sig_pub), extensions=exts)
+                                 capabilities=profile.leaf_capabilities(multi_device), lifetime=profile.lifetime(),
+                                 leaf_extensions=profile.leaf_extensions(self.secret, sig_pub, draft=multi_device),
+                                 extensions=exts)
         rumors = []
         if members:
             kps = [self._member_key_package(ev) for ev in members]
+            required = profile.required_components(group.context)
+            for kp, _ in kps:
+                profile.check_supports_required(required, kp.leaf_node, "that key package")
             out = group.commit(add=[kp for kp, _ in kps])
             group = out.group
             for _, ev in kps:

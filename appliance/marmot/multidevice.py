@@ -222,8 +222,9 @@ def prepare_external_join(account_secret: str, group_info: bytes, join_psk_value
     sig_priv, sig_pub = crypto.signature_keypair()
     try:
         join = mls_prepare_external_join(
-            group_info, profile.credential_of(account_secret), sig_priv, capabilities=profile.leaf_capabilities(),
-            leaf_extensions=profile.leaf_extensions(account_secret, sig_pub, device_label=device_label),
+            group_info, profile.credential_of(account_secret), sig_priv,
+            capabilities=profile.leaf_capabilities(draft=True),
+            leaf_extensions=profile.leaf_extensions(account_secret, sig_pub, device_label=device_label, draft=True),
             external_psks={psk_id: bytes(join_psk_value)})
     except mls.MLSError as exc:
         raise ExternalCommitMlsInvalid(f"cannot build the External Commit: {exc}") from None

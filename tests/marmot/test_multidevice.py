@@ -31,7 +31,7 @@ class World:
     def __init__(self, multi_device=True, admins_extra=()):
         self.alice, self.bob = Device(generate_secret()), Device(generate_secret())
         self.alice2_secret = self.alice.secret
-        kp = self.bob.new_key_package(RELAYS)
+        kp = self.bob.new_key_package(RELAYS, draft=multi_device)
         self.gid, rumors = self.alice.create_group("g", RELAYS, [kp], multi_device=multi_device,
                                                    admins=list(admins_extra))
         self.bob.join(rumors[0])
@@ -99,9 +99,9 @@ def _prepare(w: World, *, secret=None, psks=None, remove_leaf=None, extensions=N
     secret = secret or w.alice.secret
     psk_id, psk = md.join_psk(g)
     sig_priv, sig_pub = mls.crypto.signature_keypair()
-    exts = extensions(sig_pub) if extensions else profile.leaf_extensions(secret, sig_pub)
+    exts = extensions(sig_pub) if extensions else profile.leaf_extensions(secret, sig_pub, draft=True)
     join = mls.prepare_external_join(g.group_info(), profile.credential_of(secret), sig_priv,
-                                     capabilities=profile.leaf_capabilities(), leaf_extensions=exts,
+                                     capabilities=profile.leaf_capabilities(draft=True), leaf_extensions=exts,
                                      external_psks=psks(psk_id, psk) if psks else {psk_id: psk},
                                      remove_leaf=remove_leaf)
     return md.PendingJoin(join, md.group_event_key(g))
@@ -120,8 +120,15 @@ def _build(w: World, *, proof_by=None, proof_for=None, proposals=None, authentic
 
 
 def test_rule_missing_gate():
+    """A group without the multi-device gate (whose leaves do not even support AppEphemeral, so the
+    MLS core will not build the Commit for us: a hostile device skips that check)."""
+    import appliance.marmot.mls.group as engine
+
     w = World(multi_device=False)
-    _expect(w, _build(w), E.SignalingGateInactive)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(engine, "_check_proposal_support", lambda *a: None)
+        message = _build(w)
+    _expect(w, message, E.SignalingGateInactive)
 
 
 def test_rule_wrong_psk_id():
@@ -239,7 +246,7 @@ def test_rule_unknown_account():
 def test_rule_joining_leaf_without_valid_account_proof():
     w = World()
     # A leaf whose 0x8009 proof was made by another account than its credential's.
-    pending = _prepare(w, extensions=lambda sig_pub: profile.leaf_extensions(generate_secret(), sig_pub))
+    pending = _prepare(w, extensions=lambda sig_pub: profile.leaf_extensions(generate_secret(), sig_pub, draft=True))
     proof = md.authorize_join(w.alice.secret, pending.candidate_context(), pending.leaf)
     _, message = md.finish_external_join(pending, w.alice.secret, proof)
     _expect(w, message, E.JoiningLeafProofInvalid)
@@ -284,7 +291,7 @@ def test_only_admins_add_members_and_only_admins_welcome():
     refused by the invitee (joining.md step 8)."""
     w = World()
     dave = Device(generate_secret())
-    ev, rumors = w.bob.commit(w.gid, add=[dave.new_key_package(RELAYS)])
+    ev, rumors = w.bob.commit(w.gid, add=[dave.new_key_package(RELAYS, draft=True)])
     with pytest.raises(E.MarmotError) as e:
         w.alice.receive(ev)
     assert e.value.code == "commit.not_admin"
@@ -293,7 +300,7 @@ def test_only_admins_add_members_and_only_admins_welcome():
     assert e.value.code == "welcome.not_admin"
     # The admin's own Add goes through for everyone (Bob applied his refused commit: a fresh group).
     w = World()
-    ev, rumors = w.alice.commit(w.gid, add=[dave.new_key_package(RELAYS)])
+    ev, rumors = w.alice.commit(w.gid, add=[dave.new_key_package(RELAYS, draft=True)])
     assert w.bob.receive(ev).type == "commit"
     assert dave.join(rumors[0]) == w.gid
 
@@ -340,7 +347,7 @@ def test_members_refuse_leaves_without_a_valid_identity_proof():
 
     w = World()
     bare = mls.create_key_package(bytes.fromhex(public_key(generate_secret())),
-                                  capabilities=profile.leaf_capabilities(), lifetime=profile.lifetime())
+                                  capabilities=profile.leaf_capabilities(draft=True), lifetime=profile.lifetime())
     g = w.alice.group(w.gid)
     out = g.commit(add=[bare.key_package])
     ev = tp.encrypt_group_message(md.group_event_key(g), bytes.fromhex(w.alice.groups[w.gid]["h"]), out.message)
@@ -487,7 +494,7 @@ def test_joining_leaf_must_support_every_required_component(lacking):
     """app-components/README.md: a member that does not support every required component id MUST NOT
     join. A new device lacking 0x800a would also switch the gate off for every later device."""
     w = World()
-    supported = [c for c in profile.SUPPORTED_COMPONENTS if c != lacking]
+    supported = [c for c in profile.leaf_components(draft=True) if c != lacking]
     pending = _prepare(w, extensions=_leaf_extensions_supporting(w.alice.secret, supported))
     _expect(w, _authorized(w, pending), E.ExternalCommitMlsInvalid)
 
@@ -498,7 +505,7 @@ def test_an_admin_without_a_leaf_is_not_an_active_admin():
     account in the candidate parent state", spec note M22)."""
     carol = Device(generate_secret())
     w = World(admins_extra=[carol.account])
-    ev, rumors = w.alice.commit(w.gid, add=[carol.new_key_package(RELAYS)])
+    ev, rumors = w.alice.commit(w.gid, add=[carol.new_key_package(RELAYS, draft=True)])
     w.bob.receive(ev)
     carol.join(rumors[0])
     # Carol, still a member, may authorize a join (positive control)...
@@ -524,7 +531,8 @@ def test_members_refuse_an_added_leaf_that_lacks_a_required_component():
     dave = generate_secret()
     sig_priv, sig_pub = mls.crypto.signature_keypair()
     exts = _leaf_extensions_supporting(dave, [comp.NOSTR_ROUTING, comp.ACCOUNT_IDENTITY_PROOF])(sig_pub)
-    kps = mls.create_key_package(bytes.fromhex(public_key(dave)), sig_priv, capabilities=profile.leaf_capabilities(),
+    kps = mls.create_key_package(bytes.fromhex(public_key(dave)), sig_priv,
+                                 capabilities=profile.leaf_capabilities(draft=True),
                                  lifetime=profile.lifetime(), leaf_extensions=exts)
     g = w.alice.group(w.gid)
     out = g.commit(add=[kps.key_package])
