@@ -34,7 +34,7 @@ def run(args: argparse.Namespace) -> int:
     relays = ["wss://relay.example.org"]
     t0 = time.perf_counter()
     admin = Device(generate_secret())
-    kps = [Device(generate_secret()).new_key_package(relays) for _ in range(args.members - 1)]
+    kps = [Device(generate_secret()).new_key_package(relays, draft=True) for _ in range(args.members - 1)]
     gid, _ = admin.create_group("bench", relays, kps, multi_device=True)
     state = admin.group(gid).to_bytes()
     print(f"appliance bench marmot-join: group of {args.members} members built in "

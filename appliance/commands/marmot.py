@@ -111,8 +111,12 @@ def read_json(path: str, what: str) -> Any:
 
 
 def read_event(path: str, what: str = "event"):
+    """A Nostr event from FILE; the draft label a command printed beside its fields is dropped."""
+    obj = read_json(path, what)
+    if isinstance(obj, dict) and obj.get("draft") == DRAFT_LABEL:
+        obj = {k: v for k, v in obj.items() if k != "draft"}
     try:
-        return parse_event(read_json(path, what))
+        return parse_event(obj)
     except InvalidEvent as exc:
         raise Failed("input.event", f"{path}: {what}: {exc.reason}") from None
 
@@ -177,6 +181,11 @@ def save_device(state: StateDir, device: Device) -> None:
     state.write("device", "state", device.to_json())
 
 
+def _draft_group(device: Device, gid: str) -> bool:
+    """Was the group made with the draft switch (its GroupContext carries draft bytes)?"""
+    return bool(device.groups.get(gid, {}).get("draft"))
+
+
 def _group_summary(device: Device, gid: str) -> dict[str, Any]:
     group = device.group(gid)
     return {"group_id": gid, "nostr_group_id": device.groups[gid]["h"], "epoch": group.epoch}
@@ -190,9 +199,10 @@ def cmd_key_package(args, state) -> int:
         raise Failed("usage", "key-package needs at least one --relay URL")
     if args.device_label is not None and not args.draft_enabled:
         raise DraftDisabled("--device-label is part of the draft multi-device feature: pass --draft-multi-device")
-    ev = device.new_key_package(args.relay, device_label=args.device_label)
+    ev = device.new_key_package(args.relay, device_label=args.device_label, draft=args.draft_enabled)
     save_device(state, device)
-    return emit(ev.to_dict(), draft=args.device_label is not None)
+    # With the draft switch the key package advertises the draft multi-device feature (spec note M23).
+    return emit(ev.to_dict(), draft=args.draft_enabled)
 
 
 @command("create-group")
@@ -238,10 +248,11 @@ def cmd_receive(args, state) -> int:
     device = load_device(args, state)
     if not args.event:
         raise Failed("usage", "receive needs --event FILE")
-    got = device.receive(read_event(args.event, "kind 445 event"),
-                         draft=args.draft_enabled)
+    ev = read_event(args.event, "kind 445 event")
+    draft_group = any(r.get("draft") and r.get("h") == ev.first_tag("h") for r in device.groups.values())
+    got = device.receive(ev, draft=args.draft_enabled)
     save_device(state, device)
-    return emit(got.to_json(), draft=got.external_join)
+    return emit(got.to_json(), draft=got.external_join or draft_group)
 
 
 @command("commit")
@@ -254,7 +265,8 @@ def cmd_commit(args, state) -> int:
     adds = [read_event(path, "member key package") for path in args.add]
     ev, rumors = device.commit(args.group, add=adds, remove=args.remove)
     save_device(state, device)
-    return emit({**_group_summary(device, args.group), "commit": ev.to_dict(), "welcomes": rumors})
+    return emit({**_group_summary(device, args.group), "commit": ev.to_dict(), "welcomes": rumors},
+                draft=_draft_group(device, args.group))
 
 
 @command("gift-wrap")
@@ -459,8 +471,9 @@ def _context_json(ctx) -> dict[str, Any]:
     out: dict[str, Any] = {"group_id": ctx.group_id.hex(), "epoch": ctx.epoch,
                            "ciphersuite": f"0x{ctx.cipher_suite:04x}",
                            "extensions": _hex16(e.extension_type for e in ctx.extensions),
-                           "group_context_hash": hashlib.sha256(ctx.encode()).hexdigest(),
-                           "join_psk_id": multidevice.join_psk_id(ctx.encode()).hex()}
+                           "group_context_hash": hashlib.sha256(ctx.encode()).hexdigest()}
+    if ctx.extension(comp.EXT_MULTI_DEVICE) is not None:  # a draft multi-device group
+        out["join_psk_id"] = multidevice.join_psk_id(ctx.encode()).hex()
     try:
         state = profile.read_group_state(ctx)
         out.update({"profile": state.profile, "nostr_group_id": state.h, "relays": state.relays,
@@ -546,6 +559,25 @@ def inspect_event(obj: Any) -> dict[str, Any]:
     raise Failed("input.event", f"kind {ev.kind} is not a Marmot transport event")
 
 
+# Objects only the draft multi-device feature defines, and the code points that mark a draft object.
+DRAFT_INSPECT_TYPES = frozenset({"pairing-envelope", "multi-device-extension", "device-label", "join-psk-id"})
+DRAFT_CODE_POINTS = frozenset({f"0x{comp.EXT_MULTI_DEVICE:04x}", f"0x{comp.EXT_ENCRYPTED_DEVICE_NAME:04x}"})
+
+
+def _is_draft(doc: Any) -> bool:
+    """Does an inspected object carry or advertise a part of the draft (0xf2f0, 0xf2ef, a join PSK id)?"""
+    if isinstance(doc, dict):
+        return "join_psk_id" in doc or doc.get("type") in ("MarmotPairingEnvelopeV1", "MarmotMultiDeviceJoinPskId") \
+            or any(_is_draft(v) for v in doc.values())
+    if isinstance(doc, list):
+        return any(_is_draft(v) for v in doc)
+    return isinstance(doc, str) and doc in DRAFT_CODE_POINTS
+
+
+def emit_inspected(doc: dict[str, Any], as_type: str | None = None) -> int:
+    return emit(doc, draft=as_type in DRAFT_INSPECT_TYPES or _is_draft(doc))
+
+
 @command("inspect")
 def cmd_inspect(args, state) -> int:
     if not args.input:
@@ -555,17 +587,20 @@ def cmd_inspect(args, state) -> int:
         text = read_text(args.input) if args.input != "-" else None
         if text is None or field is None or f'"{field}"' not in text:
             field = None
-        return emit(inspect_bytes(args.as_type, read_blob(args.input, args.as_type, field)))
+        return emit_inspected(inspect_bytes(args.as_type, read_blob(args.input, args.as_type, field)), args.as_type)
     text = read_text(args.input).strip()
     if text.startswith("{"):
-        return emit(inspect_event(read_json(args.input, "object") if args.input != "-" else json.loads(text)))
+        obj = read_json(args.input, "object") if args.input != "-" else json.loads(text)
+        if isinstance(obj, dict) and obj.get("draft") == DRAFT_LABEL:
+            obj = {k: v for k, v in obj.items() if k != "draft"}
+        return emit_inspected(inspect_event(obj))
     data = decode_blob(text, "input")
     # Without --as, recognise what can be recognised by shape alone.
     if len(data) == proofs.PROOF_LEN:
         return emit(inspect_bytes("proof", data))
     if data[:2] == b"\x00\x01" and len(data) >= 2 + 32 + 32 + 12 + 17:
         try:
-            return emit(inspect_bytes("pairing-envelope", data))
+            return emit_inspected(inspect_bytes("pairing-envelope", data), "pairing-envelope")
         except MarmotError:
             pass
     raise Failed("usage", "cannot tell what this is; name it with --as")

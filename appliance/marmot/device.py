@@ -66,8 +66,9 @@ class Device:
 
     # -- key packages ------------------------------------------------------------------------------
 
-    def new_key_package(self, relays: list[str], *, device_label: str | None = None) -> Event:
-        kps = profile.create_key_package(self.secret, device_label=device_label)
+    def new_key_package(self, relays: list[str], *, device_label: str | None = None, draft: bool = False) -> Event:
+        """A kind 30443 key package event; `draft` (the draft switch) lets it join multi-device groups."""
+        kps = profile.create_key_package(self.secret, device_label=device_label, draft=draft)
         ev = profile.key_package_event(self.secret, kps, relays)
         ref = mls.key_package_ref(kps.key_package).hex()
         self.key_packages[ref] = {"secrets": _b64(kps.to_bytes()), "event": ev.id}
@@ -106,11 +107,15 @@ class Device:
         exts = profile.group_extensions(admins=[bytes.fromhex(a) for a in admins], nostr_group_id=os.urandom(32),
                                         relays=relays, multi_device=multi_device)
         group = mls.Group.create(profile.new_group_id(), profile.credential_of(self.secret), sig_priv,
-                                 capabilities=profile.leaf_capabilities(), lifetime=profile.lifetime(),
-                                 leaf_extensions=profile.leaf_extensions(self.secret, sig_pub), extensions=exts)
+                                 capabilities=profile.leaf_capabilities(multi_device), lifetime=profile.lifetime(),
+                                 leaf_extensions=profile.leaf_extensions(self.secret, sig_pub, draft=multi_device),
+                                 extensions=exts)
         rumors = []
         if members:
             kps = [self._member_key_package(ev) for ev in members]
+            required = profile.required_components(group.context)
+            for kp, _ in kps:
+                profile.check_supports_required(required, kp.leaf_node, "that key package")
             out = group.commit(add=[kp for kp, _ in kps])
             group = out.group
             for _, ev in kps:
@@ -154,8 +159,12 @@ class Device:
             state = profile.read_group_state(group.context)
             if state.profile == "components":
                 profile.check_group_context(group.context)
+                # joining.md: refused when the group requires what this client (our own leaf among
+                # them) or any member does not support
+                required = profile.required_components(group.context)
                 for index, leaf in group.tree.leaves():
                     profile.account_of_leaf(leaf, group.context.cipher_suite)
+                    profile.check_supports_required(required, leaf, f"member leaf {index}")
             # joining.md step 8: the welcome's author (the GroupInfo signer) is an active admin.
             author = group.tree.leaf(_welcome_signer(welcome.welcome, kps))
             if author is None or author.credential.identity not in state.admins:
@@ -193,6 +202,10 @@ class Device:
         group = self.group(group_id)
         components = profile.read_group_state(group.context).profile == "components"
         kps = [self._member_key_package(ev, require_proof=components) for ev in add]
+        if components:
+            required = profile.required_components(group.context)
+            for kp, _ in kps:
+                profile.check_supports_required(required, kp.leaf_node, "that key package")
         leaves = [i for i, leaf in group.tree.leaves() if leaf.credential.identity and
                   leaf.credential.identity.hex() in set(remove)]
         out = group.commit(add=[kp for kp, _ in kps], remove=leaves)
@@ -310,19 +323,35 @@ def _admin_gate(view) -> None:
 
 def _check_component_leaves(view, committer: bytes) -> None:
     """Every leaf a member's Commit brings into a component group carries a valid 0x8009 proof, and a
-    replaced leaf keeps its account (account-identity-proof-v2.md, Lifecycle)."""
-    suite = view.parent_context.cipher_suite
+    replaced leaf keeps its account (account-identity-proof-v2.md, Lifecycle); every leaf of the
+    resulting group supports every component it requires (app-components/README.md, Negotiation)."""
+    parent = view.parent_context
+    suite = parent.cipher_suite
+    context = parent
     try:
+        for p in view.proposals:
+            if p.proposal_type == 7:  # GroupContextExtensions: the new context must stay valid
+                context = GroupContext(parent.version, suite, parent.group_id, parent.epoch, b"", b"", p.extensions)
+                profile.check_group_context(context)
+        required = profile.required_components(context)
+        removed = {p.removed for p in view.proposals if p.proposal_type == 3}
+        updated = set()
         for p in view.proposals:
             if p.proposal_type == 1:  # Add
                 profile.check_key_package_extensions(p.key_package)
                 profile.account_of_leaf(p.key_package.leaf_node, suite)
-            elif p.proposal_type == 7:  # GroupContextExtensions: the new context must stay valid
-                profile.check_group_context(GroupContext(view.parent_context.version, suite,
-                                                         view.parent_context.group_id, view.parent_context.epoch,
-                                                         b"", b"", p.extensions))
-        if view.path_leaf is not None and profile.account_of_leaf(view.path_leaf, suite) != committer:
-            raise MarmotError("a committer's new leaf names another account", "commit.identity_changed")
+                profile.check_supports_required(required, p.key_package.leaf_node, "an added member")
+            elif p.proposal_type == 2:  # Update (by reference): the member's replacement leaf
+                profile.check_supports_required(required, p.leaf_node, "an updated leaf")
+        if view.path_leaf is not None:
+            if profile.account_of_leaf(view.path_leaf, suite) != committer:
+                raise MarmotError("a committer's new leaf names another account", "commit.identity_changed")
+            profile.check_supports_required(required, view.path_leaf, "the committer's new leaf")
+            updated.add(view.sender.index)
+        if context is not parent:  # a new requirement binds every member that stays
+            for index, leaf in view.tree.leaves():
+                if index not in removed and index not in updated:
+                    profile.check_supports_required(required, leaf, f"member leaf {index}")
     except (ProofError, ComponentError) as exc:
         raise MarmotError(f"the Commit brings an invalid leaf or state: {exc.reason}", exc.code) from None
 

@@ -6,9 +6,9 @@ epoch by the join PSK. DRAFT: the bytes are not final; callers gate it behind th
     join_psk    = MLS-Exporter("marmot", join_psk_id, KDF.Nh)
 
 Building an External Commit is two-phase, because the admin's proof binds the exact joining
-LeafNode and travels inside the same Commit: `prepare_external_join` fixes every input of the
-joining leaf (keys, path secret, ExternalInit, PSK nonce) and returns the leaf to be authorized;
-`finish_external_join` rebuilds the identical leaf and completes the Commit with the proof.
+LeafNode and travels inside the same Commit: `prepare_external_join` fixes the joining leaf with
+the MLS core's `prepare_external_join` and returns it to be authorized; `finish_external_join`
+adds the proof-carrying AppEphemeral and completes the Commit (`PendingExternalJoin.finish`).
 Existing members validate with `external_commit_policy` (every rule of the draft's "External
 Commit authorization" and "Validation" lists, each failure its own error class) and
 `process_external_commit`.
@@ -32,6 +32,7 @@ from .errors import (
     AuthorizationInvalid,
     AuthorizationMissing,
     AuthorizationWrongComponent,
+    ComponentError,
     ExternalCommitMlsInvalid,
     ExternalInitMissing,
     ExtraProposal,
@@ -45,40 +46,27 @@ from .errors import (
     UnknownJoiningAccount,
 )
 from .extensions import MultiDeviceExtension
-from .mls import crypto
-from .mls import keyschedule as ks
-from .mls.codec import Reader, decode_exact
-from .mls.framing import sign_content
-from .mls.group import ExternalCommitPolicy, ExternalCommitView, Group, _check_leaf, _sign_leaf, _verified_group_info
-from .mls.secrettree import SecretTree
+from .mls import (
+    AppEphemeral,
+    ExternalCommitPolicy,
+    ExternalCommitView,
+    Group,
+    GroupContext,
+    LeafNode,
+    MLSMessage,
+    PendingExternalJoin,
+    RequiredCapabilities,
+    crypto,
+    prepare_external_join as mls_prepare_external_join,
+)
 from .mls.structs import (
-    CT_COMMIT,
-    EXT_EXTERNAL_PUB,
     EXT_REQUIRED_CAPABILITIES,
-    MLS10,
     P_APP_EPHEMERAL,
     P_EXTERNAL_INIT,
     P_PSK,
     PSK_EXTERNAL,
-    SENDER_NEW_MEMBER_COMMIT,
-    SRC_COMMIT,
-    WF_PUBLIC_MESSAGE,
-    AppEphemeral,
-    Commit,
-    ExternalInit,
-    FramedContent,
-    FramedContentAuthData,
-    GroupContext,
-    LeafNode,
-    MLSMessage,
-    PreSharedKey,
-    PreSharedKeyID,
-    PublicMessage,
-    RequiredCapabilities,
-    Sender,
-    UpdatePath,
+    WF_GROUP_INFO,
 )
-from .mls.tree import derive_path, encrypt_path
 from .wire import quic_vector
 
 __all__ = [
@@ -187,137 +175,72 @@ def authorize_join(admin_secret: str, candidate_context: bytes | GroupContext, j
 
 @dataclass(frozen=True)
 class PendingJoin:
-    """Every input of a joining leaf, kept between `prepare` and `finish` (secret: store privately)."""
+    """A new device's External Commit with its joining leaf fixed (the MLS core's first step), plus
+    the parent epoch's kind 445 key to publish it under. Secret: store `to_bytes()` privately."""
 
-    group_info: bytes
-    signature_priv: bytes
-    encryption_priv: bytes
-    path_secret: bytes
-    kem_output: bytes
-    init_secret: bytes
-    psk_nonce: bytes
-    join_psk: bytes
-    leaf_extensions: bytes  # the encoded extension list (the 0x8009 proof signature is not repeatable)
+    join: PendingExternalJoin
     group_event_key: bytes = b""  # the parent epoch's kind 445 key (from the pairing payload), to publish
 
     def to_bytes(self) -> bytes:
-        return cbor2.dumps({"v": 1, **self.__dict__})
+        return cbor2.dumps({"v": 2, "join": self.join.to_bytes(), "group_event_key": self.group_event_key})
 
     @classmethod
     def from_bytes(cls, data: bytes) -> "PendingJoin":
         try:
             obj = cbor2.loads(data)
-            if obj.pop("v") != 1:
-                raise ValueError("version")
-            return cls(**obj)
+            if not isinstance(obj, dict) or obj.get("v") != 2:
+                raise ValueError("not a pending join of version 2")
+            return cls(PendingExternalJoin.from_bytes(obj["join"]), bytes(obj["group_event_key"]))
         except Exception as exc:
             raise MarmotError(f"pending join state is unreadable: {exc}", "state.pending") from None
 
+    @property
+    def leaf(self) -> LeafNode:
+        """The exact joining LeafNode an admin authorizes."""
+        return self.join.leaf_node
+
     def candidate_context(self) -> GroupContext:
-        gi, _ = _verified_group_info(self.group_info, None)
-        return gi.group_context
+        return self.join.group_context
 
 
-def _group_info(data: bytes):
+def _group_info_context(group_info: bytes) -> GroupContext:
     try:
-        return _verified_group_info(data, None)
+        msg = MLSMessage.decode(group_info)
     except mls.MLSError as exc:
-        raise ExternalCommitMlsInvalid(f"GroupInfo does not verify: {exc}") from None
+        raise ExternalCommitMlsInvalid(f"GroupInfo does not decode: {exc}") from None
+    if msg.wire_format != WF_GROUP_INFO:
+        raise ExternalCommitMlsInvalid("not a GroupInfo message")
+    return msg.body.group_context
 
 
 def prepare_external_join(account_secret: str, group_info: bytes, join_psk_value: bytes, *,
                           group_event_key: bytes = b"", device_label: str | None = None
                           ) -> tuple[PendingJoin, LeafNode]:
-    """Fix the joining leaf's inputs; returns them and the exact LeafNode an admin must authorize."""
-    gi, _ = _group_info(group_info)
-    ext = gi.extension(EXT_EXTERNAL_PUB)
-    if ext is None:
-        raise ExternalCommitMlsInvalid("GroupInfo has no external_pub extension")
-    external_pub = decode_exact(ext.extension_data, Reader.vl)
-    kem_output, init_secret = crypto.export_sender(external_pub, ks.EXTERNAL_INIT_LABEL, crypto.NH)
+    """Fix the joining leaf (fresh MLS keys, its 0x8009 proof, the join PSK of the GroupInfo's epoch);
+    returns it and the exact LeafNode an admin must authorize."""
+    psk_id = join_psk_id(_group_info_context(group_info).encode())
     sig_priv, sig_pub = crypto.signature_keypair()
-    enc_priv, _ = crypto.hpke_keypair()
-    exts = profile.leaf_extensions(account_secret, sig_pub, device_label=device_label)
-    pending = PendingJoin(bytes(group_info), sig_priv, enc_priv, crypto.random_bytes(), kem_output, init_secret,
-                          crypto.random_bytes(), bytes(join_psk_value),
-                          b"".join(e.encode() for e in exts), bytes(group_event_key))
-    _, leaf, _ = _assemble(pending, None, account_secret)
-    return pending, leaf
+    try:
+        join = mls_prepare_external_join(
+            group_info, profile.credential_of(account_secret), sig_priv,
+            capabilities=profile.leaf_capabilities(draft=True),
+            leaf_extensions=profile.leaf_extensions(account_secret, sig_pub, device_label=device_label, draft=True),
+            external_psks={psk_id: bytes(join_psk_value)})
+    except mls.MLSError as exc:
+        raise ExternalCommitMlsInvalid(f"cannot build the External Commit: {exc}") from None
+    return PendingJoin(join, bytes(group_event_key)), join.leaf_node
 
 
 def finish_external_join(pending: PendingJoin, account_secret: str,
                          proof: proofs.MarmotAuthorizationProof | bytes) -> tuple[Group, bytes]:
     """The External Commit (ExternalInit, one join PSK, one AppEphemeral 0x800a) and our new state."""
+    if pending.leaf.credential.identity != bytes.fromhex(public_key(account_secret)):
+        raise MarmotError("this pending join is for another account", "state.pending")
     data = proof.encode() if isinstance(proof, proofs.MarmotAuthorizationProof) else bytes(proof)
-    group, _, message = _assemble(pending, AppEphemeral(comp.MULTI_DEVICE_JOIN_AUTHORIZATION, data),
-                                  account_secret)
-    return group, message
-
-
-def _assemble(p: PendingJoin, authorization: AppEphemeral | None, account_secret: str, *,
-              proposals: list | None = None, authenticated_data: bytes = b"", psk_id: bytes | None = None):
-    """RFC 9420 §12.4.3.2 with fixed inputs: the same PendingJoin always yields the same leaf.
-
-    `proposals` replaces the standard list after ExternalInit (tests build malformed Commits with
-    it); `authorization` None stops once the leaf is known.
-    """
-    gi, tree = _group_info(p.group_info)
-    context = gi.group_context
-    psk_id = join_psk_id(context.encode()) if psk_id is None else psk_id
-    credential = profile.credential_of(account_secret)
-    leaf_exts = tuple(decode_exact(p.leaf_extensions, lambda r: _read_all_extensions(r)))
-    props = [ExternalInit(p.kem_output)]
-    if proposals is not None:
-        props += proposals
-    else:
-        props.append(PreSharedKey(PreSharedKeyID.external(psk_id, p.psk_nonce)))
-        if authorization is not None:
-            props.append(authorization)
-    psk_values = {x.psk.psk_id: p.join_psk for x in props if isinstance(x, PreSharedKey)}
-    sig_pub = crypto.signature_public(p.signature_priv)
-    enc_pub = crypto.hpke_public(p.encryption_priv)
-    g = Group(context, tree, -1, p.signature_priv, {}, None, SecretTree(None, 1),
-              ks.interim_transcript_hash(context.confirmed_transcript_hash, gi.confirmation_tag), gi.confirmation_tag)
-    me = Sender(SENDER_NEW_MEMBER_COMMIT)
-    draft_leaf = LeafNode(enc_pub, sig_pub, credential, profile.leaf_capabilities(), SRC_COMMIT, None, b"", leaf_exts)
-    policy = ExternalCommitPolicy(frozenset(x.proposal_type for x in props))
     try:
-        staged = g._stage([(x, me, None) for x in props], me, psk_values, None, None, policy, draft_leaf,
-                          authenticated_data)
-        t = staged.tree
-        own = t.add_leaf(draft_leaf)
-        fdp = t.filtered_direct_path(own)
-        path_secrets, keys, commit_secret = derive_path(len(fdp), p.path_secret)
-        parent_hash = t.set_path(own, [(fdp[i][0], keys[i][1]) for i in range(len(fdp))])
-        leaf = _sign_leaf(LeafNode(enc_pub, sig_pub, credential, draft_leaf.capabilities, SRC_COMMIT, None,
-                                   parent_hash, leaf_exts), p.signature_priv, context.group_id, own)
-        _check_leaf(leaf, t, staged.extensions, source=SRC_COMMIT, group_id=context.group_id, leaf_index=own,
-                    replacing=own, skip_node=2 * own)
-        if authorization is None and proposals is None:
-            return None, leaf, None
-        t.set_node(2 * own, leaf)
-        provisional = GroupContext(MLS10, context.cipher_suite, context.group_id, context.epoch + 1, t.tree_hash(),
-                                   context.confirmed_transcript_hash, staged.extensions)
-        nodes = encrypt_path(t, fdp, path_secrets, [k[1] for k in keys], provisional.encode(), set())
-        content = FramedContent(context.group_id, context.epoch, me, authenticated_data, CT_COMMIT,
-                                Commit(tuple(props), UpdatePath(leaf, nodes)))
-        signature = sign_content(WF_PUBLIC_MESSAGE, content, context, p.signature_priv)
-        g.own_leaf = own
-        g.privs = {2 * own: p.encryption_priv, **{fdp[i][0]: keys[i][0] for i in range(len(fdp))}}
-        new = g._advance(staged, content, WF_PUBLIC_MESSAGE, signature, commit_secret, p.init_secret, psk_values)
+        return pending.join.finish([AppEphemeral(comp.MULTI_DEVICE_JOIN_AUTHORIZATION, data)])
     except mls.MLSError as exc:
         raise ExternalCommitMlsInvalid(f"cannot build the External Commit: {exc}") from None
-    auth = FramedContentAuthData(signature, new.confirmation_tag)
-    return new, leaf, MLSMessage(WF_PUBLIC_MESSAGE, PublicMessage(content, auth, None)).encode()
-
-
-def _read_all_extensions(r: Reader):
-    from .mls.structs import Extension
-
-    out = []
-    while not r.done():
-        out.append(Extension.read(r))
-    return out
 
 
 # -- validating it (every existing member) -------------------------------------------------------------
@@ -366,6 +289,11 @@ def _check_external_commit(view: ExternalCommitView) -> None:
         raise SignerNotAdmin(f"the group has no admin policy: {exc}") from None
     if proof.signer_pubkey not in state.admins:
         raise SignerNotAdmin("the authorization signer is not an active admin of the parent state")
+    # "active administrator account in the candidate parent state": listed by the admin policy and
+    # holding a member leaf there; an admin key whose account has no leaf left is not active (M22).
+    if not any(m.credential.identity == proof.signer_pubkey for _, m in tree.leaves()):
+        raise SignerNotAdmin("the authorization signer is an admin key with no member leaf in the parent "
+                             "state, not an active admin")
     try:
         proofs.verify_proof(data, join_binding(context, leaf))
     except ProofError as exc:
@@ -375,6 +303,13 @@ def _check_external_commit(view: ExternalCommitView) -> None:
         raise AuthorizationInvalid(f"the authorization proof is invalid: {exc}") from None
     if view.authenticated_data:
         raise AuthenticatedDataMisuse("this flow contributes nothing to authenticated_data; it must be empty")
+    # Ordinary validation of the MLS extensions draft's app_components: the new member supports every
+    # component the group requires (or it could not process the group's state, and a new device
+    # lacking 0x800a would switch the signaling gate off for every later one).
+    try:
+        profile.check_supports_required(profile.required_components(context), leaf, "the joining leaf")
+    except ComponentError as exc:
+        raise ExternalCommitMlsInvalid(str(exc)) from None
 
 
 def external_commit_policy() -> ExternalCommitPolicy:

@@ -21,7 +21,7 @@ from appliance.nostr.keys import public_key
 
 from . import components as comp
 from . import mls, proofs, transport
-from .errors import ComponentError, MarmotError, ProofError
+from .errors import ComponentError, DraftDisabled, MarmotError, ProofError
 from .extensions import EncryptedDeviceName, MultiDeviceExtension
 from .mls import crypto
 from .mls.codec import Reader, decode_exact, u16, vl
@@ -43,6 +43,10 @@ __all__ = [
     "LEAF_EXTENSIONS",
     "LEAF_PROPOSALS",
     "SUPPORTED_COMPONENTS",
+    "DRAFT_LEAF_EXTENSIONS",
+    "DRAFT_LEAF_PROPOSALS",
+    "DRAFT_COMPONENTS",
+    "leaf_components",
     "encode_components_list",
     "decode_components_list",
     "leaf_capabilities",
@@ -53,21 +57,25 @@ __all__ = [
     "group_extensions",
     "GroupState",
     "read_group_state",
+    "required_components",
+    "supported_components",
+    "check_supports_required",
 ]
 
 CIPHERSUITE = crypto.CIPHER_SUITE
 SIGNATURE_SCHEME = crypto.SIGNATURE_SCHEME
 
-LEAF_EXTENSIONS = (comp.APP_DATA_DICTIONARY, comp.EXT_MDK_GROUP_DATA, comp.EXT_ENCRYPTED_DEVICE_NAME,
-                   comp.EXT_MULTI_DEVICE)
-LEAF_PROPOSALS = (comp.APP_DATA_UPDATE, comp.APP_EPHEMERAL, comp.SELF_REMOVE)
-SUPPORTED_COMPONENTS = (comp.ADMIN_POLICY, comp.NOSTR_ROUTING, comp.ACCOUNT_IDENTITY_PROOF,
-                        comp.MULTI_DEVICE_JOIN_AUTHORIZATION)
-# What a key package event's capability tags say. MDK 0.8.0 refuses an mls_proposals tag other than
-# exactly 0x000a and requires 0x000a (LastResort) in mls_extensions (spec note M14); the KeyPackage's
-# own capabilities stay complete and are what MLS negotiates on.
-TAG_EXTENSIONS = (0x000A, comp.APP_DATA_DICTIONARY, comp.EXT_MDK_GROUP_DATA, comp.EXT_ENCRYPTED_DEVICE_NAME,
-                  comp.EXT_MULTI_DEVICE)
+LEAF_EXTENSIONS = (comp.APP_DATA_DICTIONARY, comp.EXT_MDK_GROUP_DATA)
+LEAF_PROPOSALS = (comp.APP_DATA_UPDATE, comp.SELF_REMOVE)
+SUPPORTED_COMPONENTS = (comp.ADMIN_POLICY, comp.NOSTR_ROUTING, comp.ACCOUNT_IDENTITY_PROOF)
+# What only a leaf made with the draft switch advertises (spec note M23): a device that would refuse
+# the draft's External Commits must not look able to process them.
+DRAFT_LEAF_EXTENSIONS = (comp.EXT_ENCRYPTED_DEVICE_NAME, comp.EXT_MULTI_DEVICE)
+DRAFT_LEAF_PROPOSALS = (comp.APP_EPHEMERAL,)
+DRAFT_COMPONENTS = (comp.MULTI_DEVICE_JOIN_AUTHORIZATION,)
+# What a key package event's capability tags say: LastResort (0x000a) and the KeyPackage's own
+# extension types. MDK 0.8.0 refuses an mls_proposals tag other than exactly 0x000a and requires
+# 0x000a in mls_extensions (spec note M14); the KeyPackage's capabilities are what MLS negotiates on.
 TAG_PROPOSALS = (comp.SELF_REMOVE,)
 MAX_KEY_PACKAGE_LIFETIME = 7_261_200  # key-packages.md: 84 days plus a one-hour clock-skew margin
 
@@ -81,17 +89,28 @@ def decode_components_list(data: bytes) -> list[int]:
     return decode_exact(data, lambda r: r.vl_list(Reader.u16))
 
 
-def leaf_capabilities() -> Capabilities:
+def leaf_capabilities(draft: bool = False) -> Capabilities:
+    """What our leaves advertise; the draft multi-device parts only with the draft switch."""
+    if draft:
+        return Capabilities(extensions=LEAF_EXTENSIONS + DRAFT_LEAF_EXTENSIONS,
+                            proposals=tuple(sorted(LEAF_PROPOSALS + DRAFT_LEAF_PROPOSALS)))
     return Capabilities(extensions=LEAF_EXTENSIONS, proposals=LEAF_PROPOSALS)
 
 
+def leaf_components(draft: bool = False) -> tuple[int, ...]:
+    return SUPPORTED_COMPONENTS + DRAFT_COMPONENTS if draft else SUPPORTED_COMPONENTS
+
+
 def leaf_extensions(account_secret: str, signature_public: bytes, *, device_label: str | None = None,
-                    created_at: int | None = None) -> tuple[Extension, ...]:
-    """The leaf's app_data_dictionary (supported components + the 0x8009 proof), and a label if any."""
+                    created_at: int | None = None, draft: bool = False) -> tuple[Extension, ...]:
+    """The leaf's app_data_dictionary (supported components + the 0x8009 proof), and a label if any
+    (the label is part of the draft: it needs `draft`)."""
+    if device_label is not None and not draft:
+        raise DraftDisabled("a device label (0xf2ef) is part of the draft multi-device feature")
     proof = proofs.sign_proof(proofs.AccountIdentityBinding(CIPHERSUITE, SIGNATURE_SCHEME, signature_public),
                               account_secret, created_at)
     dictionary = mls.encode_app_data_dictionary([
-        (comp.APP_COMPONENTS, encode_components_list(SUPPORTED_COMPONENTS)),
+        (comp.APP_COMPONENTS, encode_components_list(leaf_components(draft))),
         (comp.ACCOUNT_IDENTITY_PROOF, proof.encode()),
     ])
     exts = [Extension(EXT_APP_DATA_DICTIONARY, dictionary)]
@@ -118,19 +137,23 @@ def check_lifetime(leaf: LeafNode, now: int | None = None) -> None:
         raise ComponentError("the key package's Lifetime is longer than 7,261,200 seconds", "key_package.lifetime")
 
 
-def create_key_package(account_secret: str, *, device_label: str | None = None) -> mls.KeyPackageSecrets:
-    """A fresh KeyPackage for this account (new MLS signature key, 0x8009 proof over it)."""
+def create_key_package(account_secret: str, *, device_label: str | None = None,
+                       draft: bool = False) -> mls.KeyPackageSecrets:
+    """A fresh KeyPackage for this account (new MLS signature key, 0x8009 proof over it); with
+    `draft`, able to join draft multi-device groups."""
     sig_priv, sig_pub = crypto.signature_keypair()
     return mls.create_key_package(bytes.fromhex(public_key(account_secret)), sig_priv,
-                                  capabilities=leaf_capabilities(), lifetime=lifetime(),
-                                  leaf_extensions=leaf_extensions(account_secret, sig_pub, device_label=device_label))
+                                  capabilities=leaf_capabilities(draft), lifetime=lifetime(),
+                                  leaf_extensions=leaf_extensions(account_secret, sig_pub, device_label=device_label,
+                                                                  draft=draft))
 
 
 def key_package_event(account_secret: str, kps: mls.KeyPackageSecrets, relays: list[str]) -> Event:
     """The signed kind 30443 event: the bare KeyPackage bytes (what MDK accepts; spec note M3)."""
     kp = kps.key_package
+    extensions = [0x000A, *(e for e in kp.leaf_node.capabilities.extensions if e != 0x000A)]
     return transport.build_key_package_event(account_secret, kp.encode(), key_package_ref=mls.key_package_ref(kp),
-                                             ciphersuite=CIPHERSUITE, extensions=list(TAG_EXTENSIONS),
+                                             ciphersuite=CIPHERSUITE, extensions=extensions,
                                              proposals=list(TAG_PROPOSALS), relays=relays)
 
 
@@ -177,6 +200,37 @@ def check_group_context(context: GroupContext) -> None:
         if cid in data:
             raise ComponentError(f"component 0x{cid:04x} has data in the GroupContext, where it is invalid",
                                  "component.invalid_location")
+
+
+def required_components(context: GroupContext) -> list[int]:
+    """The component ids the GroupContext's `app_components` requires (none without the entry)."""
+    data = app_data(context.extensions)
+    if comp.APP_COMPONENTS not in data:
+        return []
+    try:
+        return decode_components_list(data[comp.APP_COMPONENTS])
+    except mls.MLSError as exc:
+        raise ComponentError(f"app_components is malformed: {exc}", "component.app_components") from None
+
+
+def supported_components(leaf: LeafNode) -> list[int]:
+    """The component ids a LeafNode lists as supported in its `app_components` entry."""
+    data = app_data(leaf.extensions)
+    if comp.APP_COMPONENTS not in data:
+        return []
+    try:
+        return decode_components_list(data[comp.APP_COMPONENTS])
+    except mls.MLSError as exc:
+        raise ComponentError(f"a leaf's app_components is malformed: {exc}", "component.app_components") from None
+
+
+def check_supports_required(required, leaf: LeafNode, what: str = "the leaf") -> None:
+    """app-components/README.md, Negotiation: a member that does not support every required
+    component id MUST NOT join (and a group may not come to require one a member lacks)."""
+    lacking = sorted(set(required) - set(supported_components(leaf)))
+    if lacking:
+        raise ComponentError(f"{what} does not support required component(s) "
+                             f"{', '.join(f'0x{c:04x}' for c in lacking)}", "component.unsupported")
 
 
 def check_key_package_extensions(kp) -> None:

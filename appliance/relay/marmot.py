@@ -7,8 +7,8 @@ no moderation), so the group rules never see it. The relay only checks its shape
 
 The other kinds of the Marmot Nostr transport (transports/nostr.md) are checked where that
 document says MUST, and no stricter: key packages (addressable kind 30443, and the older kind 443
-clients still publish beside them), key package relay lists (10051) and gift-wrapped welcomes
-(1059, recipient-gated like every gift wrap). Signing templates that must never reach a relay
+clients still publish beside them) and gift-wrapped welcomes (1059, recipient-gated like every gift
+wrap). Key package relay lists (10051) have no MUST there: stored like any replaceable event. Signing templates that must never reach a relay
 (450, 451, 452) and bare welcome rumors (444) are refused with the reason.
 """
 
@@ -27,7 +27,7 @@ MIN_GROUP_MESSAGE_BYTES = 28
 _GROUP_ID = re.compile(r"[0-9a-f]{64}").fullmatch
 
 
-KEY_PACKAGE_KIND, LEGACY_KEY_PACKAGE_KIND, KEY_PACKAGE_RELAYS_KIND = 30443, 443, 10051
+KEY_PACKAGE_KIND, LEGACY_KEY_PACKAGE_KIND = 30443, 443
 WELCOME_RUMOR_KIND, GIFT_WRAP_KIND = 444, 1059
 # Local-only signing templates: account identity proof (450) and multi-device join authorization
 # (452 in the draft, 451 in an earlier revision of its component document; spec note M1).
@@ -76,14 +76,6 @@ def check_key_package(ev: Event) -> None:
         raise Rejected("invalid", f"the i tag of {what} is a lowercase hex KeyPackageRef")
 
 
-def check_key_package_relays(ev: Event) -> None:
-    """Kind 10051: `relay` tags and empty content."""
-    if ev.content != "":
-        raise Rejected("invalid", "a key package relay list (kind 10051) has empty content")
-    if any(t[0] == "relay" and len(t) < 2 for t in ev.tags):
-        raise Rejected("invalid", "each relay tag of a key package relay list names a relay")
-
-
 def check_gift_wrap(ev: Event) -> None:
     """Kind 1059: addressed to someone (its readers are its author and its p-tagged recipients)."""
     if not ev.tag_values("p"):
@@ -103,10 +95,10 @@ def check_marmot_event(ev: Event) -> None:
 
 def check_group_message(ev: Event) -> None:
     """Refuse a kind 445 event that is not shaped like a Marmot group message."""
-    hs = ev.tag_values("h")
+    hs = [t for t in ev.tags if t[0] == "h"]  # a bare ["h"] is an h tag too
     if len(hs) != 1:
         raise Rejected("invalid", "a group message (kind 445) has exactly one h tag")
-    if not _GROUP_ID(hs[0]):
+    if len(hs[0]) < 2 or not _GROUP_ID(hs[0][1]):
         raise Rejected("invalid", "the h tag of a group message is a 64-character lowercase hex group id")
     try:
         data = base64.b64decode(ev.content, validate=True)
@@ -120,7 +112,8 @@ CHECKS = {
     GROUP_MESSAGE_KIND: check_group_message,
     KEY_PACKAGE_KIND: check_key_package,
     LEGACY_KEY_PACKAGE_KIND: check_key_package,
-    KEY_PACKAGE_RELAYS_KIND: check_key_package_relays,
+    # Kind 10051 (key package relay lists) is described by transports/nostr.md but carries no MUST:
+    # it is stored as NIP-01 allows (replaceable), never refused for its tags or content (M13).
     GIFT_WRAP_KIND: check_gift_wrap,
 }
 MARMOT_KINDS = frozenset(CHECKS) | frozenset(LOCAL_ONLY_KINDS) | {WELCOME_RUMOR_KIND}

@@ -133,3 +133,39 @@ def test_inspect_mls_objects(capsys, tmp_path, identity):
     psk.write_text(md.join_psk_id(group.group_context_bytes()).hex())
     rc, doc = run(capsys, "inspect", "--input", str(psk), "--as", "join-psk-id")
     assert rc == 0 and doc["label"] == "marmot.multi-device.join-psk.v1"
+
+
+def test_only_the_draft_switch_advertises_the_draft_feature(capsys, tmp_path, identity, monkeypatch):
+    """Without the switch a key package claims no part of the draft multi-device feature (no 0xf2f0,
+    0xf2ef, AppEphemeral 0x0009, component 0x800a): a device that would refuse the draft's External
+    Commits must not look able to process them (the signaling gate trusts what leaves advertise)."""
+    monkeypatch.delenv("APPLIANCE_MARMOT_DRAFT_MULTI_DEVICE", raising=False)
+    secret, path = identity
+    draft_bits = {"0xf2ef", "0xf2f0"}
+
+    def key_package(*flags):
+        rc, ev = run(capsys, "key-package", "--state", str(tmp_path / "s"), "--identity", path,
+                     "--relay", "ws://127.0.0.1:7777", *flags)
+        assert rc == 0
+        out = tmp_path / "kp.json"
+        out.write_text(json.dumps({k: v for k, v in ev.items() if k != "draft"}))
+        rc, seen = run(capsys, "inspect", "--input", str(out))
+        assert rc == 0
+        tags = {t[0]: t[1:] for t in ev["tags"]}
+        return ev, tags, seen["key_package"]["leaf"]["capabilities"]
+
+    ev, tags, caps = key_package()
+    assert "draft" not in ev
+    assert not draft_bits & set(tags["mls_extensions"]) and not draft_bits & set(caps["extensions"])
+    assert "0x0009" not in caps["proposals"]
+    from appliance.marmot import profile, transport
+    from appliance.marmot.mls import parse_key_package
+    from appliance.nostr.event import parse_event
+
+    kp = parse_key_package(transport.parse_key_package_event(parse_event(
+        {k: v for k, v in ev.items() if k != "draft"})).key_package)
+    assert 0x800A not in profile.supported_components(kp.leaf_node)
+    ev, tags, caps = key_package("--draft-multi-device")
+    assert ev["draft"] == DRAFT_LABEL
+    assert draft_bits <= set(tags["mls_extensions"]) and draft_bits <= set(caps["extensions"])
+    assert "0x0009" in caps["proposals"]

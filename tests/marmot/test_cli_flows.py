@@ -47,7 +47,7 @@ class Cli:
 @pytest.fixture
 def group(tmp_path):
     alice, bob = Cli(tmp_path, "alice"), Cli(tmp_path, "bob")
-    kp = bob("key-package", "--relay", RELAY)
+    kp = bob("key-package", "--relay", RELAY, "--draft-multi-device")
     created = alice("create-group", "--name", "g", "--relay", RELAY, "--draft-multi-device",
                     "--member-key-package", alice.file("kp", kp))
     bob("join", "--welcome", bob.file("welcome", created["welcomes"][0]))
@@ -61,7 +61,7 @@ def test_receive_reports_a_proposal(group, tmp_path):
     _, message = g.propose_update()
     ev = tp.encrypt_group_message(group_event_key(g), bytes.fromhex(device.groups[gid]["h"]), message)
     got = alice("receive", "--event", alice.file("proposal", ev.to_dict()))
-    assert got == {"type": "proposal", "group_id": gid, "epoch": 1, "sender": device.account}
+    assert got == {"draft": got["draft"], "type": "proposal", "group_id": gid, "epoch": 1, "sender": device.account}
 
 
 def test_a_join_request_for_an_old_epoch_is_not_authorized(group, tmp_path):
@@ -109,3 +109,49 @@ def test_pairing_key_without_draft_and_bad_inputs(group, tmp_path):
     assert len(alice("join-psk", "--group", gid, "--draft-multi-device", "--show-secrets")["join_psk"]) == 64
     bad = alice("send", "--group", "00" * 32, "--content", "x", ok=False)
     assert bad["error"] == "state.unknown_group"
+
+
+def _stateless(command, *args):
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["marmot", command, *args]) == 0
+    return json.loads(out.getvalue())
+
+
+def test_draft_objects_and_draft_groups_are_labelled(group, tmp_path):
+    """Every output about the draft feature carries the draft label: inspect of draft objects (pairing
+    envelope, 0xf2f0/0xf2ef bodies, join PSK ids, a draft group's context) and commits or messages
+    received in a group created with the draft switch; ordinary objects are not labelled."""
+    from appliance.commands.marmot import DRAFT_LABEL
+
+    alice, bob, gid = group
+    alice2 = Cli(tmp_path, "alice2", alice.secret)
+    key = alice2("pairing-key", "--draft-multi-device", identity=False)["pairing_key"]
+    sealed = alice("pairing-seal", "--recipient", key, "--group", gid, "--draft-multi-device")
+    psk = alice("join-psk", "--group", gid, "--draft-multi-device")
+    info = alice("group-info", "--group", gid, "--draft-multi-device")
+    label = _stateless("encrypt-device-label", "--identity", str(alice.identity), "--label", "phone",
+                       "--draft-multi-device")
+    objects = {"pairing-envelope": sealed, "join-psk-id": psk, "group-info": info, "device-label": label,
+               "multi-device-extension": {"extension_data": "0001"}}
+    for as_type, doc in objects.items():
+        shown = _stateless("inspect", "--input", alice.file(as_type, doc), "--as", as_type)
+        assert shown.get("draft") == DRAFT_LABEL, as_type
+    # A group made without the switch: its context is not draft, and shows no join PSK id.
+    carol = Cli(tmp_path, "carol")
+    plain = carol("create-group", "--relay", RELAY)["group_id"]
+    device = Device.from_json(carol.secret, json.loads((carol.state / "device" / "state.json").read_text()))
+    import base64
+
+    doc = {"group_info": base64.b64encode(device.group(plain).group_info()).decode()}
+    shown = _stateless("inspect", "--input", carol.file("gi", doc), "--as", "group-info")
+    assert "draft" not in shown and "join_psk_id" not in shown["context"]
+    # Commits and messages of the draft group are labelled; the event itself stays publishable.
+    commit = bob("commit", "--group", gid)
+    assert commit["draft"] == DRAFT_LABEL and "draft" not in commit["commit"]
+    got = alice("receive", "--event", alice.file("c", commit["commit"]))
+    assert got["draft"] == DRAFT_LABEL and got["type"] == "commit"
+    sent = alice("send", "--group", gid, "--content", "hi")
+    assert "draft" not in sent  # a kind 445 event, published as printed
+    got = bob("receive", "--event", bob.file("m", sent))
+    assert got["draft"] == DRAFT_LABEL and got["rumor"]["content"] == "hi"

@@ -24,8 +24,11 @@ from appliance.marmot.mls import (
     TreeError,
     UnknownProposal,
     create_key_package,
+    ValidationError,
     external_join,
     join_from_welcome,
+    prepare_external_join,
+    PendingExternalJoin,
 )
 from appliance.marmot.mls.structs import (
     EXT_APP_DATA_DICTIONARY,
@@ -200,6 +203,41 @@ def test_external_commit_policy_for_app_ephemeral():
     _, bare = external_join(members[0].group_info(), b"dev2", capabilities=CAPS, external_psks={psk_id: psk})
     with pytest.raises(ProposalError):
         members[1].process(bare, psks={psk_id: psk}, external_commit_policy=marmot_policy(psk_id))
+
+
+def test_external_commit_in_two_steps_binds_the_prepared_leaf():
+    """prepare_external_join fixes the joining leaf; something bound to that exact leaf (here an
+    AppEphemeral carrying its hash) is made afterwards, and finish puts that very leaf in the Commit."""
+    import hashlib
+
+    members = make_group(2)
+    psk_id, psk = join_psk(members[0])
+    pending = prepare_external_join(members[0].group_info(), b"dev", capabilities=CAPS, external_psks={psk_id: psk})
+    leaf = pending.leaf_node
+    assert pending.group_context.encode() == members[0].group_context_bytes()
+    assert leaf.parent_hash and leaf.signature  # the complete, signed leaf, not a placeholder
+    # The state survives bytes (a new device waits for its authorization), and finish is repeatable.
+    again = PendingExternalJoin.from_bytes(pending.to_bytes())
+    assert again.leaf_node.encode() == leaf.encode()
+    binding = AppEphemeral(MARMOT_COMPONENT, hashlib.sha256(leaf.encode()).digest() * 3 + bytes(8))
+    joiner, commit = again.finish([binding])
+    carried = MLSMessage.decode(commit).body.content.content
+    assert carried.path.leaf_node.encode() == leaf.encode()
+    assert [p.proposal_type for p in carried.proposals] == [6, P_PSK, P_APP_EPHEMERAL]
+    res = members[1].process(commit, psks={psk_id: psk}, external_commit_policy=marmot_policy(psk_id))
+    same_epoch([res.group, joiner])
+    assert "priv" not in repr(pending) and pending.signature_priv.hex() not in repr(pending)
+    # A proposal that would move the joining leaf (a resync Remove) is refused by finish: it belongs
+    # to prepare, which then fixes the leaf where it will really land.
+    resync = prepare_external_join(members[0].group_info(), b"member-0", capabilities=CAPS)
+    with pytest.raises(ValidationError, match="change the joining leaf"):
+        resync.finish([Remove(1)])
+    resync = prepare_external_join(members[0].group_info(), b"member-0", capabilities=CAPS, remove_leaf=1)
+    joiner, commit = resync.finish()
+    assert joiner.own_leaf == 1 and joiner.own_leaf_node.encode() == resync.leaf_node.encode()
+    assert members[0].process(commit).removed_self is False
+    with pytest.raises(StateError):
+        PendingExternalJoin.from_bytes(b"not state")
 
 
 def test_unknown_extensions_and_proposals_survive_byte_exact():

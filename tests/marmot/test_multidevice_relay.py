@@ -73,7 +73,9 @@ async def test_second_device_joins_through_the_relay(server, connect, tmp_path):
 
     # Key packages, published and fetched by author.
     for c in (bob, carol):
-        await publish(c("key-package", *c.id(), "--relay", url))
+        published = c("key-package", *c.id(), "--relay", url, "--draft-multi-device")
+        assert published.pop("draft")  # it advertises the draft feature: labelled
+        await publish(published)
     kp_files = []
     for c in (bob, carol):
         [ev] = await fetch({"kinds": [30443], "authors": [c.pubkey]})

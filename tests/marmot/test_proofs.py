@@ -185,3 +185,18 @@ def test_tag_value_encodings():
     assert b.tags()[2] == ["ciphersuite", "0x0003"] and b.tags()[3] == ["signature_scheme", "0x0807"]
     with pytest.raises(ProofError):
         AccountIdentityBinding(0x10000, 0x0807, b"").tags()
+
+
+@pytest.mark.parametrize("vector,binding", [(AIP["data"], AIP_BINDING), (JOIN["data"], None)])
+def test_every_single_byte_mutation_is_refused(vector, binding):
+    """Any change to any of the 104 bytes (the key, the timestamp, the signature) is refused."""
+    data = bytes.fromhex(vector)
+    if binding is None:  # the join vector as a kind 452 proof: sign it under 452 first
+        binding = JOIN["binding"]
+        data = sign_proof(binding, SK3, JOIN["created_at"], aux=ZERO_AUX).encode()
+    verify_proof(data, binding)
+    for i in range(len(data)):
+        for flip in (0x01, 0x80):
+            mutated = data[:i] + bytes([data[i] ^ flip]) + data[i + 1:]
+            with pytest.raises(ProofError):
+                verify_proof(mutated, binding)

@@ -26,6 +26,7 @@ async def test_group_message_shape(server, alice, connect):
     assert (await c.publish(alice.sign(445, [["h", GROUP_ID], ["e", "cd" * 32]], CIPHERTEXT)))[0]
     refused = {
         "two h tags": alice.sign(445, [["h", GROUP_ID], ["h", "cd" * 32]], CIPHERTEXT),
+        "an h tag and a bare h": alice.sign(445, [["h", GROUP_ID], ["h"]], CIPHERTEXT),
         "no h tag": alice.sign(445, [], CIPHERTEXT),
         "uppercase h": alice.sign(445, [["h", GROUP_ID.upper()]], CIPHERTEXT),
         "uuid h": alice.sign(445, [["h", "0b7a2d6e-1c4b-4f7a-9d2e-3a5b6c7d8e9f"]], CIPHERTEXT),

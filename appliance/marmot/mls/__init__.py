@@ -10,6 +10,8 @@
     create_key_package(...)     -> KeyPackageSecrets (public KeyPackage + private keys)
     join_from_welcome(...)      -> Group
     external_join(group_info, ..., external_psks=, proposals=) -> (Group, commit message)
+    prepare_external_join(group_info, ...) -> PendingExternalJoin   the same in two steps: its
+        .leaf_node is the exact joining leaf; .finish(proposals) -> (Group, commit message)
     ExternalCommitPolicy        which extra proposals an External Commit may carry, plus a check
 
 Modules: codec (TLS/MLS and QUIC-varint codecs), treemath, crypto (suite 1 over `cryptography`
@@ -39,6 +41,7 @@ from .group import (
     Group,
     KeyPackageSecrets,
     Member,
+    PendingExternalJoin,
     Processed,
     RFC_EXTERNAL_COMMIT_POLICY,
     capabilities_for,
@@ -49,6 +52,7 @@ from .group import (
     join_from_welcome,
     key_package_ref,
     parse_key_package,
+    prepare_external_join,
 )
 from .structs import (
     AppDataUpdate,
@@ -71,9 +75,10 @@ __all__ = [
     "AppDataUpdate", "AppEphemeral", "Capabilities", "CommitOutcome", "CommitView", "ConfirmationTagError",
     "Credential", "DecodeError", "DecryptError", "EpochError", "Extension", "ExternalCommitPolicy",
     "ExternalCommitView", "Group", "GroupContext", "GroupInfo", "KeyPackage", "KeyPackageSecrets", "LeafNode",
-    "Lifetime", "MLSError", "MLSMessage", "MembershipTagError", "Member", "PreSharedKeyID", "Processed",
+    "Lifetime", "MLSError", "MLSMessage", "MembershipTagError", "Member", "PendingExternalJoin", "PreSharedKeyID",
+    "Processed",
     "ProposalError", "RFC_EXTERNAL_COMMIT_POLICY", "RequiredCapabilities", "SignatureError", "StateError",
     "TreeError", "UnknownProposal", "UnsupportedError", "ValidationError", "capabilities_for", "create_key_package",
     "decode_app_data_dictionary", "encode_app_data_dictionary", "external_join", "join_from_welcome",
-    "key_package_ref", "parse_key_package",
+    "key_package_ref", "parse_key_package", "prepare_external_join",
 ]

@@ -1077,22 +1077,129 @@ def join_from_welcome(welcome: bytes, key_package: KeyPackageSecrets | bytes, *,
                  gi.confirmation_tag)
 
 
-def external_join(group_info: bytes, credential: Credential | bytes, signature_priv: bytes | None = None, *,
-                  capabilities: Capabilities | None = None, leaf_extensions: Iterable[Extension] = (),
-                  external_psks: dict[bytes, bytes] | None = None, proposals: Iterable = (),
-                  remove_leaf: int | None = None, ratchet_tree: bytes | None = None,
-                  authenticated_data: bytes = b"") -> tuple[Group, bytes]:
-    """Join by External Commit (§12.4.3.2): returns our state in the new epoch and the Commit message.
+def _group_info_context(group_info: bytes) -> GroupContext:
+    """The GroupContext of a GroupInfo message, decoded only (its signature was verified before)."""
+    msg = MLSMessage.decode(group_info)
+    if msg.wire_format != WF_GROUP_INFO:
+        raise ValidationError("not a GroupInfo message")
+    return msg.body.group_context
+
+
+@dataclass(frozen=True)
+class PendingExternalJoin:
+    """An External Commit (§12.4.3.2) whose joining leaf is already fixed, built in two steps.
+
+    `prepare_external_join` fixes every input of the joiner's LeafNode (signature and encryption
+    keys, path secret, ExternalInit, and the Remove and PreSharedKey proposals it was given), so
+    `leaf_node` is byte for byte the leaf the Commit will carry, parent hash and signature included:
+    something else (an authorization bound to that exact leaf, say) can be made over it before the
+    Commit exists. `finish` then appends proposals that leave the tree as it is (an AppEphemeral, a
+    PreSharedKey) and builds the Commit. Holds private keys: keep `to_bytes()` private.
+    """
+
+    group_info: bytes
+    ratchet_tree: bytes | None
+    signature_priv: bytes
+    encryption_priv: bytes
+    path_secret: bytes
+    init_secret: bytes
+    leaf_node: LeafNode  # the exact joining leaf (what an authorization over "the joining leaf" binds)
+    proposals: tuple  # ExternalInit first, then the Remove and PreSharedKeys fixed by prepare
+    psk_values: dict  # external PSK id -> value, for the PreSharedKey proposals
+    _verified: list = field(default_factory=list, repr=False, compare=False)  # (GroupInfo, tree) once checked
+
+    def __repr__(self) -> str:  # no private keys or PSK values
+        return f"<PendingExternalJoin group={self.group_context.group_id.hex()} epoch={self.group_context.epoch}>"
+
+    @property
+    def group_context(self) -> GroupContext:
+        """The GroupContext the Commit applies to (the candidate parent state)."""
+        return _group_info_context(self.group_info)
+
+    def to_bytes(self) -> bytes:
+        return cbor2.dumps({
+            "v": STATE_VERSION, "group_info": self.group_info, "ratchet_tree": self.ratchet_tree,
+            "sig": self.signature_priv, "enc": self.encryption_priv, "path_secret": self.path_secret,
+            "init_secret": self.init_secret, "leaf": self.leaf_node.encode(),
+            "proposals": [encode_proposal(p) for p in self.proposals], "psks": self.psk_values,
+        })
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> "PendingExternalJoin":
+        try:
+            obj = cbor2.loads(data)
+            if not isinstance(obj, dict) or obj.get("v") != STATE_VERSION:
+                raise StateError("not pending External Commit bytes of a known version")
+            return cls(obj["group_info"], obj["ratchet_tree"], obj["sig"], obj["enc"], obj["path_secret"],
+                       obj["init_secret"], LeafNode.decode(obj["leaf"]),
+                       tuple(decode_proposal(p) for p in obj["proposals"]), dict(obj["psks"]))
+        except MLSError:
+            raise
+        except Exception as exc:
+            raise StateError(f"invalid pending External Commit bytes: {type(exc).__name__}: {exc}") from None
+
+    def _group_info_and_tree(self) -> tuple[GroupInfo, RatchetTree]:
+        if not self._verified:
+            self._verified.append(_verified_group_info(self.group_info, self.ratchet_tree))
+        gi, tree = self._verified[0]
+        return gi, tree.copy()
+
+    def _build(self, extra: Iterable, authenticated_data: bytes, encrypt: bool):
+        gi, tree = self._group_info_and_tree()
+        context = gi.group_context
+        props = [*self.proposals, *extra]
+        leaf = self.leaf_node
+        g = Group(context, tree, -1, self.signature_priv, {}, None, SecretTree(None, 1),
+                  ks.interim_transcript_hash(context.confirmed_transcript_hash, gi.confirmation_tag),
+                  gi.confirmation_tag)
+        me = Sender(SENDER_NEW_MEMBER_COMMIT)
+        draft_leaf = LeafNode(leaf.encryption_key, leaf.signature_key, leaf.credential, leaf.capabilities,
+                              SRC_COMMIT, None, b"", leaf.extensions)
+        policy = ExternalCommitPolicy(frozenset(p.proposal_type for p in props))
+        staged = g._stage([(p, me, None) for p in props], me, self.psk_values, None, None, policy, draft_leaf,
+                          authenticated_data)
+        own = staged.tree.add_leaf(draft_leaf)
+        path, privs, _, _, commit_secret = _encap(staged.tree, own, draft_leaf, self.signature_priv, context,
+                                                  staged.extensions, set(), check=True,
+                                                  leaf_key=(self.encryption_priv, leaf.encryption_key),
+                                                  path_secret=self.path_secret, encrypt=encrypt)
+        return g, staged, props, path, privs, own, commit_secret
+
+    def finish(self, proposals: Iterable = (), *, authenticated_data: bytes = b"") -> tuple[Group, bytes]:
+        """The External Commit (ExternalInit, the prepared proposals, then `proposals`) and our state in
+        the new epoch. Proposals that would change the joining leaf (a Remove, say) belong to
+        prepare: they are refused here (ValidationError), as is anything that fails an MLS rule."""
+        g, staged, props, path, privs, own, commit_secret = self._build(proposals, authenticated_data, True)
+        if path.leaf_node.encode() != self.leaf_node.encode():
+            raise ValidationError("these proposals change the joining leaf: give them to prepare_external_join")
+        context = g.context
+        content = FramedContent(context.group_id, context.epoch, Sender(SENDER_NEW_MEMBER_COMMIT),
+                                authenticated_data, CT_COMMIT, Commit(tuple(props), path))
+        signature = sign_content(WF_PUBLIC_MESSAGE, content, context, self.signature_priv)
+        g.own_leaf, g.privs = own, privs
+        new = g._advance(staged, content, WF_PUBLIC_MESSAGE, signature, commit_secret, self.init_secret,
+                         self.psk_values)
+        auth = FramedContentAuthData(signature, new.confirmation_tag)
+        return new, MLSMessage(WF_PUBLIC_MESSAGE, PublicMessage(content, auth, None)).encode()
+
+
+def prepare_external_join(group_info: bytes, credential: Credential | bytes, signature_priv: bytes | None = None, *,
+                          capabilities: Capabilities | None = None, leaf_extensions: Iterable[Extension] = (),
+                          external_psks: dict[bytes, bytes] | None = None, remove_leaf: int | None = None,
+                          ratchet_tree: bytes | None = None) -> PendingExternalJoin:
+    """Step one of an External Commit: verify the GroupInfo and tree, fix the joining leaf.
 
     `external_psks` maps PSK ids to values; each becomes one PreSharedKey proposal (fresh nonce),
-    in the given order. `proposals` are appended inline as given (e.g. an AppEphemeral). Without
-    `capabilities`, the leaf advertises what the group requires (`capabilities_for`).
+    in the given order; `remove_leaf` adds the resync Remove. Without `capabilities`, the leaf
+    advertises what the group requires (`capabilities_for`). The returned `leaf_node` is exactly
+    the leaf `finish` puts in the Commit.
     """
     if isinstance(credential, (bytes, bytearray)):
         credential = Credential.basic(bytes(credential))
     if signature_priv is None:
         signature_priv, _ = crypto.signature_keypair()
-    gi, tree = _verified_group_info(group_info, ratchet_tree)
+    verified = _verified_group_info(group_info, ratchet_tree)
+    gi = verified[0]
     context = gi.group_context
     if capabilities is None:
         capabilities = capabilities_for(context)
@@ -1102,43 +1209,49 @@ def external_join(group_info: bytes, credential: Credential | bytes, signature_p
     external_pub = decode_exact(ext.extension_data, Reader.vl)
     kem_output, init_secret = crypto.export_sender(external_pub, ks.EXTERNAL_INIT_LABEL, crypto.NH)
     psk_values = dict(external_psks or {})
-    props = [ExternalInit(kem_output)]
+    props: list = [ExternalInit(kem_output)]
     if remove_leaf is not None:
         props.append(Remove(remove_leaf))
     props += [PreSharedKey(PreSharedKeyID.external(pid, crypto.random_bytes())) for pid in psk_values]
-    props += list(proposals)
-    sig_pub = crypto.signature_public(signature_priv)
-    g = Group(context, tree, -1, signature_priv, {}, None, SecretTree(None, 1),
-              ks.interim_transcript_hash(context.confirmed_transcript_hash, gi.confirmation_tag), gi.confirmation_tag)
-    me = Sender(SENDER_NEW_MEMBER_COMMIT)
-    # a placeholder with a fresh key: it marks where the joiner lands; _encap replaces it
-    draft_leaf = LeafNode(crypto.hpke_keypair()[1], sig_pub, credential, capabilities, SRC_COMMIT, None, b"",
-                          tuple(leaf_extensions))
-    policy = ExternalCommitPolicy(frozenset(p.proposal_type for p in props))
-    staged = g._stage([(p, me, None) for p in props], me, psk_values, None, None, policy, draft_leaf,
-                      authenticated_data)
-    own = staged.tree.add_leaf(draft_leaf)
-    path, privs, _, _, commit_secret = _encap(staged.tree, own, draft_leaf, signature_priv, context,
-                                              staged.extensions, set(), check=True)
-    commit = Commit(tuple(props), path)
-    content = FramedContent(context.group_id, context.epoch, me, authenticated_data, CT_COMMIT, commit)
-    signature = sign_content(WF_PUBLIC_MESSAGE, content, context, signature_priv)
-    g.own_leaf, g.privs = own, privs
-    new = g._advance(staged, content, WF_PUBLIC_MESSAGE, signature, commit_secret, init_secret, psk_values)
-    auth = FramedContentAuthData(signature, new.confirmation_tag)
-    message = MLSMessage(WF_PUBLIC_MESSAGE, PublicMessage(content, auth, None)).encode()
-    return new, message
+    enc_priv, enc_pub = crypto.hpke_keypair()
+    # A placeholder leaf: everything but the parent hash and signature, which the staged tree decides.
+    leaf = LeafNode(enc_pub, crypto.signature_public(signature_priv), credential, capabilities, SRC_COMMIT, None,
+                    b"", tuple(leaf_extensions))
+    pending = PendingExternalJoin(bytes(group_info), ratchet_tree, signature_priv, enc_priv, crypto.random_bytes(),
+                                  init_secret, leaf, tuple(props), psk_values, [verified])
+    path = pending._build((), b"", False)[3]
+    return PendingExternalJoin(pending.group_info, ratchet_tree, signature_priv, enc_priv, pending.path_secret,
+                               init_secret, path.leaf_node, tuple(props), psk_values, [verified])
+
+
+def external_join(group_info: bytes, credential: Credential | bytes, signature_priv: bytes | None = None, *,
+                  capabilities: Capabilities | None = None, leaf_extensions: Iterable[Extension] = (),
+                  external_psks: dict[bytes, bytes] | None = None, proposals: Iterable = (),
+                  remove_leaf: int | None = None, ratchet_tree: bytes | None = None,
+                  authenticated_data: bytes = b"") -> tuple[Group, bytes]:
+    """Join by External Commit (§12.4.3.2) in one step: returns our state in the new epoch and the Commit.
+
+    The same as `prepare_external_join(...).finish(proposals, authenticated_data=...)`: `proposals`
+    are appended inline as given (e.g. an AppEphemeral).
+    """
+    pending = prepare_external_join(group_info, credential, signature_priv, capabilities=capabilities,
+                                    leaf_extensions=leaf_extensions, external_psks=external_psks,
+                                    remove_leaf=remove_leaf, ratchet_tree=ratchet_tree)
+    return pending.finish(proposals, authenticated_data=authenticated_data)
 
 
 def _encap(tree: RatchetTree, leaf_index: int, leaf: LeafNode, signature_priv: bytes, context: GroupContext,
-           extensions, exclude, check: bool = False):
-    """TreeKEM for a committer at `leaf_index` of the staged `tree` (changed in place): fresh leaf key,
+           extensions, exclude, check: bool = False, *, leaf_key: tuple[bytes, bytes] | None = None,
+           path_secret: bytes | None = None, encrypt: bool = True):
+    """TreeKEM for a committer at `leaf_index` of the staged `tree` (changed in place): leaf key,
     path secrets and keys on the filtered direct path, parent hashes, signed leaf, path secrets
     encrypted under the provisional GroupContext. Returns (UpdatePath, {node: priv}, filtered direct
-    path, path secrets, commit secret). `leaf` supplies everything but the keys and parent hash."""
+    path, path secrets, commit secret). `leaf` supplies everything but the keys and parent hash;
+    `leaf_key` (priv, pub) and `path_secret` are fresh unless given (a prepared External Commit
+    fixes them); `encrypt=False` leaves the path nodes out (only the leaf is wanted)."""
     fdp = tree.filtered_direct_path(leaf_index)
-    path_secrets, keys, commit_secret = derive_path(len(fdp), crypto.random_bytes())
-    leaf_priv, leaf_pub = crypto.hpke_keypair()
+    path_secrets, keys, commit_secret = derive_path(len(fdp), path_secret or crypto.random_bytes())
+    leaf_priv, leaf_pub = leaf_key or crypto.hpke_keypair()
     parent_hash = tree.set_path(leaf_index, [(fdp[i][0], keys[i][1]) for i in range(len(fdp))])
     leaf = _sign_leaf(LeafNode(leaf_pub, leaf.signature_key, leaf.credential, leaf.capabilities, SRC_COMMIT, None,
                                parent_hash, leaf.extensions), signature_priv, context.group_id, leaf_index)
@@ -1146,9 +1259,11 @@ def _encap(tree: RatchetTree, leaf_index: int, leaf: LeafNode, signature_priv: b
         _check_leaf(leaf, tree, extensions, source=SRC_COMMIT, group_id=context.group_id, leaf_index=leaf_index,
                     replacing=leaf_index, skip_node=2 * leaf_index)
     tree.set_node(2 * leaf_index, leaf)
-    provisional = GroupContext(MLS10, context.cipher_suite, context.group_id, context.epoch + 1, tree.tree_hash(),
-                               context.confirmed_transcript_hash, tuple(extensions))
-    nodes = encrypt_path(tree, fdp, path_secrets, [k[1] for k in keys], provisional.encode(), exclude)
+    nodes: tuple = ()
+    if encrypt:
+        provisional = GroupContext(MLS10, context.cipher_suite, context.group_id, context.epoch + 1,
+                                   tree.tree_hash(), context.confirmed_transcript_hash, tuple(extensions))
+        nodes = encrypt_path(tree, fdp, path_secrets, [k[1] for k in keys], provisional.encode(), exclude)
     privs = {2 * leaf_index: leaf_priv, **{fdp[i][0]: keys[i][0] for i in range(len(fdp))}}
     return UpdatePath(leaf, nodes), privs, fdp, path_secrets, commit_secret
 
@@ -1360,6 +1475,7 @@ def _apply_app_data_updates(extensions, updates, updater) -> tuple:
 
 
 __all__ = ["Group", "KeyPackageSecrets", "create_key_package", "parse_key_package", "verify_key_package",
-           "key_package_ref", "join_from_welcome", "external_join", "ExternalCommitPolicy", "ExternalCommitView",
+           "key_package_ref", "join_from_welcome", "external_join", "prepare_external_join", "PendingExternalJoin",
+           "ExternalCommitPolicy", "ExternalCommitView",
            "RFC_EXTERNAL_COMMIT_POLICY", "CommitOutcome", "Processed", "Member", "CommitView",
            "decode_app_data_dictionary", "encode_app_data_dictionary", "external_pub_extension", "capabilities_for"]
