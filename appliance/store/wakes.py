@@ -104,6 +104,10 @@ SQL_SET_STATE = "UPDATE wake_jobs SET state = ?, finished_at = ?, last_error = ?
 SQL_FINISH_MEMBERS = (
     "UPDATE wake_jobs SET finished_at = ? WHERE wake_id = ? AND state = 'coalesced' AND finished_at IS NULL"
 )
+SQL_RELEASE = (
+    "UPDATE wake_jobs SET state = 'pending', due_at = ? WHERE id IN (SELECT value FROM json_each(?)) "
+    "AND state = 'claimed'"
+)
 SQL_RESCHEDULE = "UPDATE wake_jobs SET state = 'pending', due_at = ?, last_error = ? WHERE id = ?"
 SQL_CANCEL_LEASE = (
     "UPDATE wake_jobs SET state = 'cancelled', finished_at = ?, last_error = ? "
@@ -275,6 +279,12 @@ def set_state(conn: apsw.Connection, job_id: str, state: str, now: float, error:
     """A final state for a job (and the finish time of the jobs coalesced into it)."""
     conn.execute(SQL_SET_STATE, (state, now, error, job_id))
     conn.execute(SQL_FINISH_MEMBERS, (now, job_id))
+
+
+def release(conn: apsw.Connection, job_ids: list[str], now: float) -> int:
+    """Claimed wakes that were never sent (a graceful stop): pending again, due now."""
+    conn.execute(SQL_RELEASE, (now, orjson.dumps(job_ids).decode()))
+    return conn.changes()
 
 
 def count_attempt(conn: apsw.Connection, job_id: str) -> None:
