@@ -505,6 +505,10 @@ def asgi(app: Appliance):
         try:
             yield
         finally:
+            if app.push is not None:
+                # Attempts under way finish and are recorded; claimed wakes not yet sent are
+                # released, so the next start sends them at once (not after their claim lapses).
+                await app.push.delivery.stop()
             for stop in app.on_shutdown:
                 try:
                     await stop()

@@ -112,6 +112,7 @@ class Delivery:
         self._inflight: set[asyncio.Task] = set()
         self._queue: asyncio.Queue = asyncio.Queue()
         self._running = False  # workers are taking wakes (the fast path is open)
+        self._stopping = False
         self._busy = 0
         self._outcomes: list | None = None
         self._recorded: asyncio.Future | None = None
@@ -362,6 +363,9 @@ class Delivery:
         """One delivery worker: take a claimed wake, send it, record the outcome; forever."""
         while True:
             wake = await self._queue.get()
+            if self._stopping:  # a graceful stop releases it instead
+                self._queue.put_nowait(wake)
+                return
             self._busy += 1
             try:
                 if not wake.fresh or await self._recheck_fresh(wake):
@@ -417,6 +421,25 @@ class Delivery:
                 await asyncio.wait_for(self._wakeup.wait(), timeout)
             except asyncio.TimeoutError:
                 pass
+
+    async def stop(self, grace: float = 2.0) -> None:
+        """Graceful stop: no new attempts; those under way get `grace` seconds to finish and be
+        recorded; wakes claimed but not yet sent are released (pending, due now)."""
+        self._stopping = True
+        self._running = False
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + grace
+        while self._busy and loop.time() < deadline:
+            await asyncio.sleep(0.01)
+        queued: list[Wake] = []
+        while not self._queue.empty():
+            queued.append(self._queue.get_nowait())
+        if queued:
+            ids = [w.job.id for w in queued]
+            try:
+                await self.store.write(lambda conn: wakes.release(conn, ids, self.clock()))
+            except Exception:  # their claims lapse instead
+                log.exception("releasing %d claimed wakes failed", len(ids))
 
     async def close(self) -> None:
         """Stop sending: in-flight attempts are abandoned; their claims lapse and are retried."""

@@ -75,30 +75,38 @@ SQL_NOTE_SENT = (
     "ON CONFLICT (origin, app_profile, transport, endpoint_hash) DO UPDATE SET last_sent_at = excluded.last_sent_at"
 )
 # Pending wakes that are due, and claims that lapsed (the process died while sending).
+# INDEXED BY: without statistics the planner would rather walk every pending job by state and
+# sort them; the partial index on due_at hands over the due ones in order.
 SQL_DUE = (
-    f"SELECT {_JOB_COLUMNS} FROM wake_jobs WHERE state IN ('pending', 'claimed') AND due_at <= ? "
-    "ORDER BY due_at LIMIT ?"
+    f"SELECT {_JOB_COLUMNS} FROM wake_jobs INDEXED BY wake_jobs_due WHERE state IN ('pending', 'claimed') "
+    "AND due_at <= ? ORDER BY due_at LIMIT ?"
 )
 SQL_MEMBERS = f"SELECT {_JOB_COLUMNS} FROM wake_jobs WHERE wake_id = ? AND state = 'coalesced'"
 # The same, with what the re-check before an attempt needs: the lease row at the job's address and
 # the stored event (one statement per claim batch instead of several per job).
-_CHECK_SELECT = (
+_CHECK_COLUMNS = (
     "SELECT " + ", ".join(f"j.{c.strip()}" for c in _JOB_COLUMNS.split(",")) + ", "
     "l.generation, l.active, l.expiration, l.invalidated_at, l.app_profile, l.transport, l.endpoint, "
-    "l.endpoint_hash, e.raw, e.expiration FROM wake_jobs j "
+    "l.endpoint_hash, e.raw, e.expiration FROM wake_jobs j {indexed} "
     "LEFT JOIN leases l ON l.origin = j.origin AND l.pubkey = j.lease_pubkey AND l.d = j.lease_d "
     "LEFT JOIN events e ON e.origin = j.origin AND e.id = j.event_id "
 )
-SQL_DUE_CHECKED = _CHECK_SELECT + "WHERE j.state IN ('pending', 'claimed') AND j.due_at <= ? ORDER BY j.due_at LIMIT ?"
-SQL_MEMBERS_CHECKED = _CHECK_SELECT + (
+SQL_DUE_CHECKED = _CHECK_COLUMNS.format(indexed="INDEXED BY wake_jobs_due") + (
+    "WHERE j.state IN ('pending', 'claimed') AND j.due_at <= ? ORDER BY j.due_at LIMIT ?")
+# (Finished coalesced jobs stay until retention: look them up by wake, never by state.)
+SQL_MEMBERS_CHECKED = _CHECK_COLUMNS.format(indexed="INDEXED BY wake_jobs_wake") + (
     "WHERE j.wake_id IN (SELECT value FROM json_each(?)) AND j.state = 'coalesced'"
 )
-SQL_JOB_CHECKED = _CHECK_SELECT + "WHERE j.id = ?"
+SQL_JOB_CHECKED = _CHECK_COLUMNS.format(indexed="") + "WHERE j.id = ?"
 SQL_CLAIM = "UPDATE wake_jobs SET state = 'claimed', due_at = ?, class = ? WHERE id = ?"
 SQL_COUNT_ATTEMPT = "UPDATE wake_jobs SET attempts = attempts + 1 WHERE id = ?"
 SQL_SET_STATE = "UPDATE wake_jobs SET state = ?, finished_at = ?, last_error = ? WHERE id = ?"
 SQL_FINISH_MEMBERS = (
     "UPDATE wake_jobs SET finished_at = ? WHERE wake_id = ? AND state = 'coalesced' AND finished_at IS NULL"
+)
+SQL_RELEASE = (
+    "UPDATE wake_jobs SET state = 'pending', due_at = ? WHERE id IN (SELECT value FROM json_each(?)) "
+    "AND state = 'claimed'"
 )
 SQL_RESCHEDULE = "UPDATE wake_jobs SET state = 'pending', due_at = ?, last_error = ? WHERE id = ?"
 SQL_CANCEL_LEASE = (
@@ -124,7 +132,7 @@ SQL_PURGE_JOBS = "DELETE FROM wake_jobs WHERE finished_at IS NOT NULL AND finish
 SQL_PURGE_LOG = "DELETE FROM delivery_log WHERE at < ?"
 SQL_PURGE_ENDPOINTS = "DELETE FROM wake_endpoints WHERE last_sent_at < ?"
 SQL_PURGE_ALERTS = "DELETE FROM push_alerts WHERE cleared_at IS NOT NULL AND cleared_at < ?"
-SQL_NEXT_DUE = "SELECT min(due_at) FROM wake_jobs WHERE state IN ('pending', 'claimed')"
+SQL_NEXT_DUE = "SELECT min(due_at) FROM wake_jobs INDEXED BY wake_jobs_due WHERE state IN ('pending', 'claimed')"
 
 
 @dataclass(frozen=True)
@@ -271,6 +279,12 @@ def set_state(conn: apsw.Connection, job_id: str, state: str, now: float, error:
     """A final state for a job (and the finish time of the jobs coalesced into it)."""
     conn.execute(SQL_SET_STATE, (state, now, error, job_id))
     conn.execute(SQL_FINISH_MEMBERS, (now, job_id))
+
+
+def release(conn: apsw.Connection, job_ids: list[str], now: float) -> int:
+    """Claimed wakes that were never sent (a graceful stop): pending again, due now."""
+    conn.execute(SQL_RELEASE, (now, orjson.dumps(job_ids).decode()))
+    return conn.changes()
 
 
 def count_attempt(conn: apsw.Connection, job_id: str) -> None:

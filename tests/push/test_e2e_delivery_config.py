@@ -311,3 +311,28 @@ async def test_a_configuration_fault_alerts_and_clears(apns, tmp_path):
     finally:
         server.stop()
     assert "push configuration fault" in server.log_path.read_text()
+
+
+async def test_a_graceful_stop_releases_claimed_wakes_not_yet_sent(apns, tmp_path):
+    server = Server(tmp_path / "data", config=delivery_config(apns, settings={"wake_workers": 1})).start()
+    alice, bob, carol = (await Pusher.connect(server), await Pusher.connect(server),
+                         await Pusher.connect(server))
+    held, waiting = token(), token()
+    apns.emulator.behave(held, delay=30)  # the one worker is stuck on this request
+    await bob.lease(held, subscriptions=[p_sub(bob)])
+    await carol.lease(waiting, subscriptions=[p_sub(carol)])
+    e1 = await alice.publish(9, [["p", bob.pubkey]])
+    e2 = await alice.publish(9, [["p", carol.pubkey]])
+    await wait_until(lambda: jobs(server, event_id=e2.id)[0]["state"] == "claimed")
+    for p in (alice, bob, carol):
+        await p.client.close()
+    server.stop()  # SIGTERM
+    # The wake that never left is pending again (due now); the one in flight keeps its claim.
+    assert jobs(server, event_id=e2.id)[0]["state"] == "pending"
+    assert jobs(server, event_id=e1.id)[0]["state"] == "claimed"
+    assert apns.emulator.requests(waiting) == []
+    server.start()
+    try:
+        await wait_until(lambda: jobs(server, event_id=e2.id)[0]["state"] == "delivered", timeout=15)
+    finally:
+        server.stop()

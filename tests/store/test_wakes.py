@@ -107,3 +107,31 @@ def test_retention(conn):
     assert wakes.purge(conn, T0 + 100, retention=1000) == 0
     assert wakes.purge(conn, T0 + 1001, retention=1000) == 2  # the finished job and its log row
     assert [j.id for j in wakes.list_jobs(conn)] == ["j2"]  # unfinished jobs are never purged
+
+
+def _plan(conn, sql, args):
+    return " | ".join(r[3] for r in conn.execute("EXPLAIN QUERY PLAN " + sql, args))
+
+
+@pytest.mark.parametrize("name,args,uses", [
+    ("SQL_DUE", (0.0, 10), "USING INDEX wake_jobs_due"),
+    ("SQL_DUE_CHECKED", (0.0, 10), "USING INDEX wake_jobs_due"),
+    ("SQL_MEMBERS_CHECKED", ('["a"]',), "USING INDEX wake_jobs_wake"),
+    ("SQL_NEXT_DUE", (), "USING INDEX wake_jobs_due"),
+    ("SQL_PENDING_WAKE", (1, "ios", "apns", "h"), "USING INDEX wake_jobs_endpoint"),
+    ("SQL_CANCEL_LEASE", (0.0, "", 1, "p", "d"), "USING INDEX wake_jobs_lease"),
+    ("SQL_LAST_SENT", (1, "ios", "apns", "h"), "USING PRIMARY KEY"),
+])
+def test_hot_statements_use_their_index(conn, name, args, uses):
+    """The claim, the match and the lease hooks never walk every job (finished coalesced jobs, a
+    backlog of rate-capped wakes) nor sort them."""
+    plan = _plan(conn, getattr(wakes, name), args)
+    assert uses in plan and "TEMP B-TREE FOR ORDER BY" not in plan, plan
+
+
+def test_candidates_are_found_through_the_selector_index(conn):
+    from appliance.push.state import SQL_CANDIDATES
+
+    plan = _plan(conn, SQL_CANDIDATES, ('[["p", "x"]]', 1, 0))
+    assert "SEARCH s USING PRIMARY KEY (origin=? AND selector_type=? AND value=?)" in plan, plan
+    assert "SCAN s" not in plan and "SCAN l" not in plan
