@@ -25,7 +25,6 @@ from starlette.routing import BaseRoute, Mount, Route
 
 from appliance import __version__
 from appliance.errors import ApplianceError, ConfigError
-from appliance.relay.relay import peer_ip
 from appliance.settings import Settings
 
 from . import assets, auth
@@ -348,6 +347,9 @@ class Admin:
             return self.render(request, "admin/setup.html", token=token, invalid=False)
         form = request.state.form
         token = str(form.get("token") or token)
+        # The token first: hashing costs 32 MiB and a tenth of a second, and this form is open to anyone.
+        if not await self.read(lambda conn: auth.setup_token_valid(conn, token, now)):
+            return self.render(request, "admin/setup.html", status=403, token="", invalid=True)
         password, confirm = str(form.get("password", "")), str(form.get("confirm", ""))
         problem = auth.password_problem(password, confirm)
         if problem:
@@ -375,8 +377,8 @@ class Admin:
             has_password = (await self.read(lambda conn: auth.rows.auth_row(conn))).password_hash is not None
             return self.render(request, "admin/login.html", has_password=has_password)
         form = request.state.form
-        address = peer_ip(request) or "unknown"
-        wait = self.limiter.retry_after(address)
+        address = self.app.client_address(request) or "unknown"
+        wait = self.limiter.attempt(address)  # charged before the check: see LoginLimiter
         if wait:
             response = self.render(request, "admin/login.html", status=429, has_password=True,
                                    error=f"Too many failed sign-ins. Try again in {wait} s.")
@@ -385,7 +387,6 @@ class Admin:
         row = await self.read(auth.rows.auth_row)
         ok = await asyncio.to_thread(auth.verify_password, str(form.get("password", "")), row.password_hash)
         if not ok:
-            self.limiter.failed(address)
             log.warning("admin sign-in failed from %s", address)
             return self.render(request, "admin/login.html", status=401, has_password=row.password_hash is not None,
                                error="Wrong password." if row.password_hash else
