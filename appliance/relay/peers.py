@@ -4,8 +4,9 @@
   proxy, the address it forwards in `X-Forwarded-For`) and a cap on open connections per client
   address. Loopback peers are trusted proxies by default (a TLS proxy on the same box) and are
   never capped themselves.
-- `local_addresses` / `is_local_host`: whether a host name in a URL names this machine (loopback
-  names and the addresses of its own interfaces), for NIP-42 relay tags on an unconfigured install.
+- `local_addresses` / `is_local_host` / `url_as_reached`: whether a host name in a URL names this
+  machine (loopback names and the addresses of its own interfaces), for NIP-42 relay tags and
+  NIP-98 `u` tags (NIP-86) on an unconfigured install.
 """
 
 from __future__ import annotations
@@ -162,3 +163,18 @@ def is_local_host(host: str, also: Iterable[str] = ()) -> bool:
         return True
     text = str(addr)
     return text in local_addresses() or any(text == str(_address(a) or a) for a in also)
+
+
+def url_as_reached(hosts: list[str], server_host: str, scheme: str, path: str) -> str | None:
+    """`scheme://HOST/path` for a request whose one Host header names this machine (a loopback name,
+    an address of its interfaces, or `server_host`, the address the connection arrived on); None
+    for any other Host: a relay elsewhere could forward what its users sign for it to us."""
+    if len(hosts) != 1:
+        return None
+    host = hosts[0].strip()
+    hostname = host.rsplit(":", 1)[0] if not host.endswith("]") else host
+    if hostname.startswith("[") or host.startswith("["):
+        hostname = host[1:].split("]", 1)[0]
+    if not is_local_host(hostname, also=(server_host,)):
+        return None
+    return f"{scheme}://{host}{path}"

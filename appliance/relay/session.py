@@ -17,7 +17,7 @@ from appliance.nostr.nip42 import AuthError, validate_auth_event
 from appliance.relay.frames import FrameWriter
 from appliance.relay.authz import GATED_KINDS, AUTHOR_ONLY_KINDS, may_enter
 from appliance.relay.limits import TokenBucket
-from appliance.relay.peers import is_local_host
+from appliance.relay.peers import url_as_reached
 from appliance.origins import Origin
 from appliance.relay.relay import Relay, peer_ip
 from appliance.relay.subscriptions import Subscription
@@ -520,18 +520,10 @@ class Session:
         s = self.settings
         if s.public_url or self.origin.origin != s.effective_public_url:
             return ()
-        hosts = self.ws.headers.getlist("host")
-        if len(hosts) != 1:
-            return ()
-        host = hosts[0].strip()
-        hostname = host.rsplit(":", 1)[0] if not host.endswith("]") else host
-        if hostname.startswith("[") or host.startswith("["):
-            hostname = host[1:].split("]", 1)[0]
         server = self.ws.scope.get("server") or ("",)
-        if not is_local_host(hostname, also=(str(server[0]),)):
-            return ()
         scheme = "wss" if self.ws.scope.get("scheme") == "wss" else "ws"
-        return (f"{scheme}://{host}{self.ws.scope.get('path', '/')}",)
+        url = url_as_reached(self.ws.headers.getlist("host"), str(server[0]), scheme, self.ws.scope.get("path", "/"))
+        return (url,) if url else ()
 
     def on_auth(self, msg: list) -> None:
         arg = self._event_argument(msg, 'invalid: AUTH takes one signed event: ["AUTH", {...}]')
