@@ -101,6 +101,7 @@ class Admin:
         self.limiter = auth.LoginLimiter()
         self.recorder = Recorder(app)
         self.assets: dict[str, bytes] = {}
+        self.fetch_missing_assets = False  # fetch missing assets in the background once serving
         self.base_url = admin_base_url(self.settings)
         self.secure_cookies = bool(self.base_url and self.base_url.startswith("https://"))
         self.templates = Environment(loader=FileSystemLoader(ROOT / "templates"), autoescape=True,
@@ -119,6 +120,8 @@ class Admin:
 
     async def start(self) -> None:
         self.tasks.append(asyncio.create_task(self.recorder.run()))
+        if self.fetch_missing_assets:
+            self.tasks.append(asyncio.create_task(self.fetch_assets()))
         if self.listen_socket is not None:
             import uvicorn
 
@@ -144,6 +147,22 @@ class Admin:
             except (asyncio.TimeoutError, Exception):
                 self.server_task.cancel()
         await asyncio.gather(*self.tasks, return_exceptions=True)
+
+    async def fetch_assets(self) -> None:
+        """Fetch the assets that are not installed (npm, integrity checked) and use them once verified."""
+        for asset in assets.ASSETS:
+            if asset.name in self.assets:
+                continue
+            try:
+                await assets.fetch_async(asset, self.settings.data_path)
+            except assets.AssetError as exc:
+                print(f"appliance: the dashboard's htmx could not be fetched ({exc}). The dashboard works without "
+                      "it (no live refresh or previews); run `appliance admin fetch-assets` once online.", flush=True)
+                continue
+            data = assets.load(asset, self.settings.data_path)
+            if data is not None:
+                self.assets[asset.name] = data
+                log.info("%s fetched and verified; the dashboard uses it from now on", asset.spec)
 
     # -- references: opaque, tamper-proof handles for rows whose keys must not appear in URLs ------------
 
