@@ -220,6 +220,13 @@ class Appliance:
     # Seconds between checks for origin/group edits made by the CLI while the server runs.
     RELOAD_INTERVAL = 1.0
 
+    def client_address(self, conn) -> str | None:
+        """The client's address (a Request or WebSocket): behind a trusted proxy (loopback or
+        `trusted_proxies`), the one it forwards in X-Forwarded-For; else the TCP peer. A client
+        that is not a trusted proxy cannot name another address."""
+        peer = conn.client.host if conn.client else ""
+        return self.peers.forwarded_client(peer, conn.headers.getlist("x-forwarded-for")) or peer_ip(conn)
+
     async def reload_loop(self) -> None:
         while True:
             await asyncio.sleep(self.RELOAD_INTERVAL)
@@ -431,10 +438,7 @@ def asgi(app: Appliance):
             raise AmbiguousHost("more than one Host header")
         return app.relay.origins.resolve(hosts[0] if hosts else None, path)
 
-    def client_address(conn) -> str | None:
-        """The client's address: behind a trusted proxy, the one it forwards; else the TCP peer."""
-        peer = conn.client.host if conn.client else ""
-        return app.peers.forwarded_client(peer, conn.headers.getlist("x-forwarded-for")) or peer_ip(conn)
+    client_address = app.client_address
 
     async def http_endpoint(request: Request) -> Response:
         try:

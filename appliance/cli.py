@@ -157,11 +157,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 2
 
 
+# Third-party protocol libraries whose debug (and httpx's info) lines carry request paths and header
+# values: APNs device tokens (`:path /3/device/<token>`), provider tokens and NIP-98 Authorization
+# headers. Secrets are never logged, at any --log-level.
+QUIET_LOGGERS = ("hpack", "h2", "httpcore", "httpx")
+
+
 def configure_logging(level: str) -> None:
     logging.basicConfig(
         level=getattr(logging, level.upper()),
         format="%(asctime)s %(levelname)s %(name)s %(message)s",
     )
+    for name in QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(logging.WARNING)
 
 
 def serve(settings: Settings, *, ready: Any = None) -> int:

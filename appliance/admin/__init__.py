@@ -50,7 +50,12 @@ def install(app, *, fetch_assets: bool = True) -> Admin | None:
 
         admin.sections["gateway"] = GatewaySection()
     if fetch_assets:
-        admin.assets = _assets(settings)
+        admin.assets = {a.name: data for a in assets.ASSETS if (data := assets.load(a, settings.data_path)) is not None}
+    if fetch_assets and len(admin.assets) < len(assets.ASSETS):
+        # Fetched once serving (Admin.start): a registry that never answers must not delay the relay.
+        admin.fetch_missing_assets = True
+        print("appliance: the dashboard's htmx is not installed: fetching it from the npm registry in the "
+              "background (pages work without it meanwhile: no live refresh or previews).", flush=True)
     machines = Machines(admin)
     dashboard = admin.asgi(page_routes(admin) + machines.routes())
     now = int(time.time())
@@ -74,16 +79,6 @@ def install(app, *, fetch_assets: bool = True) -> Admin | None:
     else:
         app.routes.append(Mount(BASE, app=dashboard))
     return admin
-
-
-def _assets(settings) -> dict[str, bytes]:
-    try:
-        return assets.ensure(settings.data_path)
-    except assets.AssetError as exc:
-        print(f"appliance: the dashboard's htmx is not installed and could not be fetched ({exc}). The "
-              "dashboard works without it (no live refresh or previews); run `appliance admin fetch-assets` "
-              "once online.", flush=True)
-        return {a.name: data for a in assets.ASSETS if (data := assets.load(a, settings.data_path)) is not None}
 
 
 def _bind(listen: str) -> socket.socket:

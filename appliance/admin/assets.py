@@ -6,15 +6,17 @@ through whatever registry and proxy npm is configured with); the tarball's SHA-5
 pinned `dist.integrity` the registry published for that version, and the file taken out of it must
 equal its pinned SHA-384 (also sent to browsers as the script's Subresource Integrity). Only then is
 it written, atomically, to `static/vendor/` (gitignored) or, where that is not writable, to the data
-directory's `vendor/`. `.ci/run`, the Docker build and `appliance admin fetch-assets` run it; the
-first start runs it when the file is missing and, offline, says so and serves the dashboard without
-htmx (every page is a plain HTML form that works without it; htmx adds live refresh and previews).
+directory's `vendor/`. `.ci/run`, the Docker build and `appliance admin fetch-assets` run it; a
+start that finds the file missing serves at once and fetches it in the background (`fetch_async`):
+until it arrives, or offline, the dashboard works without htmx (every page is a plain HTML form;
+htmx adds live refresh and previews). A registry that never answers does not delay the start.
 
 Every load checks the file against its pin again (`load`): a modified file is refused.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
 import io
@@ -32,7 +34,7 @@ log = logging.getLogger("appliance.admin")
 
 ROOT = Path(__file__).resolve().parents[2]
 VENDOR = ROOT / "static" / "vendor"
-# Seconds `npm pack` may take before the fetch gives up (a first start must not hang offline).
+# Seconds `npm pack` may take before the fetch gives up (a registry that never answers).
 DEFAULT_FETCH_TIMEOUT = 120
 
 
@@ -110,32 +112,43 @@ def verify_tarball(asset: Asset, tarball: bytes) -> bytes:
     return data
 
 
-def _npm_pack(asset: Asset, workdir: Path, timeout: float) -> bytes:
+def _npm_command(asset: Asset, workdir: Path) -> tuple[list[str], dict[str, str]]:
     npm = shutil.which("npm")
     if npm is None:
         raise AssetError(f"fetching {asset.spec} needs the npm client (install Node.js and npm), or copy a "
                          f"verified {asset.name} into {VENDOR}")
-    try:
-        out = subprocess.run([npm, "pack", asset.spec, "--json", "--pack-destination", str(workdir)],
-                             capture_output=True, text=True, timeout=timeout, cwd=workdir,
-                             env={**os.environ, "npm_config_update_notifier": "false", "npm_config_fund": "false",
-                                  "npm_config_audit": "false"})
-    except subprocess.TimeoutExpired:
-        raise AssetError(f"npm pack {asset.spec} gave no answer within {timeout:g} s (offline?)") from None
-    if out.returncode != 0:
-        last = (out.stderr.strip().splitlines() or ["no message"])[-1]
+    return ([npm, "pack", asset.spec, "--json", "--pack-destination", str(workdir)],
+            {**os.environ, "npm_config_update_notifier": "false", "npm_config_fund": "false",
+             "npm_config_audit": "false"})
+
+
+def _packed(asset: Asset, workdir: Path, returncode: int, stdout: str, stderr: str) -> bytes:
+    """The tarball `npm pack` wrote, from its exit status and output."""
+    if returncode != 0:
+        last = (stderr.strip().splitlines() or ["no message"])[-1]
         raise AssetError(f"npm pack {asset.spec} failed (offline, or the registry is unreachable): {last}")
     try:
-        filename = json.loads(out.stdout)[0]["filename"]
+        filename = json.loads(stdout)[0]["filename"]
     except (ValueError, LookupError, TypeError):
-        raise AssetError(f"npm pack {asset.spec}: unexpected output {out.stdout[:200]!r}") from None
+        raise AssetError(f"npm pack {asset.spec}: unexpected output {stdout[:200]!r}") from None
     return (workdir / Path(filename).name).read_bytes()
 
 
-def fetch(asset: Asset, data_dir: Path | None = None, *, timeout: float = DEFAULT_FETCH_TIMEOUT) -> Path:
-    """Download, verify and install one asset; the path written. AssetError on any failure."""
-    with tempfile.TemporaryDirectory(prefix="appliance-assets-") as tmp:
-        data = verify_tarball(asset, _npm_pack(asset, Path(tmp), timeout))
+def _timed_out(asset: Asset, timeout: float) -> AssetError:
+    return AssetError(f"npm pack {asset.spec} gave no answer within {timeout:g} s (offline?)")
+
+
+def _npm_pack(asset: Asset, workdir: Path, timeout: float) -> bytes:
+    cmd, env = _npm_command(asset, workdir)
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=workdir, env=env)
+    except subprocess.TimeoutExpired:
+        raise _timed_out(asset, timeout) from None
+    return _packed(asset, workdir, out.returncode, out.stdout, out.stderr)
+
+
+def _install(asset: Asset, data: bytes, data_dir: Path | None) -> Path:
+    """Write verified bytes, atomically, to the first writable location."""
     errors = []
     for folder in locations(data_dir):
         try:
@@ -148,6 +161,34 @@ def fetch(asset: Asset, data_dir: Path | None = None, *, timeout: float = DEFAUL
         except OSError as exc:
             errors.append(f"{folder}: {exc.strerror or exc}")
     raise AssetError(f"cannot write {asset.name}: " + "; ".join(errors))
+
+
+def fetch(asset: Asset, data_dir: Path | None = None, *, timeout: float = DEFAULT_FETCH_TIMEOUT) -> Path:
+    """Download, verify and install one asset; the path written. AssetError on any failure."""
+    with tempfile.TemporaryDirectory(prefix="appliance-assets-") as tmp:
+        data = verify_tarball(asset, _npm_pack(asset, Path(tmp), timeout))
+    return _install(asset, data, data_dir)
+
+
+async def fetch_async(asset: Asset, data_dir: Path | None = None, *,
+                      timeout: float = DEFAULT_FETCH_TIMEOUT) -> Path:
+    """`fetch` from a running appliance: npm is a child process the event loop waits on, killed if
+    the fetch is cancelled (the appliance stops) or times out."""
+    with tempfile.TemporaryDirectory(prefix="appliance-assets-") as tmp:
+        cmd, env = _npm_command(asset, Path(tmp))
+        proc = await asyncio.create_subprocess_exec(*cmd, cwd=tmp, env=env, stdin=asyncio.subprocess.DEVNULL,
+                                                    stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        try:
+            out, err = await asyncio.wait_for(proc.communicate(), timeout)
+        except asyncio.TimeoutError:
+            raise _timed_out(asset, timeout) from None
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+        data = verify_tarball(asset, _packed(asset, Path(tmp), proc.returncode, out.decode(errors="replace"),
+                                             err.decode(errors="replace")))
+    return _install(asset, data, data_dir)
 
 
 def ensure(data_dir: Path | None = None, *, timeout: float = DEFAULT_FETCH_TIMEOUT) -> dict[str, bytes]:

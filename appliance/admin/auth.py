@@ -16,7 +16,6 @@ CSRF tokens and login rate limits.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import hashlib
 import hmac
@@ -166,8 +165,12 @@ def end_session(conn: apsw.Connection, session_id: str) -> None:
 
 class LoginLimiter:
     """Failed sign-ins per client address (5 per 15 minutes) and overall (30 per minute, which
-    bounds a distributed guesser and the scrypt work it can cause). Successful sign-ins clear the
-    address's count. In memory: a restart forgets, which costs an attacker a restart of ours."""
+    bounds a distributed guesser and the scrypt work it can cause). The client address is the one
+    a trusted proxy forwards (`Appliance.client_address`), so clients behind the local TLS proxy
+    are not one address. Each attempt is charged as a failure when it starts (`attempt`), before
+    the password is checked: requests sent at once cannot all pass the check before any of them
+    has failed. A successful sign-in clears the address's count. In memory: a restart forgets,
+    which costs an attacker a restart of ours."""
 
     PER_ADDRESS = 5
     PER_ADDRESS_WINDOW = 900.0
@@ -178,7 +181,6 @@ class LoginLimiter:
     def __init__(self) -> None:
         self.failures: dict[str, deque[float]] = {}
         self.overall: deque[float] = deque()
-        self.lock = asyncio.Lock()
 
     def _prune(self, now: float) -> None:
         while self.overall and self.overall[0] <= now - self.OVERALL_WINDOW:
@@ -198,6 +200,15 @@ class LoginLimiter:
             if len(mine) >= self.PER_ADDRESS:
                 waits.append(mine[0] + self.PER_ADDRESS_WINDOW - now)
         return int(max(waits) + 0.999)
+
+    def attempt(self, address: str, now: float | None = None) -> int:
+        """Start a sign-in attempt: 0 and the attempt is charged (as a failure, until `succeeded`),
+        or the seconds to wait, nothing charged. No await between the check and the charge."""
+        now = time.monotonic() if now is None else now
+        wait = self.retry_after(address, now)
+        if not wait:
+            self.failed(address, now)
+        return wait
 
     def failed(self, address: str, now: float | None = None) -> None:
         now = time.monotonic() if now is None else now

@@ -22,6 +22,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from appliance.commands import moderation
 from appliance.errors import ConfigError
 from appliance.nostr.nip98 import HttpAuthError, verify_http_auth
+from appliance.relay.peers import url_as_reached
 
 log = logging.getLogger("appliance.admin")
 
@@ -31,6 +32,10 @@ MAX_BODY = 64 * 1024
 # NIP-98 events authorizing a change are single-use within the time window (bounded memory).
 AUTH_WINDOW = 60
 MAX_SEEN = 100_000
+
+
+def _http_form(url: str) -> str:
+    return url.replace("wss://", "https://", 1).replace("ws://", "http://", 1)
 
 
 class CallError(Exception):
@@ -109,10 +114,19 @@ class Management:
             doc["supported_nips"] = [*doc.get("supported_nips", []), 86]
 
     def _urls(self, request: Request, origin) -> list[str]:
-        """The URLs a `u` tag may name: the origin's relay URL, and the http(s) URL of this request."""
+        """The URLs a `u` tag may name: the origin's relay URL or its http(s) form (docs/spec-notes.md
+        A1). On an install with no public URL, also the URL the request reached when its Host names
+        this machine, as for NIP-42. Never whatever the Host header says: an admin call signed for
+        another relay, replayed here with that relay's Host, must not act here."""
         base = origin.origin
-        http = base.replace("wss://", "https://", 1).replace("ws://", "http://", 1)
-        urls = [base, http, str(request.url)]
+        urls = [base, _http_form(base)]
+        s = self.app.settings
+        if not s.public_url and base == s.effective_public_url:
+            server = request.scope.get("server") or ("",)
+            scheme = "https" if request.url.scheme == "https" else "http"
+            reached = url_as_reached(request.headers.getlist("host"), str(server[0]), scheme, request.url.path)
+            if reached:
+                urls += [reached, reached.replace("http", "ws", 1)]
         return list(dict.fromkeys(urls + [u.rstrip("/") if u.endswith("/") else u + "/" for u in urls]))
 
     def _burn(self, event_id: str, now: int) -> bool:

@@ -25,7 +25,6 @@ from starlette.routing import BaseRoute, Mount, Route
 
 from appliance import __version__
 from appliance.errors import ApplianceError, ConfigError
-from appliance.relay.relay import peer_ip
 from appliance.settings import Settings
 
 from . import assets, auth
@@ -102,6 +101,7 @@ class Admin:
         self.limiter = auth.LoginLimiter()
         self.recorder = Recorder(app)
         self.assets: dict[str, bytes] = {}
+        self.fetch_missing_assets = False  # fetch missing assets in the background once serving
         self.base_url = admin_base_url(self.settings)
         self.secure_cookies = bool(self.base_url and self.base_url.startswith("https://"))
         self.templates = Environment(loader=FileSystemLoader(ROOT / "templates"), autoescape=True,
@@ -120,6 +120,8 @@ class Admin:
 
     async def start(self) -> None:
         self.tasks.append(asyncio.create_task(self.recorder.run()))
+        if self.fetch_missing_assets:
+            self.tasks.append(asyncio.create_task(self.fetch_assets()))
         if self.listen_socket is not None:
             import uvicorn
 
@@ -145,6 +147,22 @@ class Admin:
             except (asyncio.TimeoutError, Exception):
                 self.server_task.cancel()
         await asyncio.gather(*self.tasks, return_exceptions=True)
+
+    async def fetch_assets(self) -> None:
+        """Fetch the assets that are not installed (npm, integrity checked) and use them once verified."""
+        for asset in assets.ASSETS:
+            if asset.name in self.assets:
+                continue
+            try:
+                await assets.fetch_async(asset, self.settings.data_path)
+            except assets.AssetError as exc:
+                print(f"appliance: the dashboard's htmx could not be fetched ({exc}). The dashboard works without "
+                      "it (no live refresh or previews); run `appliance admin fetch-assets` once online.", flush=True)
+                continue
+            data = assets.load(asset, self.settings.data_path)
+            if data is not None:
+                self.assets[asset.name] = data
+                log.info("%s fetched and verified; the dashboard uses it from now on", asset.spec)
 
     # -- references: opaque, tamper-proof handles for rows whose keys must not appear in URLs ------------
 
@@ -348,6 +366,9 @@ class Admin:
             return self.render(request, "admin/setup.html", token=token, invalid=False)
         form = request.state.form
         token = str(form.get("token") or token)
+        # The token first: hashing costs 32 MiB and a tenth of a second, and this form is open to anyone.
+        if not await self.read(lambda conn: auth.setup_token_valid(conn, token, now)):
+            return self.render(request, "admin/setup.html", status=403, token="", invalid=True)
         password, confirm = str(form.get("password", "")), str(form.get("confirm", ""))
         problem = auth.password_problem(password, confirm)
         if problem:
@@ -375,8 +396,8 @@ class Admin:
             has_password = (await self.read(lambda conn: auth.rows.auth_row(conn))).password_hash is not None
             return self.render(request, "admin/login.html", has_password=has_password)
         form = request.state.form
-        address = peer_ip(request) or "unknown"
-        wait = self.limiter.retry_after(address)
+        address = self.app.client_address(request) or "unknown"
+        wait = self.limiter.attempt(address)  # charged before the check: see LoginLimiter
         if wait:
             response = self.render(request, "admin/login.html", status=429, has_password=True,
                                    error=f"Too many failed sign-ins. Try again in {wait} s.")
@@ -385,7 +406,6 @@ class Admin:
         row = await self.read(auth.rows.auth_row)
         ok = await asyncio.to_thread(auth.verify_password, str(form.get("password", "")), row.password_hash)
         if not ok:
-            self.limiter.failed(address)
             log.warning("admin sign-in failed from %s", address)
             return self.render(request, "admin/login.html", status=401, has_password=row.password_hash is not None,
                                error="Wrong password." if row.password_hash else

@@ -4,14 +4,16 @@
   proxy, the address it forwards in `X-Forwarded-For`) and a cap on open connections per client
   address. Loopback peers are trusted proxies by default (a TLS proxy on the same box) and are
   never capped themselves.
-- `local_addresses` / `is_local_host`: whether a host name in a URL names this machine (loopback
-  names and the addresses of its own interfaces), for NIP-42 relay tags on an unconfigured install.
+- `local_addresses` / `is_local_host` / `url_as_reached`: whether a host name in a URL names this
+  machine (loopback names and the addresses of its own interfaces), for NIP-42 relay tags and
+  NIP-98 `u` tags (NIP-86) on an unconfigured install.
 """
 
 from __future__ import annotations
 
 import fcntl
 import ipaddress
+import re
 import socket
 import struct
 from functools import lru_cache
@@ -162,3 +164,24 @@ def is_local_host(host: str, also: Iterable[str] = ()) -> bool:
         return True
     text = str(addr)
     return text in local_addresses() or any(text == str(_address(a) or a) for a in also)
+
+
+_HOST_HEADER = re.compile(r"(?:\[(?P<v6>[0-9A-Fa-f:.]+)\]|(?P<name>[A-Za-z0-9.-]+))(?::[0-9]{1,5})?").fullmatch
+
+
+def url_as_reached(hosts: list[str], server_host: str, scheme: str, path: str) -> str | None:
+    """`scheme://HOST/path` for a request whose one Host header names this machine (a loopback name,
+    an address of its interfaces, or `server_host`, the address the connection arrived on); None
+    for any other Host: a relay elsewhere could forward what its users sign for it to us."""
+    if len(hosts) != 1:
+        return None
+    host = hosts[0].strip()
+    # RFC 9110 7.2: Host is uri-host [":" port] and nothing else. Anything more (an "@", a path)
+    # would make the URL below name another host than the one checked here.
+    match = _HOST_HEADER(host)
+    if match is None:
+        return None
+    hostname = match["v6"] or match["name"]
+    if not is_local_host(hostname, also=(server_host,)):
+        return None
+    return f"{scheme}://{host}{path}"

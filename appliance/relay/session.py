@@ -18,7 +18,7 @@ from appliance.nostr.nip42 import AuthError, validate_auth_event
 from appliance.relay.frames import FrameWriter
 from appliance.relay.authz import GATED_KINDS, AUTHOR_ONLY_KINDS, may_enter
 from appliance.relay.limits import TokenBucket
-from appliance.relay.peers import is_local_host
+from appliance.relay.peers import url_as_reached
 from appliance.origins import Origin
 from appliance.relay.relay import Relay, peer_ip
 from appliance.relay.subscriptions import Subscription
@@ -48,9 +48,6 @@ SEND_BATCH = 256
 
 STOPPING_MESSAGE = "error: the relay is restarting; try again in a moment"
 QUERY_TIMEOUT_MESSAGE = "error: this query takes too long here; narrow its filters or lower its limit"
-
-
-_HOST_HEADER = re.compile(r"(?:\[(?P<v6>[0-9A-Fa-f:.]+)\]|(?P<name>[A-Za-z0-9.-]+))(?::[0-9]{1,5})?").fullmatch
 
 
 def _dumps(obj) -> str:
@@ -524,21 +521,10 @@ class Session:
         s = self.settings
         if s.public_url or self.origin.origin != s.effective_public_url:
             return ()
-        hosts = self.ws.headers.getlist("host")
-        if len(hosts) != 1:
-            return ()
-        host = hosts[0].strip()
-        # RFC 9110 7.2: Host is uri-host [":" port] and nothing else. Anything more (an "@", a
-        # path) would make the URL below name another host than the one checked here.
-        match = _HOST_HEADER(host)
-        if match is None:
-            return ()
-        hostname = match["v6"] or match["name"]
         server = self.ws.scope.get("server") or ("",)
-        if not is_local_host(hostname, also=(str(server[0]),)):
-            return ()
         scheme = "wss" if self.ws.scope.get("scheme") == "wss" else "ws"
-        return (f"{scheme}://{host}{self.ws.scope.get('path', '/')}",)
+        url = url_as_reached(self.ws.headers.getlist("host"), str(server[0]), scheme, self.ws.scope.get("path", "/"))
+        return (url,) if url else ()
 
     def on_auth(self, msg: list) -> None:
         arg = self._event_argument(msg, 'invalid: AUTH takes one signed event: ["AUTH", {...}]')

@@ -3,11 +3,14 @@ rate limits, `appliance admin reset`, security headers."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 
+import httpx
 import pytest
 
 from appliance.admin import auth
+from appliance.app import asgi
 
 from .helpers import PASSWORD, csrf_of, setup_token
 
@@ -137,3 +140,66 @@ async def test_security_headers_and_escaping(signed_in):
         assert header in page.headers
     assert page.headers["referrer-policy"] == "no-referrer"
     assert "script-src 'self'" in page.headers["content-security-policy"]
+
+
+async def test_sign_ins_sent_at_once_cannot_outrun_the_limit(signed_in):
+    """Each attempt is charged before its (slow) password check: a burst from one address gets no
+    more guesses than the limit."""
+    d = signed_in
+    page = await d.get("/admin/")
+    await d.client.post("/admin/logout", data={"csrf": csrf_of(page.text)})
+    token = csrf_of((await d.get("/admin/login")).text)
+    burst = await asyncio.gather(*[d.client.post("/admin/login", data={"csrf": token, "password": f"guess {i}!!!!"})
+                                   for i in range(3 * auth.LoginLimiter.PER_ADDRESS)])
+    codes = [r.status_code for r in burst]
+    assert codes.count(401) == auth.LoginLimiter.PER_ADDRESS and codes.count(429) == len(codes) - codes.count(401)
+
+
+async def test_sign_in_limits_count_the_client_behind_a_trusted_proxy(signed_in):
+    """Behind the local TLS proxy every request comes from 127.0.0.1: the limit is per forwarded
+    client, so one guesser does not lock the operator out, and the log names the client."""
+    d = signed_in
+    page = await d.get("/admin/")
+    await d.client.post("/admin/logout", data={"csrf": csrf_of(page.text)})
+    for _ in range(auth.LoginLimiter.PER_ADDRESS):
+        r = await d.post_form("/admin/login", {"password": "wrong password!"}, page="/admin/login",
+                              headers={"X-Forwarded-For": "203.0.113.9"})
+        assert r.status_code == 401
+    r = await d.post_form("/admin/login", {"password": PASSWORD}, page="/admin/login",
+                          headers={"X-Forwarded-For": "203.0.113.9"})
+    assert r.status_code == 429
+    assert "203.0.113.9" in d.admin.limiter.failures and "127.0.0.1" not in d.admin.limiter.failures
+    r = await d.post_form("/admin/login", {"password": PASSWORD}, page="/admin/login",
+                          headers={"X-Forwarded-For": "198.51.100.7"})
+    assert r.status_code == 303
+
+
+async def test_a_client_that_is_not_a_proxy_cannot_pick_its_address(dash):
+    """X-Forwarded-For from a peer that is not a trusted proxy is ignored: it cannot dodge the limit."""
+    await dash.set_up()
+    remote = httpx.AsyncClient(transport=httpx.ASGITransport(app=asgi(dash.app), client=("192.0.2.50", 40000)),
+                               base_url="http://127.0.0.1:7777")
+    try:
+        for i in range(auth.LoginLimiter.PER_ADDRESS + 1):
+            token = csrf_of((await remote.get("/admin/login")).text)
+            r = await remote.post("/admin/login", data={"csrf": token, "password": "wrong password!"},
+                                  headers={"X-Forwarded-For": f"198.51.100.{i}"})
+            assert r.status_code == (401 if i < auth.LoginLimiter.PER_ADDRESS else 429)
+        assert set(dash.admin.limiter.failures) == {"192.0.2.50"}
+    finally:
+        await remote.aclose()
+
+
+async def test_a_forged_setup_token_costs_no_password_hashing(dash, monkeypatch):
+    """/admin/setup is open to anyone: the token is checked before the (memory-hard) hashing."""
+    hashed = []
+    real = auth.hash_password
+    monkeypatch.setattr(auth, "hash_password", lambda password: hashed.append(1) or real(password))
+    page = await dash.get("/admin/login")
+    for _ in range(3):
+        r = await dash.client.post("/admin/setup", data={"csrf": csrf_of(page.text), "token": "forged",
+                                                         "password": PASSWORD, "confirm": PASSWORD})
+        assert r.status_code == 403
+    assert hashed == []
+    await dash.set_up()  # the real token still works, and hashes once
+    assert hashed == [1]

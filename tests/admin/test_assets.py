@@ -48,3 +48,49 @@ def test_the_pinned_htmx_is_installed_where_ci_fetched_it():
     if data is None:
         pytest.skip("htmx not fetched here: run `appliance admin fetch-assets` (needs npm)")
     assert b"htmx" in data[:2000]
+
+
+@pytest.mark.anyio
+async def test_a_registry_that_never_answers_does_not_delay_the_start(tmp_path, monkeypatch, anyio_backend):
+    """htmx missing and a registry (or proxy) that takes connections but never answers: the start
+    does not wait for npm (whose own timeout is 120 s); the fetch runs once serving, and stopping
+    the appliance ends it."""
+    import asyncio
+    import shutil
+    import socket
+    import threading
+
+    from appliance.admin import install
+    from appliance.app import build
+    from appliance.settings import load
+
+    if shutil.which("npm") is None:
+        pytest.skip("no npm client here")
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(16)
+    held: list[socket.socket] = []
+    threading.Thread(target=lambda: [held.append(silent.accept()[0]) for _ in range(16)], daemon=True).start()
+    monkeypatch.setattr(assets, "VENDOR", tmp_path / "vendor")
+    monkeypatch.setenv("npm_config_registry", f"http://127.0.0.1:{silent.getsockname()[1]}/")
+    monkeypatch.setenv("npm_config_cache", str(tmp_path / "npm-cache"))
+    app = build(load(flags={"data_dir": str(tmp_path / "data")}, environ={}))
+    try:
+        admin = await asyncio.wait_for(asyncio.to_thread(install, app), 30)
+        assert admin.assets == {} and admin.fetch_missing_assets
+        await admin.start()
+        for _ in range(600):  # npm is asking the silent registry now, while the appliance serves
+            if held:
+                break
+            await asyncio.sleep(0.05)
+        assert held, "npm never reached the registry"
+        fetch = admin.tasks[-1]
+        assert not fetch.done()
+        await admin.stop()
+        assert fetch.cancelled() and admin.assets == {}
+    finally:
+        app.relay.close()
+        app.store.close()
+        for conn in held:
+            conn.close()
+        silent.close()

@@ -165,3 +165,36 @@ async def test_no_admins_no_api(dash):
     dash.operator = someone
     assert 86 not in (await nip11(dash))["supported_nips"]
     assert (await call(dash, "supportedmethods")).status_code == 403
+
+
+async def test_a_call_signed_for_another_relay_is_refused_whatever_the_host_header(api):
+    """NIP-98's `u` tag binds a call to this relay: a call the admin signed for another relay (which
+    that relay could replay here, Host header and all) is refused, even though a single origin
+    answers every host."""
+    body = json.dumps({"method": "changerelayname", "params": ["Not yours"]}).encode()
+    for other in ("https://other-relay.example.net/", "wss://other-relay.example.net"):
+        header = make_http_auth(api.operator.secret, other, "POST", body)
+        r = await api.client.post(other.replace("wss://", "https://"), content=body,
+                                  headers={"Content-Type": CT, "Authorization": header})
+        assert r.status_code == 401 and "url" in r.json()["error"], other
+    assert (await nip11(api)).get("name") != "Not yours"
+
+
+async def test_an_unconfigured_install_takes_the_local_url_it_was_reached_at(tmp_path, anyio_backend):
+    """With no public_url, the URL a client used counts when its host is this machine (as for NIP-42)."""
+    admin = Identity()
+    d = Dashboard(tmp_path / "data", admin_pubkeys=admin.pubkey)
+    d.operator = admin
+    try:
+        body = json.dumps({"method": "supportedmethods", "params": []}).encode()
+        for url in ("http://localhost:7777/", "ws://localhost:7777", "http://127.0.0.1:7777", "ws://[::1]:7777/"):
+            header = make_http_auth(admin.secret, url, "POST", body)
+            r = await d.client.post(url.replace("ws://", "http://"), content=body,
+                                    headers={"Content-Type": CT, "Authorization": header})
+            assert r.status_code == 200, url
+        header = make_http_auth(admin.secret, "http://relay.elsewhere.test/", "POST", body)
+        r = await d.client.post("http://relay.elsewhere.test/", content=body,
+                                headers={"Content-Type": CT, "Authorization": header})
+        assert r.status_code == 401
+    finally:
+        await d.close()

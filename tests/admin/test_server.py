@@ -140,3 +140,36 @@ def test_a_dashboard_edit_reaches_open_connections(make_server):
             with pytest.raises(Exception):
                 ws.recv(timeout=5)
             assert ws.close_code == 1008
+
+
+def test_debug_logs_keep_device_tokens_and_credentials_out(make_server, tmp_path):
+    """At --log-level debug too: a wake sent to APNs (here "send a test wake" with a pasted device
+    token) leaves neither the device token nor the APNs provider token in the log; the setup token
+    appears only in the start banner."""
+    from tests.push.delivery_helpers import Apns, delivery_config, token
+
+    apns = Apns(tmp_path).start()
+    try:
+        server = make_server("--log-level", "debug", config=delivery_config(apns, origin="ws://push.test"))
+        url = admin_url(server)
+        setup_token = url.split("token=", 1)[1]
+        with httpx.Client(base_url=server.http, headers={"Host": "push.test"}) as c:
+            page = c.get(f"/admin/setup?token={setup_token}")
+            r = c.post("/admin/setup", data={"csrf": csrf_of(page.text), "token": setup_token, "password": PASSWORD,
+                                             "confirm": PASSWORD})
+            assert r.status_code == 303
+            device = token()
+            page = c.get("/admin/descriptor")
+            r = c.post("/admin/descriptor/test-wake", data={"csrf": csrf_of(page.text), "origin": "1",
+                                                             "profile": "com.example.app/ios", "token": device})
+            assert r.status_code == 200 and "accepted by APNs" in r.text, r.text
+        apns.emulator.wait_for(lambda records: any(rec.token == device for rec in records))
+        server.stop()
+        log = server.log_path.read_text()
+        assert "DEBUG" in log
+        assert device not in log
+        assert "bearer" not in log.lower() and "authorization" not in log.lower()
+        assert [line for line in log.splitlines() if setup_token in line] == [f"  admin  {url}"]
+        assert PASSWORD not in log
+    finally:
+        apns.stop()
