@@ -177,7 +177,9 @@ def restore(settings: Settings, path: str | Path) -> tuple[BackupFiles, Path | N
     Returns (the backup's files, the folder the replaced files were moved to, or None)."""
     data_dir = settings.data_path
     files = backup_files(path)
-    with InstanceLock(data_dir).acquire():  # InstanceBusy while a server runs; a server waits for us
+    lock = InstanceLock(data_dir)
+    with lock.acquire():  # InstanceBusy while a server runs; a server started meanwhile is refused
+        _give_to_owner(data_dir, [lock.path])
         conn = _open_copy(files.database)
         try:
             key: KeyFile | None = None
@@ -204,12 +206,24 @@ def restore(settings: Settings, path: str | Path) -> tuple[BackupFiles, Path | N
         if key is not None:
             _write_key(files.keyfile.read_bytes(), live_key)
         # else: the copy holds no wrapped key, so any key file serves it; the current one stays.
+        _give_to_owner(data_dir, [live_db, live_key])
         fd = os.open(data_dir, os.O_RDONLY | os.O_DIRECTORY)
         try:
             os.fsync(fd)
         finally:
             os.close(fd)
     return files, moved
+
+
+def _give_to_owner(data_dir: Path, paths: list[Path]) -> None:
+    """Run as root (say, beside a systemd service with its own user), the restored files get the
+    data directory's owner: the service could not open root's files."""
+    if os.geteuid() != 0:
+        return
+    st = data_dir.stat()
+    for p in paths:
+        if p.exists():
+            os.chown(p, st.st_uid, st.st_gid)
 
 
 def _move_aside(data_dir: Path, paths: list[Path]) -> Path | None:

@@ -257,9 +257,13 @@ def _keyfile(settings: Settings, conn: apsw.Connection | None) -> Check:
     if mode & 0o077:
         return Check(FAIL, "key file", f"{path} has mode {mode:04o}: others can read the master key; "
                      f"run chmod 600 {path}")
-    if st.st_uid != os.geteuid():
-        return Check(FAIL, "key file", f"{path} belongs to uid {st.st_uid}, not to this user ({os.geteuid()}): "
-                     "run the doctor as the service's user")
+    owner = st.st_uid
+    if owner != os.geteuid() and os.geteuid() != 0:
+        return Check(FAIL, "key file", f"{path} belongs to uid {owner}, not to this user ({os.geteuid()}): "
+                     "run the doctor as the service's user (or as root)")
+    if owner != settings.data_path.stat().st_uid:
+        return Check(FAIL, "key file", f"{path} belongs to uid {owner}, the data directory to uid "
+                     f"{settings.data_path.stat().st_uid}: the service runs as the directory's owner; chown it")
     try:
         key = KeyFile.read(path)
         checked = check_keyfile(conn, key) if conn is not None else 0

@@ -63,7 +63,7 @@ def test_restore_moves_the_replaced_data_aside(tmp_path):
     data, other = tmp_path / "data", tmp_path / "other"
     for d in (data, other):
         _with_keys(d, tmp_path)
-    assert cli("backup", tmp_path / "bk/", "--data-dir", other).returncode == 0
+    assert cli("backup", f"{tmp_path / 'bk'}/", "--data-dir", other).returncode == 0  # a directory
     old = snapshot(data)
     out = cli("restore", tmp_path / "bk", "--data-dir", data)
     assert out.returncode == 0, out.stderr
