@@ -1,5 +1,5 @@
-"""Graceful shutdown: SIGTERM finishes in-flight work and closes websockets with a close frame; a
-second signal exits at once."""
+"""Graceful shutdown: SIGTERM finishes in-flight work, closes websockets with a close frame and
+releases claimed wakes; a second signal exits at once."""
 
 from __future__ import annotations
 
@@ -66,3 +66,42 @@ async def test_sigterm_answers_every_event_it_took_and_closes_with_1001(server, 
     again = await connect(server.url)
     got, _ = await again.req("r", {"authors": [alice.pubkey], "limit": 500})
     assert {e["id"] for e in got} == accepted
+
+
+async def test_sigterm_releases_claimed_wakes_for_the_next_start(tmp_path, anyio_backend):
+    """A wake being sent when SIGTERM comes is given back, due at once: the next start sends it
+    first, with the same apns-id, instead of after its claim lapses (here ten minutes)."""
+    from tests.conftest import Server
+    from tests.push.delivery_helpers import Apns, Pusher, delivery_config, jobs, token, wait_until
+
+    (tmp_path / "apns").mkdir()
+    apns = Apns(tmp_path / "apns").start()
+    try:
+        server = Server(tmp_path / "data", config=delivery_config(apns, settings={"wake_visibility_timeout": 600})
+                        ).start()
+        tok = token()
+        apns.emulator.behave(tok, delay=60)  # the send hangs: the wake stays claimed
+        alice, bob = await Pusher.connect(server), await Pusher.connect(server)
+        await bob.lease(tok, subscriptions=[{"filter": {"kinds": [9], "#p": [bob.pubkey]}, "class": "default"}])
+        ev = await alice.publish(9, [["p", bob.pubkey]])
+        await wait_until(lambda: [j["state"] for j in jobs(server, event_id=ev.id)] == ["claimed"], timeout=20)
+        await alice.client.close()
+        await bob.client.close()
+        stopped_at = time.time()
+        server.stop()
+        (job,) = jobs(server, event_id=ev.id)
+        assert job["state"] == "pending"
+        from tests.push.e2e_helpers import db_rows
+
+        ((due,),) = db_rows(server.data_dir, "SELECT due_at FROM wake_jobs WHERE id = ?", (job["id"],))
+        assert due <= stopped_at + 15  # due at the stop, not when the ten-minute claim would lapse
+
+        apns.emulator.clear(tok)
+        server.start()
+        try:
+            await wait_until(lambda: jobs(server, event_id=ev.id)[0]["state"] == "delivered", timeout=30)
+            assert [r.header("apns-id") for r in apns.emulator.requests(tok)][-1] == job["id"]
+        finally:
+            server.stop()
+    finally:
+        apns.stop()

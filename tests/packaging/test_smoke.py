@@ -1,7 +1,8 @@
 """The standalone executable, end to end: built from packaging/appliance.spec (or taken from
-APPLIANCE_BINARY), started on a temporary data directory, then: NIP-11, an event published and read
-back over websockets, the dashboard's setup and login pages with the verified htmx, a backup and the
-doctor by the same binary, and SIGTERM. Figures (size, cold start, idle RSS) go to
+APPLIANCE_BINARY), started on a temporary data directory with push delivering to a local APNs
+emulator, then: NIP-11, an event published and read back over websockets, the dashboard's setup
+and login pages with the verified htmx, a lease and an event that wake a device through the
+emulator, a backup and the doctor by the same binary, and SIGTERM. Figures (size, cold start, idle RSS) go to
 test-artifacts/smoke.json and are printed (`make smoke` shows them).
 
 The Dockerfile's build and run steps are these same ones (`make dist`, then the binary with a data
@@ -29,7 +30,9 @@ import websockets
 from appliance.admin import assets
 from appliance.nostr.event import sign_event
 from appliance.nostr.keys import generate_secret, public_key
+from appliance.transports.apns import APNS_BODY
 from tests.conftest import free_port
+from tests.push.delivery_helpers import Apns, Pusher, delivery_config, jobs, token, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 BINARY_ENV = "APPLIANCE_BINARY"
@@ -103,7 +106,46 @@ async def _publish_and_read(url: str) -> dict:
     return got[0]
 
 
-def test_the_executable_serves_end_to_end(binary, tmp_path):
+class _Running:
+    """What the test helpers need of a server: its URLs and data directory."""
+
+    def __init__(self, port: int, data_dir: Path):
+        self.port, self.data_dir = port, data_dir
+        self.url, self.http = f"ws://127.0.0.1:{port}", f"http://127.0.0.1:{port}"
+
+    def nip11(self, host: str | None = None) -> dict:
+        r = httpx.get(self.http + "/", headers={"Accept": "application/nostr+json"}, timeout=10)
+        r.raise_for_status()
+        return r.json()
+
+
+async def _wake(server: _Running, apns: Apns) -> dict:
+    """A lease, then an event for its author: one wake reaches the emulator and is delivered."""
+    alice, bob = await Pusher.connect(server), await Pusher.connect(server)
+    try:
+        tok = token()
+        await bob.lease(tok, subscriptions=[{"filter": {"kinds": [9], "#p": [bob.pubkey]}, "class": "default"}])
+        ev = await alice.publish(9, [["p", bob.pubkey]])
+        await asyncio.to_thread(apns.emulator.wait_for, lambda recs: any(r.token == tok for r in recs), 30)
+        (rec,) = apns.emulator.requests(tok)
+        (job,) = jobs(server, event_id=ev.id)
+        assert rec.status == 200 and rec.body == APNS_BODY and rec.header("apns-id") == job["id"]
+        await wait_until(lambda: jobs(server, event_id=ev.id)[0]["state"] == "delivered", timeout=30)
+        return job
+    finally:
+        await alice.client.close()
+        await bob.client.close()
+
+
+@pytest.fixture
+def apns(tmp_path):
+    (tmp_path / "apns").mkdir()
+    a = Apns(tmp_path / "apns").start()
+    yield a
+    a.stop()
+
+
+def test_the_executable_serves_end_to_end(binary, tmp_path, apns):
     figures: dict = {"binary": str(binary), "size_bytes": binary.stat().st_size}
     env = {k: v for k, v in os.environ.items() if not k.startswith("APPLIANCE_")}
     version = subprocess.run([str(binary), "--version"], capture_output=True, text=True, env=env, timeout=120)
@@ -112,11 +154,13 @@ def test_the_executable_serves_end_to_end(binary, tmp_path):
     figures["version"] = version.stdout.strip()
 
     data, port = tmp_path / "data", free_port()
+    config = tmp_path / "appliance.toml"
+    config.write_text(delivery_config(apns))
     log = tmp_path / "serve.log"
     started = time.monotonic()
     with open(log, "wb") as fh:
-        proc = subprocess.Popen([str(binary), "serve", "--data-dir", str(data), "--port", str(port)],
-                                stdout=fh, stderr=subprocess.STDOUT, env=env, cwd=tmp_path)
+        proc = subprocess.Popen([str(binary), "serve", "--data-dir", str(data), "--port", str(port),
+                                 "--config", str(config)], stdout=fh, stderr=subprocess.STDOUT, env=env, cwd=tmp_path)
     base = f"http://127.0.0.1:{port}"
     try:
         # Cold start: a new process and data directory until NIP-11 answers.
@@ -133,15 +177,16 @@ def test_the_executable_serves_end_to_end(binary, tmp_path):
                 time.sleep(0.02)
         figures["cold_start_seconds"] = round(time.monotonic() - started, 3)
         assert nip11["software"] == "appliance" and 11 in nip11["supported_nips"] and 1 in nip11["supported_nips"]
+        assert "nip-pl" in nip11["supported_extensions"] and nip11["push"]["keys"]
 
         event = asyncio.run(_publish_and_read(f"ws://127.0.0.1:{port}"))
         assert event["content"] == "hello from the standalone executable"
 
         # The dashboard: the one-time setup link of the banner, the login page, htmx (verified).
         banner = log.read_text()
-        setup = re.search(r"admin  (http://\S+/admin/setup\?token=\S+)", banner)
+        setup = re.search(r"admin  http://\S+?(/admin/setup\?token=\S+)", banner)  # (the public URL's host)
         assert setup, banner
-        page = httpx.get(setup.group(1), timeout=10)
+        page = httpx.get(base + setup.group(1), timeout=10)
         assert page.status_code == 200 and "<form" in page.text and 'name="password"' in page.text
         login = httpx.get(base + "/admin/login", timeout=10)
         assert login.status_code == 200 and ("<form" in login.text or "setup" in login.text)
@@ -151,12 +196,17 @@ def test_the_executable_serves_end_to_end(binary, tmp_path):
         health = httpx.get(base + "/admin/health", timeout=10)
         assert health.status_code == 200 and health.json()["status"] == "ok"
 
+        # A wake through the APNs emulator (the lease is checked by a spawned worker process: the
+        # binary runs itself again for it).
+        asyncio.run(_wake(_Running(port, data), apns))
+
         # The same binary's operations commands, beside the running server.
         backup = subprocess.run([str(binary), "backup", f"{tmp_path / 'bk'}/", "--data-dir", str(data)],
                                 capture_output=True, text=True, env=env, timeout=120)
         assert backup.returncode == 0, backup.stderr
         assert (tmp_path / "bk" / "appliance.sqlite3").is_file() and (tmp_path / "bk" / "appliance.key").is_file()
-        doctor = subprocess.run([str(binary), "doctor", "--data-dir", str(data), "--port", str(port)],
+        doctor = subprocess.run([str(binary), "doctor", "--data-dir", str(data), "--port", str(port),
+                                 "--config", str(config)],
                                 capture_output=True, text=True, env=env, timeout=120)
         assert doctor.returncode == 0, doctor.stdout + doctor.stderr
 
