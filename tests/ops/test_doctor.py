@@ -132,3 +132,35 @@ def test_a_host_that_does_not_speak_tls_fails_the_probe(tmp_path):
         config.write_text(GATEWAY.format(p8=p8, extra=f'apns_url = "https://127.0.0.1:{port}"'))
         out = cli("doctor", "--online", "--data-dir", tmp_path / "data", "--config", config, timeout=60)
     assert out.returncode == 1 and lines(out)[f"apns reachable 127.0.0.1:{port}"] == "FAIL"
+
+
+def test_a_key_uploaded_through_the_dashboard_is_checked_and_unwrapped(tmp_path):
+    """A .p8 kept in the database (`key_stored`): the doctor loads it through the key file, and
+    backup/restore count it among the keys the key file must unwrap."""
+    from appliance.commands.origins import store_apns_key
+    from appliance.store.keyfile import KeyFile
+    from appliance.store.sqlite import SqliteStore
+
+    data = tmp_path / "data"
+    config = tmp_path / "push.toml"
+    config.write_text(PUSH_CONFIG)
+    assert cli("keys", "rotate", "ws://127.0.0.1:7777", "--data-dir", data, "--config", config).returncode == 0
+    make_p8(tmp_path / "AuthKey.p8")
+    with SqliteStore(data) as store:
+        keyfile = KeyFile.for_store(data, store)
+        fp = store.write_sync(lambda conn: store_apns_key(conn, keyfile, (tmp_path / "AuthKey.p8").read_bytes(), 1))
+    stored = tmp_path / "stored.toml"
+    stored.write_text(PUSH_CONFIG.replace(
+        '{ id = "com.example.app/ios", transport = "apns" }',
+        f'{{ id = "com.example.app/ios", transport = "apns", topic = "com.example.app", team_id = "TEAM123456", '
+        f'key_id = "ABC123DEFG", key_stored = "{fp}", environment = "production" }}'))
+    out = cli("doctor", "--data-dir", data, "--config", stored)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert lines(out)["apns credentials ws://127.0.0.1:7777 com.example.app/ios"] == "PASS"
+    assert "(stored)" in out.stdout and "unwraps all 3 wrapped key(s)" in out.stdout  # relay, executor, .p8
+
+    (data / "appliance.key").write_bytes(os.urandom(32))
+    out = cli("doctor", "--data-dir", data, "--config", stored)
+    got = lines(out)
+    assert out.returncode == 1 and got["key file"] == "FAIL"
+    assert got["apns credentials ws://127.0.0.1:7777 com.example.app/ios"] == "SKIP"
