@@ -216,6 +216,7 @@ class Appliance:
     relay_post: Any = None
     # Lines added to the start banner, after the relay's.
     banner: list = field(default_factory=list)
+    instance_lock: Any = None  # appliance.store.instance.InstanceLock, held while serving
 
     # Seconds between checks for origin/group edits made by the CLI while the server runs.
     RELOAD_INTERVAL = 1.0

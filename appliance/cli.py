@@ -8,7 +8,7 @@ import logging
 import sys
 from typing import Any, Sequence
 
-from appliance import __version__
+from appliance import version_line
 from appliance.errors import ApplianceError
 from appliance.settings import SETTINGS, Settings, load, sample_config
 
@@ -34,7 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="A self-hosted Nostr relay with a NIP-PL push executor, in one process. "
         "With no command it serves (same as `appliance serve`).",
     )
-    parser.add_argument("--version", action="version", version=f"appliance {__version__}")
+    parser.add_argument("--version", action=_Version)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     serve = sub.add_parser("serve", help="Run the relay (the default command).",
@@ -86,6 +86,22 @@ def build_parser() -> argparse.ArgumentParser:
 
     admin_cli.add_parser(admin, _add_setting_flags)
 
+    from appliance.commands import backup as backup_cli
+    from appliance.commands import doctor as doctor_cli
+
+    backup = sub.add_parser("backup", help="Copy the database (while serving) and its key file to PATH.",
+                            description="Write a consistent copy of the database while the appliance runs "
+                            "(SQLite's online backup API), with the key file beside it. Keep the two together.")
+    restore = sub.add_parser("restore", help="Replace the data with a backup (refused while serving).",
+                             description="Restore a backup made by `appliance backup`: refused while an "
+                             "appliance serves the data directory; the backup and its key file are checked "
+                             "before anything is replaced, and the replaced files are moved aside.")
+    backup_cli.add_parser(backup, restore, _add_setting_flags)
+    doctor = sub.add_parser("doctor", help="Check the installation: a pass/fail list (exit 1 on a failure).",
+                            description="Check the configuration, descriptors, data directory, database, "
+                            "clock, key file and APNs credentials without changing anything.")
+    doctor_cli.add_parser(doctor, _add_setting_flags)
+
     bench = sub.add_parser("bench", help="Measure this machine: relay ingest and query speed.",
                            description="Benchmarks that start a relay on a temporary data dir.")
     from appliance import bench as bench_mod
@@ -95,10 +111,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class _Version(argparse.Action):
+    """`--version`: the version and the git revision, worked out only when asked for."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None):
+        super().__init__(option_strings, dest=dest, default=default, nargs=0,
+                         help=help or "Print the version and the git revision it was built from, and exit.")
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(version_line())
+        parser.exit()
+
+
 def _add_version(parser: argparse.ArgumentParser) -> None:
     """`--version` on every (sub)command, as `--help` is."""
     if not any("--version" in a.option_strings for a in parser._actions):
-        parser.add_argument("--version", action="version", version=f"appliance {__version__}")
+        parser.add_argument("--version", action=_Version)
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
             for sub in action.choices.values():
@@ -146,6 +174,20 @@ def main(argv: Sequence[str] | None = None) -> int:
             from appliance.admin import command as admin_cli
 
             return admin_cli.run(args, _settings(args))
+        if args.command == "backup":
+            from appliance.commands import backup as backup_cli
+
+            return backup_cli.run_backup(args, _settings(args))
+        if args.command == "restore":
+            from appliance.commands import backup as backup_cli
+
+            return backup_cli.run_restore(args, _settings(args))
+        if args.command == "doctor":
+            from appliance.commands import doctor as doctor_cli
+
+            # The doctor resolves the settings itself: a configuration error is one of its findings.
+            flags = {s.name: getattr(args, s.name, None) for s in SETTINGS}
+            return doctor_cli.run(args, flags, getattr(args, "config", None))
         if args.command == "bench":
             from appliance import bench as bench_mod
 
@@ -178,8 +220,13 @@ def serve(settings: Settings, *, ready: Any = None) -> int:
     from appliance.app import build, startup_banner
     from appliance.server import build_server
 
+    from appliance.store.instance import InstanceLock
+
     configure_logging(settings.log_level)
+    # Held until the process ends: a second server, or `appliance restore`, is refused meanwhile.
+    lock = InstanceLock(settings.data_path).acquire()
     app = build(settings)
+    app.instance_lock = lock
     try:
         install(app)
     except BaseException:

@@ -12,7 +12,7 @@
   ERROR for each one: here it is one DEBUG line and a counter, so a client cannot fill the log.
 - SIGTERM: the relay first stops taking new work, lets the writer commit what is in flight, sends
   every pending OK and closes each websocket with 1001 (closing handshake included); then
-  uvicorn's own shutdown runs.
+  uvicorn's own shutdown runs. A second SIGTERM (or SIGINT) ends the process at once.
 """
 
 from __future__ import annotations
@@ -214,12 +214,27 @@ def protocol_classes(guard: Guard) -> tuple[type, type]:
     return http, ws
 
 
+def second_signal_exits_at_once() -> None:
+    """After the first SIGTERM/SIGINT, the next one ends the process at once: the kernel's default
+    action, which needs no Python code to run (the graceful stop may be waiting on a thread or a
+    slow client). SQLite's WAL keeps every committed transaction through it."""
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_DFL)
+
+
 class ApplianceServer(uvicorn.Server):
     """uvicorn's server with the relay's graceful stop before uvicorn's own shutdown."""
 
     def __init__(self, config: uvicorn.Config, appliance: Appliance):
         super().__init__(config)
         self.appliance = appliance
+
+    def handle_exit(self, sig: int, frame) -> None:
+        first = not self.should_exit
+        super().handle_exit(sig, frame)
+        if first and sig in (signal.SIGINT, signal.SIGTERM):
+            log.info("stopping: finishing in-flight work (a second signal exits at once)")
+            second_signal_exits_at_once()
 
     async def shutdown(self, sockets=None) -> None:
         for server in self.servers:  # stop accepting first
@@ -308,6 +323,10 @@ def run_with_gateway_listener(settings: Settings, app: Appliance) -> None:
     async def both() -> None:
         def stop() -> None:
             server.should_exit = gateway.should_exit = True
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.remove_signal_handler(sig)
+            log.info("stopping: finishing in-flight work (a second signal exits at once)")
+            second_signal_exits_at_once()
 
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):

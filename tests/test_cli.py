@@ -37,9 +37,27 @@ COMMANDS = _command_paths(build_parser())
 
 
 def test_version():
+    """The version and the git revision: from git in a checkout (the standalone build embeds it)."""
     out = _run("--version")
     assert out.returncode == 0
-    assert out.stdout.strip() == f"appliance {__version__}"
+    rev = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
+    line = out.stdout.strip()
+    assert line.startswith(f"appliance {__version__} (git ") and line.endswith(")"), line
+    shown = line[len(f"appliance {__version__} (git "):-1].removesuffix("-dirty")
+    assert len(shown) == 12 and rev.startswith(shown)
+
+
+def test_version_embedded_by_a_build(tmp_path):
+    """A build's REVISION file wins over git (the binary has no checkout to ask)."""
+    import shutil
+
+    pkg = tmp_path / "appliance"
+    shutil.copytree(os.path.join(ROOT, "appliance"), pkg, ignore=shutil.ignore_patterns("__pycache__"))
+    (pkg / "REVISION").write_text("0123456789ab\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("APPLIANCE_")}
+    out = subprocess.run([sys.executable, "-c", "import appliance; print(appliance.version_line())"],
+                         capture_output=True, text=True, cwd=tmp_path, env=env, timeout=60)
+    assert out.stdout.strip() == f"appliance {__version__} (git 0123456789ab)", out.stderr
 
 
 def test_command_tree_is_complete():

@@ -111,6 +111,9 @@ class Delivery:
         self._wakeup = asyncio.Event()
         self._inflight: set[asyncio.Task] = set()
         self._queue: asyncio.Queue = asyncio.Queue()
+        # Wakes claimed for the workers whose outcome is not recorded yet (queued or being sent),
+        # by job id: a graceful stop gives their claims back (`close`).
+        self._held: dict[str, Wake] = {}
         self._running = False  # workers are taking wakes (the fast path is open)
         self._stopping = False
         self._busy = 0
@@ -139,7 +142,11 @@ class Delivery:
     def submit(self, fresh: list["Wake"]) -> None:
         """After the commit that wrote them: hand match-time claimed wakes to the workers."""
         for wake in fresh:
-            self._queue.put_nowait(wake)
+            self._enqueue(wake)
+
+    def _enqueue(self, wake: "Wake") -> None:
+        self._held[wake.job.id] = wake
+        self._queue.put_nowait(wake)
 
     # -- the claim (a write transaction) -----------------------------------------------------------
 
@@ -377,6 +384,7 @@ class Delivery:
             finally:
                 self._busy -= 1
                 self._wakeup.set()  # room to claim more
+            self._held.pop(wake.job.id, None)  # (not when cancelled mid-send: close() gives it back)
 
     async def run(self) -> None:
         """The claimer and `workers` delivery workers. The claimer claims ahead of the workers (up
@@ -410,7 +418,7 @@ class Delivery:
         if room >= max(1, n // 4) or (room > 0 and queued == 0):
             claimed = await self.store.write(lambda conn: self.claim(conn, self.clock(), room))
             for wake in claimed:
-                self._queue.put_nowait(wake)
+                self._enqueue(wake)
             if len(claimed) == room:
                 return  # there may be more due: claim again once the workers made room
             nxt = await self.store.read(wakes.next_due)
@@ -442,7 +450,18 @@ class Delivery:
                 log.exception("releasing %d claimed wakes failed", len(ids))
 
     async def close(self) -> None:
-        """Stop sending: in-flight attempts are abandoned; their claims lapse and are retried."""
+        """Stop sending: in-flight attempts are abandoned and the claims of every wake not sent
+        yet (queued or in flight) are given back, due at once, so the next start sends them first
+        (the same job ids) instead of waiting for the claims to lapse (`wake_visibility_timeout`).
+        A send whose outcome was recorded meanwhile keeps it."""
         for task in list(self._inflight):
             task.cancel()
         await asyncio.gather(*self._inflight, return_exceptions=True)
+        abandoned, self._held = list(self._held), {}
+        if abandoned:
+            now = self.clock()
+            try:
+                released = await self.store.write(lambda conn: wakes.release_claims(conn, abandoned, now))
+                log.info("released %d claimed wake(s) for the next start", released)
+            except Exception:  # they lapse instead: sent after wake_visibility_timeout
+                log.exception("releasing claimed wakes failed")

@@ -561,3 +561,14 @@ def top_authors(conn: apsw.Connection, origin: int, since: int, limit: int = 10)
 def event_counts(conn: apsw.Connection) -> dict[int, int]:
     """Stored events per origin."""
     return dict(conn.execute(SQL_EVENT_COUNTS).fetchall())
+
+
+# Per origin, so each max is one step down the (origin, created_at) index.
+SQL_NEWEST_CREATED_AT = (
+    "SELECT max(m) FROM (SELECT (SELECT max(created_at) FROM events WHERE origin = o.id) AS m FROM origins o)"
+)
+
+
+def newest_created_at(conn) -> int | None:
+    """The latest created_at stored (None when empty): a clock that reads earlier went back."""
+    return conn.execute(SQL_NEWEST_CREATED_AT).fetchone()[0]

@@ -34,6 +34,23 @@ class KeyFile:
         self._key = self._load_or_create(holds_wrapped_keys)
 
     @classmethod
+    def read(cls, path: Path) -> "KeyFile":
+        """A key file at any path (a backup's), read as it is: never created, never chmod-ed."""
+        self = cls.__new__(cls)
+        self.path = Path(path)
+        try:
+            data = self.path.read_bytes()
+        except OSError as exc:
+            raise StoreError(f"cannot read the key file {self.path}: {exc.strerror or exc}") from None
+        if len(data) != 32:
+            raise StoreError(f"{self.path} is not a valid key file (expected 32 bytes)")
+        self._key = data
+        return self
+
+    def same_key(self, other: "KeyFile") -> bool:
+        return hmac.compare_digest(self._key, other._key)
+
+    @classmethod
     def for_store(cls, data_dir: Path, store) -> "KeyFile":
         """The key file of an open store (whose database says whether it holds wrapped keys)."""
         return cls(data_dir, holds_wrapped_keys=store.read_sync(holds_wrapped_keys))
@@ -98,3 +115,30 @@ def holds_wrapped_keys(conn) -> bool:
         " OR EXISTS (SELECT 1 FROM gateway_grant_keys WHERE wrapped IS NOT NULL)"
         " OR EXISTS (SELECT 1 FROM gateway_installations WHERE token IS NOT NULL)"
     ).fetchone()[0])
+
+
+# What a key file must unwrap, by owner (each owner knows its own labels; see commands.backup).
+SQL_TABLES = "SELECT name FROM sqlite_schema WHERE type = 'table'"
+SQL_RELAY_KEY_ORIGINS = "SELECT origin FROM relay_keys ORDER BY origin"
+SQL_EXECUTOR_KEY_ORIGINS = "SELECT DISTINCT origin FROM executor_keys WHERE wrapped IS NOT NULL ORDER BY origin"
+SQL_GATEWAY_GRANT_KEYS = "SELECT count(*) FROM gateway_grant_keys WHERE wrapped IS NOT NULL"
+SQL_APNS_KEYS = "SELECT count(*) FROM apns_keys"
+SQL_GATEWAY_TOKENS = ("SELECT handle, endpoint_epoch, token FROM gateway_installations "
+                      "WHERE token IS NOT NULL ORDER BY handle")
+
+
+def wrapped_inventory(conn) -> dict:
+    """Where the database holds wrapped secrets: origins with relay keys, origins with executor
+    keys, the number of gateway grant keys, the gateway's wrapped APNs tokens, and the number of
+    APNs .p8 keys uploaded through the dashboard."""
+    # A database made by an older version (a backup) may lack the newer tables.
+    tables = {r[0] for r in conn.execute(SQL_TABLES)}
+    return {
+        "relay_key_origins": [r[0] for r in conn.execute(SQL_RELAY_KEY_ORIGINS)] if "relay_keys" in tables else [],
+        "executor_key_origins": ([r[0] for r in conn.execute(SQL_EXECUTOR_KEY_ORIGINS)]
+                                 if "executor_keys" in tables else []),
+        "gateway_grant_keys": (conn.execute(SQL_GATEWAY_GRANT_KEYS).fetchone()[0]
+                               if "gateway_grant_keys" in tables else 0),
+        "gateway_tokens": list(conn.execute(SQL_GATEWAY_TOKENS)) if "gateway_installations" in tables else [],
+        "apns_keys": conn.execute(SQL_APNS_KEYS).fetchone()[0] if "apns_keys" in tables else 0,
+    }

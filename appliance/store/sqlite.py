@@ -415,6 +415,55 @@ def _settle(fut: asyncio.Future, result: Any, exc: BaseException | None) -> None
         fut.set_result(result)
 
 
+def backup_database(source: Path, dest: Path) -> int:
+    """Write a consistent copy of the database `source` to `dest` while an appliance may be
+    serving it, with SQLite's online backup API (a file copy could catch a commit half-written,
+    or miss what still sits in the WAL). The copy is one self-contained file (no WAL), written
+    under a temporary name, synced and renamed into place: `dest` is never half a backup.
+    Returns the copy's size in bytes."""
+    source, dest = Path(source), Path(dest)
+    if not source.is_file():
+        raise StoreError(f"there is no database at {source}")
+    partial = dest.with_name(f".{dest.name}.partial")
+    try:
+        src = apsw.Connection(str(source), flags=apsw.SQLITE_OPEN_READWRITE)
+    except apsw.Error as exc:
+        raise StoreError(f"cannot open {source}: {exc}") from None
+    try:
+        src.set_busy_timeout(BUSY_TIMEOUT_MS)
+        partial.unlink(missing_ok=True)
+        dst = apsw.Connection(str(partial))
+        try:
+            with dst.backup("main", src, "main") as step:
+                step.step(-1)  # every page in one read transaction: one snapshot
+            dst.execute("PRAGMA journal_mode = DELETE")  # a single self-contained file
+        finally:
+            dst.close()
+        os.chmod(partial, 0o600)  # users' events are private enough; the data directory is 0700 too
+        with open(partial, "rb+") as fh:
+            os.fsync(fh.fileno())
+        os.replace(partial, dest)
+        _fsync_dir(dest.parent)
+    except apsw.Error as exc:
+        partial.unlink(missing_ok=True)
+        raise StoreError(f"backup of {source} failed: {exc}") from None
+    except OSError as exc:
+        partial.unlink(missing_ok=True)
+        raise StoreError(f"cannot write the backup {dest}: {exc.strerror or exc}") from None
+    finally:
+        src.close()
+    return dest.stat().st_size
+
+
+def _fsync_dir(path: Path) -> None:
+    """Make a rename in `path` durable."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 class SqliteStore:
     """The appliance's storage: run writes through the single writer, reads on reader threads."""
 
@@ -528,19 +577,8 @@ class SqliteStore:
             conn.close()
 
     def backup(self, dest: Path) -> None:
-        """Write a consistent copy of the database to `dest` while the appliance runs, with
-        SQLite's online backup API (a file copy could catch a commit half-written)."""
-        src = connect(self.path, sync_mode=self.sync_mode)
-        try:
-            dst = apsw.Connection(str(dest))
-            try:
-                with dst.backup("main", src, "main") as step:
-                    step.step(-1)  # every page in one read transaction: one snapshot
-                dst.execute("PRAGMA journal_mode = DELETE")  # a single self-contained file
-            finally:
-                dst.close()
-        finally:
-            src.close()
+        """Write a consistent copy of the database to `dest` (see `backup_database`)."""
+        backup_database(self.path, Path(dest))
 
     def close(self) -> None:
         if getattr(self, "_checkpointer", None) is not None:

@@ -99,6 +99,8 @@ SQL_MEMBERS_CHECKED = _CHECK_COLUMNS.format(indexed="INDEXED BY wake_jobs_wake")
 )
 SQL_JOB_CHECKED = _CHECK_COLUMNS.format(indexed="") + "WHERE j.id = ?"
 SQL_CLAIM = "UPDATE wake_jobs SET state = 'claimed', due_at = ?, class = ? WHERE id = ?"
+# Claims given back by a stopping process: due again at once (an outcome recorded meanwhile wins).
+SQL_RELEASE = "UPDATE wake_jobs SET state = 'pending', due_at = ? WHERE id = ? AND state = 'claimed'"
 SQL_COUNT_ATTEMPT = "UPDATE wake_jobs SET attempts = attempts + 1 WHERE id = ?"
 SQL_SET_STATE = "UPDATE wake_jobs SET state = ?, finished_at = ?, last_error = ? WHERE id = ?"
 SQL_FINISH_MEMBERS = (
@@ -273,6 +275,15 @@ def claim_wake(conn: apsw.Connection, job: WakeJob, cls: str, now: float, visibi
     """Mark a wake as being sent (until now + visibility) and note the send for the rate cap."""
     conn.execute(SQL_CLAIM, (now + visibility, cls, job.id))
     conn.execute(SQL_NOTE_SENT, (*job.endpoint_key, now))
+
+
+def release_claims(conn: apsw.Connection, job_ids: list[str], now: float) -> int:
+    """Give back claims whose sends were abandoned (a graceful stop): pending, due at `now`."""
+    n = 0
+    for job_id in job_ids:
+        conn.execute(SQL_RELEASE, (now, job_id))
+        n += conn.changes()
+    return n
 
 
 def set_state(conn: apsw.Connection, job_id: str, state: str, now: float, error: str | None = None) -> None:

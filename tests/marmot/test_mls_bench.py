@@ -1,6 +1,6 @@
 """The MLS bench script runs end to end (tiny sizes; figures come from the script, never from tests)."""
 
-from appliance.marmot.mls import bench
+from appliance.bench import mls as bench
 
 
 def test_bench_script_runs(capsys):

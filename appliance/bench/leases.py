@@ -125,7 +125,7 @@ async def _client(url: str, users: list[tuple[str, list[str]]], window: int, lat
 
 
 def run(args: argparse.Namespace) -> int:
-    from appliance.bench import appliance_process, free_port, info, percentile
+    from appliance.bench.harness import appliance_process, free_port, info, percentile
     from appliance.nostr.keys import generate_secret
 
     if args.leases < 1 or args.clients < 1 or args.window < 1 or args.per_user < 1:

@@ -44,7 +44,8 @@ from pathlib import Path
 
 import orjson
 
-from appliance.bench import appliance_process, free_port, info, ingest, percentile
+from appliance.bench.harness import appliance_process, free_port, info, percentile
+from appliance.bench.relay import ingest
 
 ORIGIN = "ws://bench.wakes"
 PROFILE = "com.example.bench/ios"

@@ -32,7 +32,7 @@ import uuid
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-from appliance.bench import appliance_process, free_port, percentile
+from appliance.bench.harness import appliance_process, cpu_seconds, free_port, percentile
 
 TOPIC = "com.example.bench"
 APP_ID = "BENCHTEAM1." + TOPIC
@@ -169,15 +169,6 @@ ca_file = "{emu['ca_file']}"
             shutil.rmtree(work, ignore_errors=True)
     _report(args, results)
     return 0 if results["deliveries"]["accepted"] == args.deliveries else 1
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process so far (Linux /proc; 0.0 elsewhere)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def _measure(args, base: str, port: int, attesters, relay_pubkey: str, secret: str, pids: dict) -> dict:

@@ -1,4 +1,4 @@
-"""MLS core figures: `python -m appliance.marmot.mls.bench [--sizes 100,1000] [--adds 100] [--repeat 3]`.
+"""MLS core figures: `appliance bench mls [--sizes 100,1000] [--adds 100] [--repeat 3]`.
 
 Prints, for cipher suite 0x0001 and state kept as bytes between operations (every timed step
 decodes the state it starts from and encodes the state it ends with, as a real caller would):
@@ -18,7 +18,7 @@ import argparse
 import statistics
 import time
 
-from .group import Group, create_key_package, external_join, join_from_welcome
+from appliance.marmot.mls.group import Group, create_key_package, external_join, join_from_welcome
 
 
 def _median(fn, repeat: int) -> tuple[float, object]:
@@ -79,12 +79,13 @@ def bench_external(size: int, repeat: int) -> list[tuple[str, float]]:
             (f"group of {size}: setup (one Commit adding {size - 1}, one Welcome join)", setup)]
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m appliance.marmot.mls.bench", description=__doc__.split("\n\n")[0])
+def add_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--sizes", default="100,1000", help="group sizes for the External Commit figures")
     ap.add_argument("--adds", type=int, default=100, help="members added in one Commit")
     ap.add_argument("--repeat", type=int, default=3, help="runs per figure (median reported)")
-    args = ap.parse_args(argv)
+
+
+def run(args: argparse.Namespace) -> int:
     rows = bench_add(args.adds, args.repeat)
     for size in (int(s) for s in args.sizes.split(",") if s):
         rows += bench_external(size, args.repeat)
@@ -93,6 +94,12 @@ def main(argv: list[str] | None = None) -> int:
     for name, seconds in rows:
         print(f"  {name:<{width}}  {seconds * 1000:9.1f} ms")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="appliance bench mls", description=__doc__.split("\n\n")[0])
+    add_args(ap)
+    return run(ap.parse_args(argv))
 
 
 if __name__ == "__main__":

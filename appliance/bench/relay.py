@@ -1,9 +1,4 @@
-"""`appliance bench`: measure relay ingest and query speed on this machine.
-
-Each benchmark is one entry of `BENCHMARKS` (name -> Benchmark(help, add_args, run)); `add_parser`
-turns them into subcommands of `appliance bench`, so adding one is adding an entry.
-
-`appliance bench relay` starts `appliance serve` as a subprocess on a temporary data directory,
+"""`appliance bench relay` starts `appliance serve` as a subprocess on a temporary data directory,
 publishes pre-signed events from several concurrent, pipelining websocket clients and measures
 accepted events/s and OK latency (send to OK), then REQ latency of indexed queries
 (`{"#p": [x], "limit": 50}` and `{"authors": [x], "limit": 50}`) over the stored set. With
@@ -20,68 +15,17 @@ import hashlib
 import os
 import random
 import shutil
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import orjson
 
-# -- registry ----------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Benchmark:
-    help: str
-    add_args: Callable[[argparse.ArgumentParser], None]
-    run: Callable[[argparse.Namespace], int]
-
-
-BENCHMARKS: dict[str, Benchmark] = {}
-
-
-def add_parser(parser: argparse.ArgumentParser) -> None:
-    sub = parser.add_subparsers(dest="bench_command", required=True)
-    for name, bench in BENCHMARKS.items():
-        p = sub.add_parser(name, help=bench.help, description=bench.help)
-        bench.add_args(p)
-
-
-def run(args: argparse.Namespace) -> int:
-    bench = BENCHMARKS.get(getattr(args, "bench_command", None) or "")
-    if bench is None:
-        print("appliance bench: choose one of " + ", ".join(BENCHMARKS), file=sys.stderr)
-        return 2
-    return bench.run(args)
-
-
-# -- helpers -----------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def percentile(values: list[float], q: float) -> float:
-    """The q-th percentile (0..100) by nearest rank; NaN for no values."""
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    k = max(0, min(len(ordered) - 1, int(round(q / 100 * len(ordered) + 0.5)) - 1))
-    return ordered[k]
-
-
-def info(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
-
+from appliance.bench.harness import (RelayProcess, appliance_process, free_port, info, percentile,
+                                     rss_mb)
 
 # -- event generation (in worker processes) ----------------------------------------------------
 
@@ -202,56 +146,7 @@ def preload(data_dir: Path, factory: EventFactory, n: int, *, newest: int, sprea
     return stored, time.perf_counter() - t0
 
 
-# -- relay processes ---------------------------------------------------------------------------
-
-
-class RelayProcess:
-    """A relay subprocess on a loopback port, with its output in a log file."""
-
-    def __init__(self, name: str, args: list[str], port: int, log_path: Path, cwd: Path | None = None):
-        self.name = name
-        self.args = args
-        self.port = port
-        self.log_path = log_path
-        self.cwd = cwd
-        self.proc: subprocess.Popen | None = None
-
-    @property
-    def url(self) -> str:
-        return f"ws://127.0.0.1:{self.port}"
-
-    def start(self, timeout: float = 120) -> "RelayProcess":
-        env = {k: v for k, v in os.environ.items() if not k.startswith("APPLIANCE_")}
-        self._log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(self.args, stdout=self._log, stderr=subprocess.STDOUT, env=env, cwd=self.cwd)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.name} exited early:\n{self.log_path.read_text(errors='replace')[-4000:]}")
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
-                    return self
-            except OSError:
-                time.sleep(0.05)
-        self.stop()
-        raise RuntimeError(f"{self.name} did not start within {timeout:.0f} s")
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        if getattr(self, "_log", None):
-            self._log.close()
-
-
-def appliance_process(data_dir: Path, port: int, log_path: Path, sync_mode: str, extra: list[str]) -> RelayProcess:
-    args = [sys.executable, "-m", "appliance", "serve", "--data-dir", str(data_dir), "--port", str(port),
-            "--event-rate", "0", "--req-rate", "0", "--log-level", "warning", "--sync-mode", sync_mode, *extra]
-    return RelayProcess("appliance", args, port, log_path)
+# -- nostr-relay, for comparison -------------------------------------------------------
 
 
 def nostr_relay_available() -> bool:
@@ -486,17 +381,6 @@ class WalSampler:
             self.peak = max(self.peak, self.path.stat().st_size)
         except OSError:
             pass
-
-
-def rss_mb(pid: int) -> float:
-    try:
-        with open(f"/proc/{pid}/status") as fh:
-            for line in fh:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return float("nan")
 
 
 async def _round_trips(ws, messages: list[str], sub_ids: list[str], latencies: list[float]) -> int:
@@ -862,7 +746,7 @@ def table(results: list[RunResult], stored: dict[str, int], queries: int) -> str
 # -- `appliance bench relay` -------------------------------------------------------------------
 
 
-def _relay_args(p: argparse.ArgumentParser) -> None:
+def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--events", type=int, default=20_000, metavar="N", help="events to publish (default 20000)")
     p.add_argument("--clients", type=int, default=8, metavar="C", help="concurrent websocket clients (default 8)")
     p.add_argument("--window", type=int, default=100, metavar="W",
@@ -901,7 +785,7 @@ def _relay_args(p: argparse.ArgumentParser) -> None:
                    help="extra argument for `appliance serve` (repeatable), e.g. --server-arg=--write-batch=1000")
 
 
-def run_relay(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     if args.events < 1 or args.clients < 1 or args.window < 1:
         print("appliance bench relay: --events, --clients and --window must be at least 1", file=sys.stderr)
         return 2
@@ -974,46 +858,3 @@ def run_relay(args: argparse.Namespace) -> int:
         if b:
             print(f"\ningest ratio appliance / nostr-relay: {a / b:.1f}x")
     return 0
-
-
-BENCHMARKS["relay"] = Benchmark(
-    "Publish signed events to a fresh relay from concurrent clients; print ingest and REQ speed.",
-    _relay_args,
-    run_relay,
-)
-
-
-from appliance import bench_leases as _bench_leases  # noqa: E402 - registered like `relay`
-
-BENCHMARKS["leases"] = Benchmark(
-    "Publish NIP-44 encrypted push leases from authenticated clients; print leases/s and OK latency.",
-    _bench_leases.add_args,
-    _bench_leases.run,
-)
-
-
-from appliance import bench_marmot as _bench_marmot  # noqa: E402 - registered like `relay`
-
-BENCHMARKS["marmot-join"] = Benchmark(
-    "Build and process a draft multi-device External Commit in a group of N members; print the times.",
-    _bench_marmot.add_args,
-    _bench_marmot.run,
-)
-
-
-from appliance import bench_gateway as _bench_gateway  # noqa: E402 - registered like `relay`
-
-BENCHMARKS["gateway"] = Benchmark(
-    "Enroll, delegate and deliver through the local APNs gateway to an APNs emulator; print rates and latency.",
-    _bench_gateway.add_args,
-    _bench_gateway.run,
-)
-
-
-from appliance import bench_wakes as _bench_wakes  # noqa: E402 - registered like `relay`
-
-BENCHMARKS["wakes"] = Benchmark(
-    "NIP-PL wakes: ingest with 0/10k/100k leases, event-to-APNs latency, peak wakes/s, memory at 100k leases.",
-    _bench_wakes.add_args,
-    _bench_wakes.run,
-)

@@ -1,0 +1,60 @@
+"""`appliance bench NAME`: measurements of this machine, one module per benchmark.
+
+    harness.py   what they share: free ports, percentiles, relay processes (`appliance serve` on a
+                 temporary data directory), a process's CPU time and memory
+    relay.py     `relay`: event ingest, OK latency and REQ latency, the read path, nostr-relay beside it
+    leases.py    `leases`: NIP-PL lease acceptance (NIP-44 decrypt, validation, commit)
+    wakes.py     `wakes`: ingest with leases, event-to-APNs latency, peak wakes/s, memory
+    gateway.py   `gateway`: enrollment, delegation and delivery through the local APNs gateway
+    marmot.py    `marmot-join`: the draft multi-device External Commit in a group of N
+    mls.py       `mls`: the MLS core (add members, External Commit build and process)
+
+Each module offers `add_args(parser)` and `run(args) -> int`; `BENCHMARKS` names them and
+`add_parser` makes them subcommands of `appliance bench`, so adding one is adding an entry.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+from types import ModuleType
+
+from appliance.bench import gateway, leases, marmot, mls, relay, wakes
+
+
+@dataclass(frozen=True)
+class Benchmark:
+    help: str
+    module: ModuleType
+
+
+BENCHMARKS: dict[str, Benchmark] = {
+    "relay": Benchmark("Publish signed events to a fresh relay from concurrent clients; print ingest and REQ speed.",
+                       relay),
+    "leases": Benchmark("Publish NIP-44 encrypted push leases from authenticated clients; print leases/s and OK "
+                        "latency.", leases),
+    "marmot-join": Benchmark("Build and process a draft multi-device External Commit in a group of N members; print "
+                             "the times.", marmot),
+    "gateway": Benchmark("Enroll, delegate and deliver through the local APNs gateway to an APNs emulator; print "
+                         "rates and latency.", gateway),
+    "wakes": Benchmark("NIP-PL wakes: ingest with 0/10k/100k leases, event-to-APNs latency, peak wakes/s, memory at "
+                       "100k leases.", wakes),
+    "mls": Benchmark("MLS core (cipher suite 0x0001): add N members in one Commit, build and process External "
+                     "Commits in groups of each size; print the times.", mls),
+}
+
+
+def add_parser(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="bench_command", required=True)
+    for name, bench in BENCHMARKS.items():
+        p = sub.add_parser(name, help=bench.help, description=bench.help)
+        bench.module.add_args(p)
+
+
+def run(args: argparse.Namespace) -> int:
+    bench = BENCHMARKS.get(getattr(args, "bench_command", None) or "")
+    if bench is None:
+        print("appliance bench: choose one of " + ", ".join(BENCHMARKS), file=sys.stderr)
+        return 2
+    return bench.module.run(args)

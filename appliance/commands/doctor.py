@@ -1,0 +1,401 @@
+"""`appliance doctor [--online]`: check an installation without changing it; a pass/fail list.
+
+Checks, in order: the configuration resolves; every origin and push descriptor is valid; the
+gateway table (when enabled); the data directory is writable; the database passes SQLite's
+quick_check and has a schema this version knows; the clock is sane; the key file exists, is private
+(0600, owned by this user) and unwraps every key the database holds; every APNs credential set
+parses and signs a provider token. `--online` also opens a TLS connection (ALPN h2) to each APNs
+host the configuration names. Exits 1 when any check fails, 0 otherwise.
+
+Nothing is written: the database is opened read-only, and the writability probe removes its file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import ssl
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator
+
+import apsw
+
+from appliance.errors import ApplianceError, ConfigError
+from appliance.push.config import CREDENTIAL_FIELDS
+from appliance.settings import Settings, load
+from appliance.store.events import newest_created_at
+from appliance.store.instance import running_pid
+from appliance.store.keyfile import KEYFILE_NAME, KeyFile
+from appliance.store.schema import SCHEMA_VERSION
+from appliance.store.sqlite import DB_FILENAME
+
+PASS, FAIL, SKIP = "PASS", "FAIL", "SKIP"
+# No clock this program runs on can honestly be earlier than this (the year it was written).
+CLOCK_FLOOR = 1735689600  # 2025-01-01T00:00:00Z
+# Seconds the --online probe waits for a TLS handshake with an APNs host.
+DEFAULT_PROBE_TIMEOUT = 5.0
+
+
+@dataclass(frozen=True)
+class Check:
+    status: str  # PASS | FAIL | SKIP
+    name: str
+    detail: str
+
+
+def add_parser(parser: argparse.ArgumentParser, add_setting_flags: Callable) -> None:
+    parser.add_argument("--online", action="store_true",
+                        help="Also open a TLS connection to each configured APNs host (reachability).")
+    add_setting_flags(parser)
+
+
+def run(args: argparse.Namespace, flags: dict, config_path: str | None) -> int:
+    checks = list(diagnose(flags, config_path, online=args.online))
+    width = max(len(c.name) for c in checks)
+    for c in checks:
+        print(f"{c.status}  {c.name.ljust(width)}  {c.detail}", flush=True)
+    failed = [c for c in checks if c.status == FAIL]
+    if failed:
+        print(f"appliance doctor: {len(failed)} of {len(checks)} checks failed")
+        return 1
+    print(f"appliance doctor: no problem found ({len(checks)} checks)")
+    return 0
+
+
+def diagnose(flags: dict, config_path: str | None, *, online: bool = False,
+             probe_timeout: float = DEFAULT_PROBE_TIMEOUT) -> Iterator[Check]:
+    """Every check's result, in order (configuration first: nothing else runs without it)."""
+    try:
+        settings = load(flags=flags, config_path=config_path)
+    except ApplianceError as exc:
+        yield Check(FAIL, "configuration", str(exc))
+        return
+    where = f"config file {settings.config_path}" if settings.config_path else "no config file"
+    changed = sum(1 for s in settings.sources.values() if s != "default")
+    yield Check(PASS, "configuration", f"{where}; {changed} setting(s) not at their default")
+    conn, db_check = _open_database(settings)
+    try:
+        origins: list = []
+        yield from _origins(settings, conn, origins)
+        yield from _gateway(settings)
+        yield _data_dir(settings)
+        yield db_check
+        yield _clock(settings, conn)
+        yield _keyfile(settings, conn)
+        credentials = list(_credential_sets(settings, origins))
+        yield from _credentials(credentials, _stored_keys(settings, conn))
+        if online:
+            yield from _probes(credentials, probe_timeout)
+    finally:
+        if conn is not None:
+            conn.close()
+
+
+# -- origins and descriptors -----------------------------------------------------------------------
+
+def _origins(settings: Settings, conn: apsw.Connection | None, seen: list) -> Iterator[Check]:
+    """The origins' checks; every origin that parsed is added to `seen`."""
+    from appliance.app import default_origin, default_origin_id
+    from appliance.origins import Origin, load_origins
+    from appliance.push.config import build_descriptor, check_push_config, check_push_fits_relay
+
+    origins = []
+    makers = [("default origin", settings.effective_public_url, lambda: default_origin(settings))]
+    for i, o in enumerate(settings.origins):
+        makers.append((f"origins[{i}]", str(o.get("origin", f"origins[{i}]")),
+                       lambda o=o, i=i: Origin.from_mapping(o, where=f"origins[{i}]", check_push=check_push_config)))
+    failed = False
+    for where, url, make in makers:
+        try:
+            origins.append((where, make()))
+        except ApplianceError as exc:
+            failed = True
+            is_push = isinstance(exc, ConfigError) and "push" in exc.name
+            yield Check(FAIL, f"descriptor {url}" if is_push else f"origin {url}", str(exc))
+    if failed:
+        return
+    stored = []
+    if conn is not None:
+        try:
+            # The stored default origin is rewritten from the settings at start: checked as such.
+            default_id = default_origin_id(conn)
+            stored = [o for o in load_origins(conn) if o.id != default_id]
+        except (ApplianceError, apsw.Error) as exc:
+            yield Check(FAIL, "origins", f"the stored origins do not load: {exc}")
+            return
+    declared = {o.origin for _w, o in origins}
+    origins += [(f"stored {o.origin}", o) for o in stored if o.origin not in declared]
+    ids = {o.origin: o.id for o in stored}
+    seen.extend(origins)
+    yield Check(PASS, "origins", f"{len(origins)} origin(s): " + ", ".join(o.origin for _w, o in origins))
+    for where, origin in origins:
+        if not origin.push:
+            continue
+        name = f"descriptor {origin.origin}"
+        try:
+            check_push_fits_relay(origin.push, where, settings.max_content_length)
+            keys = _executor_keys(conn, ids.get(origin.origin))
+            desc = build_descriptor(origin.origin, origin.push, keys)
+        except ApplianceError as exc:
+            yield Check(FAIL, name, str(exc))
+            continue
+        yield Check(PASS, name, f"valid ({len(desc.app_profiles)} app profile(s), push_kinds "
+                    f"{list(desc.push_kinds)}, {len(keys)} executor key(s))")
+
+
+def _executor_keys(conn: apsw.Connection | None, origin_id: int | None) -> tuple:
+    """The keys the descriptor would advertise now; a stand-in key when none exists yet (the
+    first start makes one)."""
+    from appliance.nostr.keys import generate_secret, public_key
+    from appliance.push import keys as keystore
+    from appliance.push.descriptor import ExecutorKey
+
+    now = int(time.time())
+    if conn is not None and origin_id is not None:
+        advertised = keystore.advertised(keystore.list_keys(conn, origin_id), now)
+        if advertised:
+            return advertised
+    return (ExecutorKey(keystore.new_key_id(now), public_key(generate_secret()), current=True),)
+
+
+def _gateway(settings: Settings) -> Iterator[Check]:
+    from appliance.app import gateway_config
+
+    try:
+        config = gateway_config(settings)
+    except ApplianceError as exc:
+        yield Check(FAIL, "gateway", str(exc))
+        return
+    if config.enabled:
+        yield Check(PASS, "gateway", f"enabled at {config.display_url} with {len(config.profiles)} profile(s)")
+
+
+# -- the data directory, database, clock and key file -----------------------------------------------
+
+def _data_dir(settings: Settings) -> Check:
+    path = settings.data_path
+    target = path if path.exists() else next((p for p in path.parents if p.exists()), Path("."))
+    if not target.is_dir():
+        return Check(FAIL, "data directory", f"{target} is not a directory")
+    try:
+        with tempfile.NamedTemporaryFile(dir=target, prefix=".doctor-") as fh:
+            fh.write(b"x")
+            fh.flush()
+            os.fsync(fh.fileno())
+    except OSError as exc:
+        return Check(FAIL, "data directory", f"cannot write in {target}: {exc.strerror or exc}")
+    stat = os.statvfs(target)
+    free = stat.f_bavail * stat.f_frsize
+    state = "exists" if path.exists() else "will be created at first start"
+    pid = running_pid(path) if path.exists() else None
+    serving = "" if pid is None else f"; served now by pid {pid}" if pid else "; served now"
+    if free < 100 * 1024 * 1024:
+        return Check(FAIL, "data directory", f"{path.resolve()} {state}, writable, but only "
+                     f"{free // (1024 * 1024)} MiB free")
+    return Check(PASS, "data directory", f"{path.resolve()} {state}, writable, {free / 2**30:.1f} GiB free{serving}")
+
+
+def _open_database(settings: Settings) -> tuple[apsw.Connection | None, Check]:
+    path = settings.data_path / DB_FILENAME
+    if not path.exists():
+        return None, Check(SKIP, "database", f"no database yet at {path} (created at first start)")
+    try:
+        conn = apsw.Connection(str(path), flags=apsw.SQLITE_OPEN_READONLY)
+        conn.set_busy_timeout(5000)
+        result = [r[0] for r in conn.execute("PRAGMA quick_check")]
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+    except apsw.Error as exc:
+        return None, Check(FAIL, "database", f"{path} cannot be read as SQLite: {exc}")
+    if result != ["ok"]:
+        conn.close()
+        return None, Check(FAIL, "database", f"quick_check: {'; '.join(result[:3])} (restore from a backup)")
+    if version > SCHEMA_VERSION:
+        conn.close()
+        return None, Check(FAIL, "database", f"schema version {version} is newer than this appliance knows "
+                           f"({SCHEMA_VERSION}): upgrade the appliance")
+    size = path.stat().st_size
+    note = "" if version == SCHEMA_VERSION else f", migrated to {SCHEMA_VERSION} at next start"
+    check = Check(PASS, "database", f"quick_check ok, schema version {version}{note}, {size / 2**20:.1f} MiB")
+    if version < SCHEMA_VERSION:
+        conn.close()  # older tables: the origin and key checks would read a shape this code does not know
+        return None, check
+    return conn, check
+
+
+def _clock(settings: Settings, conn: apsw.Connection | None) -> Check:
+    now = int(time.time())
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now))
+    if now < CLOCK_FLOOR:
+        return Check(FAIL, "clock", f"the system clock says {stamp}, before this program was written: set the "
+                     "time (NTP); signatures, AUTH and leases are checked against it")
+    if conn is not None:
+        try:
+            newest = newest_created_at(conn)
+        except apsw.Error:
+            newest = None
+        if newest is not None and newest > now + settings.created_at_future:
+            return Check(FAIL, "clock", f"the system clock says {stamp}, but the database holds an event from "
+                         f"{newest - now} s later than that: the clock went back (check NTP)")
+    return Check(PASS, "clock", f"{stamp} (UTC)")
+
+
+def _keyfile(settings: Settings, conn: apsw.Connection | None) -> Check:
+    from appliance.commands.backup import check_keyfile
+
+    path = settings.data_path / KEYFILE_NAME
+    if not path.exists():
+        if conn is not None and _holds_keys(conn):
+            return Check(FAIL, "key file", f"{path} is missing but the database holds keys wrapped by it: "
+                         "restore appliance.key from the backup made with this database")
+        return Check(SKIP, "key file", f"no key file yet at {path} (created at first start, 0600)")
+    st = path.stat()
+    mode = st.st_mode & 0o777
+    if mode & 0o077:
+        return Check(FAIL, "key file", f"{path} has mode {mode:04o}: others can read the master key; "
+                     f"run chmod 600 {path}")
+    owner = st.st_uid
+    if owner != os.geteuid() and os.geteuid() != 0:
+        return Check(FAIL, "key file", f"{path} belongs to uid {owner}, not to this user ({os.geteuid()}): "
+                     "run the doctor as the service's user (or as root)")
+    if owner != settings.data_path.stat().st_uid:
+        return Check(FAIL, "key file", f"{path} belongs to uid {owner}, the data directory to uid "
+                     f"{settings.data_path.stat().st_uid}: the service runs as the directory's owner; chown it")
+    try:
+        key = KeyFile.read(path)
+        checked = check_keyfile(conn, key) if conn is not None else 0
+    except ApplianceError as exc:
+        return Check(FAIL, "key file", f"{exc}")
+    return Check(PASS, "key file", f"{path} mode 0600, unwraps all {checked} wrapped key(s)")
+
+
+def _holds_keys(conn: apsw.Connection) -> bool:
+    from appliance.store.keyfile import holds_wrapped_keys
+
+    try:
+        return holds_wrapped_keys(conn)
+    except apsw.Error:
+        return False
+
+
+# -- APNs credentials ---------------------------------------------------------------------------
+
+def _credential_sets(settings: Settings, origins: list) -> Iterator[tuple[str, dict]]:
+    """(where, app profile) for every app profile that may carry APNs credentials: the origins'
+    (configuration and database) and the gateway's."""
+    for where, origin in origins:
+        push = origin.push or {}
+        for i, profile in enumerate(push.get("app_profiles", []) or []):
+            if isinstance(profile, dict) and profile.get("transport") == "apns":
+                yield f"{origin.origin} {profile.get('id')}", profile
+    gateway = settings.gateway if isinstance(settings.gateway, dict) else {}
+    if gateway.get("enabled") is True and isinstance(gateway.get("profiles"), list):
+        # The raw tables: a key that does not load fails the gateway check and is named here too.
+        for p in gateway["profiles"]:
+            if isinstance(p, dict):
+                fields = {k: v for k, v in p.items() if k in CREDENTIAL_FIELDS or k == "id"}
+                yield f"gateway {p.get('id')}", {**fields, "transport": "apns"}
+
+
+def _stored_keys(settings: Settings, conn: apsw.Connection | None) -> dict[str, bytes] | None:
+    """The .p8 keys uploaded through the dashboard (fingerprint -> PEM); None when they cannot
+    be read (no database, or a key file that does not unwrap them: the key file check says why)."""
+    from appliance.store.credentials import load_apns_keys
+
+    path = settings.data_path / KEYFILE_NAME
+    if conn is None or not path.exists():
+        return None
+    try:
+        return load_apns_keys(conn, KeyFile.read(path))
+    except (ApplianceError, apsw.Error):
+        return None
+
+
+def _credentials(sets: list[tuple[str, dict]], stored: dict[str, bytes] | None) -> Iterator[Check]:
+    """Each credential set loads (the executor's own rules: `push.config.delivery_profile`) and
+    signs a provider token."""
+    from appliance.push.config import delivery_profile
+
+    found = False
+    for where, p in sets:
+        name = f"apns credentials {where}"
+        if "key_stored" in p and stored is None:
+            found = True
+            yield Check(SKIP, name, f"key {p['key_stored']} is kept in the database: unreadable here (see the "
+                        "database and key file checks)")
+            continue
+        try:
+            profile = delivery_profile(p, where, stored or {})
+            if profile is None:
+                continue  # no credentials (a gateway_url profile, or none given): nothing to check
+            found = True
+            profile.key.sign_token(int(time.time()))
+            profile.ssl_context()
+        except (ValueError, OSError, ApplianceError) as exc:  # CredentialError is a ValueError
+            found = True
+            yield Check(FAIL, name, str(exc))
+            continue
+        source = p.get("key_file") or f"{p.get('key_stored')} (stored)"
+        yield Check(PASS, name, f"key {p.get('key_id')} of team {p.get('team_id')} ({source}) signs a provider "
+                    f"token; topic {p.get('topic')}, {p.get('environment')}")
+    if not found:
+        yield Check(SKIP, "apns credentials", "no APNs credentials configured")
+
+
+def _apns_url(p: dict) -> str:
+    from appliance.transports.apns import APNS_HOSTS
+
+    return (p.get("apns_url") or APNS_HOSTS.get(p.get("environment", ""), "")).rstrip("/")
+
+
+def _ssl_context(p: dict) -> ssl.SSLContext:
+    import certifi
+
+    from appliance.transports.credentials import CredentialError
+
+    ctx = ssl.create_default_context(cafile=certifi.where())
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    if p.get("ca_file"):
+        try:
+            ctx.load_verify_locations(cafile=p["ca_file"])
+        except (OSError, ssl.SSLError) as exc:
+            raise CredentialError(f"ca_file {p['ca_file']!r} is not a readable PEM CA bundle: {exc}") from None
+    ctx.set_alpn_protocols(["h2"])
+    return ctx
+
+
+def _probes(sets: list[tuple[str, dict]], timeout: float) -> Iterator[Check]:
+    from urllib.parse import urlsplit
+
+    seen: set[str] = set()
+    if not sets:
+        yield Check(SKIP, "apns reachable", "no APNs host configured")
+        return
+    for _where, p in sets:
+        url = _apns_url(p)
+        if not url or url in seen:
+            continue
+        seen.add(url)
+        parts = urlsplit(url)
+        host, port = parts.hostname, parts.port or 443
+        name = f"apns reachable {host}:{port}"
+        started = time.monotonic()
+        try:
+            ctx = _ssl_context(p)
+            with socket.create_connection((host, port), timeout=timeout) as raw:
+                with ctx.wrap_socket(raw, server_hostname=host) as tls:
+                    alpn, version = tls.selected_alpn_protocol(), tls.version()
+        except (OSError, ValueError, ssl.SSLError) as exc:
+            yield Check(FAIL, name, f"no TLS connection: {exc}")
+            continue
+        ms = (time.monotonic() - started) * 1000
+        if alpn != "h2":
+            yield Check(FAIL, name, f"{version} but the server did not offer HTTP/2 (ALPN {alpn!r})")
+            continue
+        yield Check(PASS, name, f"{version}, HTTP/2, {ms:.0f} ms")
+
+
+__all__ = ["diagnose", "Check", "PASS", "FAIL", "SKIP", "ConfigError"]
