@@ -30,6 +30,46 @@ def capture_raw_send(app: Callable) -> Callable:
     return wrapper
 
 
+class Frames:
+    """Messages already framed for the wire (server text frames, no extension), as one bytes
+    object: a REQ's whole stored answer and its EOSE, built on the reader thread in one pass."""
+
+    __slots__ = ("data", "count")
+
+    def __init__(self, data: bytes, count: int):
+        self.data = data
+        self.count = count
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+
+def frame_header(n: int) -> bytes:
+    """The header of an unmasked server text frame of n payload bytes (RFC 6455 5.2), FIN set."""
+    if n < 126:
+        return _SMALL_HEADERS[n]
+    if n < 65536:
+        return b"\x81\x7e" + n.to_bytes(2, "big")
+    return b"\x81\x7f" + n.to_bytes(8, "big")
+
+
+def frame_events(prefix: bytes, raws: list[bytes], tail: bytes) -> Frames:
+    """`prefix + raw + b"]"` for each raw, then `tail`, each as one text frame, in one bytes object."""
+    parts: list[bytes] = []
+    append = parts.append
+    small = _SMALL_HEADERS
+    extra = len(prefix) + 1
+    for raw in raws:
+        n = len(raw) + extra
+        append(small[n] if n < 126 else frame_header(n))
+        append(prefix)
+        append(raw)
+        append(b"]")
+    append(frame_header(len(tail)))
+    append(tail)
+    return Frames(b"".join(parts), len(raws) + 1)
+
+
 class FrameWriter:
     """Sends a list of text messages: one write when possible, one ASGI send each otherwise."""
 
@@ -52,6 +92,12 @@ class FrameWriter:
     def batched(self) -> bool:
         return self._proto is not None
 
+    @property
+    def raw_frames(self) -> bool:
+        """Whether `Frames` may be queued: plain frames go straight to the socket (no
+        permessage-deflate context that must see each message, no ASGI path)."""
+        return self._proto is not None and not self._proto.conn.extensions
+
     def abort(self) -> None:
         """Cut the connection now, dropping whatever is buffered (a peer that stopped reading).
         Without the server's protocol object at hand, the caller's close frame has to do."""
@@ -59,8 +105,8 @@ class FrameWriter:
             self.aborted = True
             self._proto.transport.abort()
 
-    async def send_all(self, texts: list[str]) -> bool:
-        """Send `texts` in order; False once the peer is gone."""
+    async def send_all(self, texts: list) -> bool:
+        """Send `texts` (str, or `Frames` when `raw_frames`) in order; False once the peer is gone."""
         proto = self._proto
         if proto is None:
             for text in texts:
@@ -84,17 +130,16 @@ class FrameWriter:
         # unmasked), built here in one pass instead of websockets' per-frame objects. Whatever
         # websockets queued itself (a pong) goes first.
         parts = conn.data_to_send()
+        small = _SMALL_HEADERS
         for text in texts:
+            if type(text) is Frames:
+                parts.append(text.data)
+                continue
             data = text.encode()
             n = len(data)
-            if n < 126:
-                parts.append(_SMALL_HEADERS[n])
-            elif n < 65536:
-                parts.append(b"\x81\x7e" + n.to_bytes(2, "big"))
-            else:
-                parts.append(b"\x81\x7f" + n.to_bytes(8, "big"))
+            parts.append(small[n] if n < 126 else frame_header(n))
             parts.append(data)
-        proto.transport.write(b"".join(parts))
+        proto.transport.write(parts[0] if len(parts) == 1 else b"".join(parts))
         return True
 
 

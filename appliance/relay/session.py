@@ -14,7 +14,7 @@ from appliance.errors import AlreadyStored, Rejected
 from appliance.nostr.event import InvalidEvent, parse_event
 from appliance.nostr.filters import Filter, InvalidFilter, parse_filter
 from appliance.nostr.nip42 import AuthError, validate_auth_event
-from appliance.relay.frames import FrameWriter
+from appliance.relay.frames import Frames, FrameWriter, frame_events
 from appliance.relay.authz import GATED_KINDS, AUTHOR_ONLY_KINDS, may_enter
 from appliance.relay.limits import TokenBucket
 from appliance.relay.peers import is_local_host
@@ -53,13 +53,6 @@ def _dumps(obj) -> str:
     return orjson.dumps(obj).decode()
 
 
-def _raw_id(raw: str) -> str:
-    """The id of a stored event's JSON (written id first by `Event.to_json`; parsed otherwise)."""
-    if raw.startswith('{"id":"') and raw[71:72] == '"':
-        return raw[7:71]
-    return orjson.loads(raw)["id"]
-
-
 class Session:
     """State of one client connection: its origin, authenticated pubkey, subscriptions."""
 
@@ -72,9 +65,10 @@ class Session:
         self.peer_ip = peer_ip(ws)
         self.challenge = secrets.token_hex(16)
         self.subs: dict[str, Subscription] = {}
-        # The stored-events query of each REQ still running, by subscription id: a CLOSE or a
-        # replacing REQ cancels it, and only the subscription it belongs to may send its answer.
-        self.queries: dict[str, asyncio.Task] = {}
+        # The stored-events query of each REQ still running, by subscription id (a handle with
+        # `cancel()`): a CLOSE or a replacing REQ cancels it, and only the subscription it belongs
+        # to may send its answer.
+        self.queries: dict[str, object] = {}
         self.counts: set[asyncio.Task] = set()
         self.refusals = 0
         self.refusals_since = time.monotonic()
@@ -101,7 +95,8 @@ class Session:
 
     # -- output ---------------------------------------------------------------------------------
 
-    def send(self, text: str) -> None:
+    def send(self, text: str | Frames) -> None:
+        """Queue one message (or a `Frames` of several, already framed) for the sender."""
         if self.closed:
             return
         if (self.out.qsize() >= DEFAULT_MAX_QUEUED or self.queued_bytes + len(text) > self.max_queued_bytes
@@ -464,32 +459,36 @@ class Session:
         sub = Subscription(self, sub_id, filters, held=[])
         self.subs[sub_id] = sub
         self.relay.index_for(self.origin).add(sub)
-        self.queries[sub_id] = self.spawn(self._answer_req(sub))
+        raw_frames = self.writer.raw_frames
+        self.queries[sub_id] = self.relay.start_query(
+            self.origin, self.reader, filters, owner=self, raw_bytes=raw_frames,
+            render=_answer_renderer(sub_id, raw_frames),
+            done=lambda answer, exc: self._answer_ready(sub, answer, exc))
 
-    async def _answer_req(self, sub: Subscription) -> None:
+    def _answer_ready(self, sub: Subscription, answer, exc: BaseException | None) -> None:
+        """On the loop, once a REQ's stored answer is read and rendered: send it and its EOSE, then
+        the live events held meanwhile."""
         sub_id = sub.sub_id
-        try:
-            stored = await self.relay.query(self.origin, self.reader, sub.filters, owner=self)
-        except asyncio.CancelledError:
+        if self.subs.get(sub_id) is not sub:
             return  # closed or replaced meanwhile: its answer is not wanted
-        except Exception as exc:
+        if exc is not None:
             timed_out = isinstance(exc, QueryTimeout)
             if not timed_out:
-                log.exception("query failed")
-            if self.subs.get(sub_id) is sub:
-                self.end_subscription(sub_id)
-                self.closed_msg(sub_id, QUERY_TIMEOUT_MESSAGE if timed_out else "error: query failed")
-            return
-        if self.subs.get(sub_id) is not sub:
+                log.error("query failed", exc_info=exc)
+            self.end_subscription(sub_id)
+            self.closed_msg(sub_id, QUERY_TIMEOUT_MESSAGE if timed_out else "error: query failed")
             return
         del self.queries[sub_id]
-        for raw in stored:
-            self.send_event(sub_id, raw)
-        self.send(_dumps(["EOSE", sub_id]))
+        messages, rows = answer
+        if type(messages) is Frames:
+            self.send(messages)
+        else:
+            for text in messages:
+                self.send(text)
         held = self._release_held(sub)
         if held:
             # Held events the stored answer already carried are not sent twice.
-            answered = {_raw_id(raw) for raw in stored}
+            answered = {eid for eid, _raw in rows}
             for event_id, raw in held:
                 if event_id not in answered:
                     self.send_event(sub_id, raw)
@@ -556,3 +555,23 @@ class Session:
             return
         self.reader = pubkey
         self.ok(ev.id, True, "")
+
+
+def _answer_renderer(sub_id: str, raw_frames: bool):
+    """The function a reader thread turns a REQ's stored rows into its messages with (the EVENTs
+    and the EOSE): one `Frames` when the connection takes raw frames, else a list of texts.
+    Returns (messages, rows)."""
+    sub_json = _dumps(sub_id)
+    if raw_frames:
+        prefix = ('["EVENT",' + sub_json + ",").encode()
+        eose = ('["EOSE",' + sub_json + "]").encode()
+
+        def render(rows: list) -> tuple:
+            return frame_events(prefix, [raw for _eid, raw in rows], eose), rows
+    else:
+        prefix_text = '["EVENT",' + sub_json + ","
+        eose_text = '["EOSE",' + sub_json + "]"
+
+        def render(rows: list) -> tuple:
+            return [prefix_text + raw + "]" for _eid, raw in rows] + [eose_text], rows
+    return render
