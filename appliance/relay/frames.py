@@ -105,27 +105,22 @@ class FrameWriter:
             self.aborted = True
             self._proto.transport.abort()
 
-    async def send_all(self, texts: list) -> bool:
-        """Send `texts` (str, or `Frames` when `raw_frames`) in order; False once the peer is gone."""
+    def ready(self) -> bool:
+        """Whether `write_now` may be used: the server's own protocol, writable (its flow control
+        says the peer keeps up) and still open."""
         proto = self._proto
-        if proto is None:
-            for text in texts:
-                await asyncio.wait_for(self._send_text(text), self.stall_seconds)
-            return True
-        if not proto.writable.is_set():  # the server's flow control: the peer is behind
-            try:
-                await asyncio.wait_for(proto.writable.wait(), self.stall_seconds)
-            except asyncio.TimeoutError:
-                self.abort()
-                return False
-        if proto.disconnected or proto.close_sent or proto.transport.is_closing():
-            return False
-        conn = proto.conn
+        return (proto is not None and proto.writable.is_set() and not proto.disconnected
+                and not proto.close_sent and not proto.transport.is_closing())
+
+    def write_now(self, texts: list) -> None:
+        """Write `texts` (str, or `Frames` when `raw_frames`) with one `transport.write`; only
+        when `ready()`."""
+        conn = self._proto.conn
         if conn.extensions:  # permessage-deflate: its compression context must see every frame
             for text in texts:
                 conn.send_text(text.encode())
-            proto.transport.write(b"".join(conn.data_to_send()))
-            return True
+            self._proto.transport.write(b"".join(conn.data_to_send()))
+            return
         # No extension: a server's text frame is a fixed header and the payload (RFC 6455 5.2,
         # unmasked), built here in one pass instead of websockets' per-frame objects. Whatever
         # websockets queued itself (a pong) goes first.
@@ -139,7 +134,25 @@ class FrameWriter:
             n = len(data)
             parts.append(small[n] if n < 126 else frame_header(n))
             parts.append(data)
-        proto.transport.write(parts[0] if len(parts) == 1 else b"".join(parts))
+        self._proto.transport.write(parts[0] if len(parts) == 1 else b"".join(parts))
+
+    async def send_all(self, texts: list) -> bool:
+        """Send `texts` (str, or `Frames` when `raw_frames`) in order, waiting while the peer is
+        behind; False once the peer is gone."""
+        proto = self._proto
+        if proto is None:
+            for text in texts:
+                await asyncio.wait_for(self._send_text(text), self.stall_seconds)
+            return True
+        if not proto.writable.is_set():  # the server's flow control: the peer is behind
+            try:
+                await asyncio.wait_for(proto.writable.wait(), self.stall_seconds)
+            except asyncio.TimeoutError:
+                self.abort()
+                return False
+        if proto.disconnected or proto.close_sent or proto.transport.is_closing():
+            return False
+        self.write_now(texts)
         return True
 
 
