@@ -30,6 +30,46 @@ def capture_raw_send(app: Callable) -> Callable:
     return wrapper
 
 
+class Frames:
+    """Messages already framed for the wire (server text frames, no extension), as one bytes
+    object: a REQ's whole stored answer and its EOSE, built on the reader thread in one pass."""
+
+    __slots__ = ("data", "count")
+
+    def __init__(self, data: bytes, count: int):
+        self.data = data
+        self.count = count
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+
+def frame_header(n: int) -> bytes:
+    """The header of an unmasked server text frame of n payload bytes (RFC 6455 5.2), FIN set."""
+    if n < 126:
+        return _SMALL_HEADERS[n]
+    if n < 65536:
+        return b"\x81\x7e" + n.to_bytes(2, "big")
+    return b"\x81\x7f" + n.to_bytes(8, "big")
+
+
+def frame_events(prefix: bytes, raws: list[bytes], tail: bytes) -> Frames:
+    """`prefix + raw + b"]"` for each raw, then `tail`, each as one text frame, in one bytes object."""
+    parts: list[bytes] = []
+    append = parts.append
+    small = _SMALL_HEADERS
+    extra = len(prefix) + 1
+    for raw in raws:
+        n = len(raw) + extra
+        append(small[n] if n < 126 else frame_header(n))
+        append(prefix)
+        append(raw)
+        append(b"]")
+    append(frame_header(len(tail)))
+    append(tail)
+    return Frames(b"".join(parts), len(raws) + 1)
+
+
 class FrameWriter:
     """Sends a list of text messages: one write when possible, one ASGI send each otherwise."""
 
@@ -52,6 +92,12 @@ class FrameWriter:
     def batched(self) -> bool:
         return self._proto is not None
 
+    @property
+    def raw_frames(self) -> bool:
+        """Whether `Frames` may be queued: plain frames go straight to the socket (no
+        permessage-deflate context that must see each message, no ASGI path)."""
+        return self._proto is not None and not self._proto.conn.extensions
+
     def abort(self) -> None:
         """Cut the connection now, dropping whatever is buffered (a peer that stopped reading).
         Without the server's protocol object at hand, the caller's close frame has to do."""
@@ -59,8 +105,40 @@ class FrameWriter:
             self.aborted = True
             self._proto.transport.abort()
 
-    async def send_all(self, texts: list[str]) -> bool:
-        """Send `texts` in order; False once the peer is gone."""
+    def ready(self) -> bool:
+        """Whether `write_now` may be used: the server's own protocol, writable (its flow control
+        says the peer keeps up) and still open."""
+        proto = self._proto
+        return (proto is not None and proto.writable.is_set() and not proto.disconnected
+                and not proto.close_sent and not proto.transport.is_closing())
+
+    def write_now(self, texts: list) -> None:
+        """Write `texts` (str, or `Frames` when `raw_frames`) with one `transport.write`; only
+        when `ready()`."""
+        conn = self._proto.conn
+        if conn.extensions:  # permessage-deflate: its compression context must see every frame
+            for text in texts:
+                conn.send_text(text.encode())
+            self._proto.transport.write(b"".join(conn.data_to_send()))
+            return
+        # No extension: a server's text frame is a fixed header and the payload (RFC 6455 5.2,
+        # unmasked), built here in one pass instead of websockets' per-frame objects. Whatever
+        # websockets queued itself (a pong) goes first.
+        parts = conn.data_to_send()
+        small = _SMALL_HEADERS
+        for text in texts:
+            if type(text) is Frames:
+                parts.append(text.data)
+                continue
+            data = text.encode()
+            n = len(data)
+            parts.append(small[n] if n < 126 else frame_header(n))
+            parts.append(data)
+        self._proto.transport.write(parts[0] if len(parts) == 1 else b"".join(parts))
+
+    async def send_all(self, texts: list) -> bool:
+        """Send `texts` (str, or `Frames` when `raw_frames`) in order, waiting while the peer is
+        behind; False once the peer is gone."""
         proto = self._proto
         if proto is None:
             for text in texts:
@@ -74,27 +152,7 @@ class FrameWriter:
                 return False
         if proto.disconnected or proto.close_sent or proto.transport.is_closing():
             return False
-        conn = proto.conn
-        if conn.extensions:  # permessage-deflate: its compression context must see every frame
-            for text in texts:
-                conn.send_text(text.encode())
-            proto.transport.write(b"".join(conn.data_to_send()))
-            return True
-        # No extension: a server's text frame is a fixed header and the payload (RFC 6455 5.2,
-        # unmasked), built here in one pass instead of websockets' per-frame objects. Whatever
-        # websockets queued itself (a pong) goes first.
-        parts = conn.data_to_send()
-        for text in texts:
-            data = text.encode()
-            n = len(data)
-            if n < 126:
-                parts.append(_SMALL_HEADERS[n])
-            elif n < 65536:
-                parts.append(b"\x81\x7e" + n.to_bytes(2, "big"))
-            else:
-                parts.append(b"\x81\x7f" + n.to_bytes(8, "big"))
-            parts.append(data)
-        proto.transport.write(b"".join(parts))
+        self.write_now(texts)
         return True
 
 

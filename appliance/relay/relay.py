@@ -31,7 +31,7 @@ from appliance.origins import Origin, OriginRegistry, UnknownOrigin, normalize_i
 from appliance.relay.subscriptions import SubscriptionIndex
 from appliance.settings import Settings
 from appliance.relay.marmot import MARMOT_KINDS, check_marmot_event
-from appliance.store.events import PendingEvent, WriteHooks, batchable, count_events, query_events
+from appliance.store.events import PendingEvent, WriteHooks, batchable, count_events, query_events, query_rows
 from appliance.store.sqlite import SqliteStore
 
 log = logging.getLogger("appliance.relay")
@@ -253,6 +253,24 @@ class Relay:
             timeout=s.query_timeout,
             owner=owner,
         )
+
+    def start_query(self, origin: Origin, reader: str | None, filters: list[Filter], *, owner: object,
+                    render: Callable[[list], object], done: Callable[[object, BaseException | None], None],
+                    raw_bytes: bool = False):
+        """The REQ path, with no task and no future: the stored events matching `filters` that
+        `reader` may read, as (id, raw) rows, go to `render(rows)` on the reader thread (so a whole
+        answer is built in one pass off the loop), and `done(rendered, exc)` runs on the loop.
+        Returns a handle whose `cancel()` means the answer is not wanted."""
+        scope = read_scope(origin, reader, self.groups)
+        now = int(time.time())
+        s = self.settings
+        origin_id = origin.id
+
+        def read(conn):
+            return render(query_rows(conn, origin_id, filters, scope, now, default_limit=s.default_limit,
+                                     max_limit=s.max_limit, max_bytes=s.max_query_bytes, raw_bytes=raw_bytes))
+
+        return self.store.read_then(read, done, timeout=s.query_timeout, owner=owner)
 
     async def count(self, origin: Origin, reader: str | None, filters: list[Filter], owner: object = None) -> int:
         scope = read_scope(origin, reader, self.groups)

@@ -15,7 +15,7 @@ from appliance.errors import AlreadyStored, Rejected
 from appliance.nostr.event import InvalidEvent, parse_event
 from appliance.nostr.filters import Filter, InvalidFilter, parse_filter
 from appliance.nostr.nip42 import AuthError, validate_auth_event
-from appliance.relay.frames import FrameWriter
+from appliance.relay.frames import Frames, FrameWriter, frame_events
 from appliance.relay.authz import GATED_KINDS, AUTHOR_ONLY_KINDS, may_enter
 from appliance.relay.limits import TokenBucket
 from appliance.relay.peers import url_as_reached
@@ -54,13 +54,6 @@ def _dumps(obj) -> str:
     return orjson.dumps(obj).decode()
 
 
-def _raw_id(raw: str) -> str:
-    """The id of a stored event's JSON (written id first by `Event.to_json`; parsed otherwise)."""
-    if raw.startswith('{"id":"') and raw[71:72] == '"':
-        return raw[7:71]
-    return orjson.loads(raw)["id"]
-
-
 class Session:
     """State of one client connection: its origin, authenticated pubkey, subscriptions."""
 
@@ -73,14 +66,23 @@ class Session:
         self.peer_ip = peer_ip(ws)
         self.challenge = secrets.token_hex(16)
         self.subs: dict[str, Subscription] = {}
-        # The stored-events query of each REQ still running, by subscription id: a CLOSE or a
-        # replacing REQ cancels it, and only the subscription it belongs to may send its answer.
-        self.queries: dict[str, asyncio.Task] = {}
+        # The stored-events query of each REQ still running, by subscription id (a handle with
+        # `cancel()`): a CLOSE or a replacing REQ cancels it, and only the subscription it belongs
+        # to may send its answer.
+        self.queries: dict[str, object] = {}
         self.counts: set[asyncio.Task] = set()
         self.refusals = 0
         self.refusals_since = time.monotonic()
         self.held_bytes = 0  # live events held behind pending stored answers (see live_event)
-        self.out: asyncio.Queue[str | None] = asyncio.Queue()
+        # Output: messages wait in `_pending` until a callback scheduled on the loop writes all of
+        # them with one system call (no task wakes for it); only when the peer is behind, or on
+        # the plain ASGI path, does a task (`_drain`) write them as the peer takes them.
+        self._loop = asyncio.get_running_loop()
+        self._pending: list = []
+        self._flush_scheduled = False
+        self._drain_task: asyncio.Task | None = None
+        self._end_output = False  # write what is pending, then the close frame (if any), then stop
+        self._output_done = asyncio.Event()
         self.writer = FrameWriter(ws.scope, ws.send_text)
         self.close_code: int | None = None  # set when the relay ends the connection
         self.close_reason = ""
@@ -102,21 +104,55 @@ class Session:
 
     # -- output ---------------------------------------------------------------------------------
 
-    def send(self, text: str) -> None:
+    def send(self, text: str | Frames) -> None:
+        """Queue one message (or a `Frames` of several, already framed) for the sender."""
         if self.closed:
             return
-        if (self.out.qsize() >= DEFAULT_MAX_QUEUED or self.queued_bytes + len(text) > self.max_queued_bytes
+        if (len(self._pending) >= DEFAULT_MAX_QUEUED or self.queued_bytes + len(text) > self.max_queued_bytes
                 or (self.relay.queued_bytes > DEFAULT_MAX_QUEUED_TOTAL and self.queued_bytes > DEFAULT_FAIR_SHARE)):
             log.info("dropping slow connection origin=%s queued=%d queued_bytes=%d", self.origin.origin,
-                     self.out.qsize(), self.queued_bytes)
+                     len(self._pending), self.queued_bytes)
             # It is not reading: a close frame would wait behind everything queued. Cut it.
             self.drop(1008, "slow consumer", abort=True)
             return
         self._enqueue(text)
 
-    def _enqueue(self, text: str) -> None:
+    def _enqueue(self, text: str | Frames) -> None:
         self._account(len(text))
-        self.out.put_nowait(text)
+        self._pending.append(text)
+        if not self._flush_scheduled and self._drain_task is None:
+            self._flush_scheduled = True
+            self._loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        """Write everything pending at once (everything queued in this turn of the loop goes out
+        together: a REQ's answer, a burst of OKs), or hand over to `_drain`."""
+        self._flush_scheduled = False
+        if self._drain_task is not None or self._output_done.is_set():
+            return
+        pending = self._pending
+        if pending and self.writer.ready():
+            self._pending = []
+            try:
+                self.writer.write_now(pending)
+            except Exception:  # a transport that broke under us: this connection is over
+                log.debug("write failed", exc_info=True)
+                self.closed = True
+                self.writer.abort()
+                self._output_done.set()
+                return
+            self._account(-sum(map(len, pending)))
+            pending = None
+        if pending or self._end_output:  # the peer is behind (or plain ASGI), or output ends
+            self._drain_task = asyncio.ensure_future(self._drain())
+
+    def _end(self) -> None:
+        """No more output after what is pending (and the close frame, if the relay is closing)."""
+        if not self._end_output:
+            self._end_output = True
+            if not self._flush_scheduled and self._drain_task is None:
+                self._flush_scheduled = True
+                self._loop.call_soon(self._flush)
 
     def _account(self, n: int) -> None:
         """Unsent output grew (or, negative, shrank) by n: this connection's and the relay's."""
@@ -133,7 +169,7 @@ class Session:
         self.closed = True
         self.close_code = code
         self.close_reason = reason
-        self.out.put_nowait(None)
+        self._end()
         self.cancel_queries()
         if abort:
             self.writer.abort()
@@ -195,39 +231,47 @@ class Session:
     def closed_msg(self, sub_id: str, message: str) -> None:
         self.send(_dumps(["CLOSED", sub_id, message]))
 
-    async def _sender(self) -> None:
+    async def _drain(self) -> None:
+        """The slow path of output: write pending messages as the peer takes them (or through
+        plain ASGI sends), then, once output ends, the close frame."""
         writer = self.writer
-        out = self.out
-        while True:
-            texts = [await out.get()]
-            while not out.empty() and len(texts) < SEND_BATCH:
-                texts.append(out.get_nowait())
-            stop = None in texts
-            if stop:
-                texts = texts[: texts.index(None)]
-            try:
-                delivered = not texts or await writer.send_all(texts)
-            except Exception:  # a stalled or broken peer (the plain ASGI path raises)
-                delivered = False
-            if not delivered:
-                self.closed = True
-                writer.abort()
-                break
-            self._account(-sum(map(len, texts)))
-            if stop:
-                if self.close_code is not None and not writer.aborted:
+        try:
+            while not self._output_done.is_set():
+                if self._pending:
+                    texts = self._pending[:SEND_BATCH]
+                    del self._pending[:SEND_BATCH]
                     try:
-                        await self.ws.close(code=self.close_code, reason=self.close_reason)
-                    except Exception:  # the peer is gone already
-                        pass
+                        delivered = await writer.send_all(texts)
+                    except Exception:  # a stalled or broken peer (the plain ASGI path raises)
+                        delivered = False
+                    if not delivered:
+                        self.closed = True
+                        writer.abort()
+                        self._output_done.set()
+                        break
+                    self._account(-sum(map(len, texts)))
+                    if writer.ready() and not self._end_output:
+                        break  # the peer keeps up again: back to writing from the loop
+                    continue
+                if self._end_output:
+                    if self.close_code is not None and not writer.aborted:
+                        try:
+                            await self.ws.close(code=self.close_code, reason=self.close_reason)
+                        except Exception:  # the peer is gone already
+                            pass
+                    self._output_done.set()
                 break
+        finally:
+            self._drain_task = None
+            if (self._pending or self._end_output) and not self._output_done.is_set():
+                self._flush_scheduled = True
+                self._loop.call_soon(self._flush)
 
     # -- main loop ------------------------------------------------------------------------------
 
     async def run(self) -> None:
         await self.ws.accept()
         self.relay.sessions.add(self)
-        sender = asyncio.create_task(self._sender())
         self.send(_dumps(["AUTH", self.challenge]))
         try:
             while not self.closed:
@@ -252,11 +296,8 @@ class Session:
                 self.relay.index_for(self.origin).remove(sub)
             self.subs.clear()
             self.relay.sessions.discard(self)
-            self.out.put_nowait(None)
-            try:
-                await sender
-            except Exception:  # the peer is gone; nothing left to tell it
-                pass
+            self._end()
+            await self._output_done.wait()
             self._account(-self.queued_bytes)  # what was never sent leaves with it
             if self.tasks:
                 await asyncio.gather(*self.tasks, return_exceptions=True)
@@ -465,32 +506,36 @@ class Session:
         sub = Subscription(self, sub_id, filters, held=[])
         self.subs[sub_id] = sub
         self.relay.index_for(self.origin).add(sub)
-        self.queries[sub_id] = self.spawn(self._answer_req(sub))
+        raw_frames = self.writer.raw_frames
+        self.queries[sub_id] = self.relay.start_query(
+            self.origin, self.reader, filters, owner=self, raw_bytes=raw_frames,
+            render=_answer_renderer(sub_id, raw_frames),
+            done=lambda answer, exc: self._answer_ready(sub, answer, exc))
 
-    async def _answer_req(self, sub: Subscription) -> None:
+    def _answer_ready(self, sub: Subscription, answer, exc: BaseException | None) -> None:
+        """On the loop, once a REQ's stored answer is read and rendered: send it and its EOSE, then
+        the live events held meanwhile."""
         sub_id = sub.sub_id
-        try:
-            stored = await self.relay.query(self.origin, self.reader, sub.filters, owner=self)
-        except asyncio.CancelledError:
+        if self.subs.get(sub_id) is not sub:
             return  # closed or replaced meanwhile: its answer is not wanted
-        except Exception as exc:
+        if exc is not None:
             timed_out = isinstance(exc, QueryTimeout)
             if not timed_out:
-                log.exception("query failed")
-            if self.subs.get(sub_id) is sub:
-                self.end_subscription(sub_id)
-                self.closed_msg(sub_id, QUERY_TIMEOUT_MESSAGE if timed_out else "error: query failed")
-            return
-        if self.subs.get(sub_id) is not sub:
+                log.error("query failed", exc_info=exc)
+            self.end_subscription(sub_id)
+            self.closed_msg(sub_id, QUERY_TIMEOUT_MESSAGE if timed_out else "error: query failed")
             return
         del self.queries[sub_id]
-        for raw in stored:
-            self.send_event(sub_id, raw)
-        self.send(_dumps(["EOSE", sub_id]))
+        messages, rows = answer
+        if type(messages) is Frames:
+            self.send(messages)
+        else:
+            for text in messages:
+                self.send(text)
         held = self._release_held(sub)
         if held:
             # Held events the stored answer already carried are not sent twice.
-            answered = {_raw_id(raw) for raw in stored}
+            answered = {eid for eid, _raw in rows}
             for event_id, raw in held:
                 if event_id not in answered:
                     self.send_event(sub_id, raw)
@@ -549,3 +594,23 @@ class Session:
             return
         self.reader = pubkey
         self.ok(ev.id, True, "")
+
+
+def _answer_renderer(sub_id: str, raw_frames: bool):
+    """The function a reader thread turns a REQ's stored rows into its messages with (the EVENTs
+    and the EOSE): one `Frames` when the connection takes raw frames, else a list of texts.
+    Returns (messages, rows)."""
+    sub_json = _dumps(sub_id)
+    if raw_frames:
+        prefix = ('["EVENT",' + sub_json + ",").encode()
+        eose = ('["EOSE",' + sub_json + "]").encode()
+
+        def render(rows: list) -> tuple:
+            return frame_events(prefix, [raw for _eid, raw in rows], eose), rows
+    else:
+        prefix_text = '["EVENT",' + sub_json + ","
+        eose_text = '["EOSE",' + sub_json + "]"
+
+        def render(rows: list) -> tuple:
+            return [prefix_text + raw + "]" for _eid, raw in rows] + [eose_text], rows
+    return render

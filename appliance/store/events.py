@@ -98,7 +98,7 @@ SQL_INSERT_EVENT = (
     "INSERT INTO events (origin, id, pubkey, created_at, kind, d, grp, expiration, raw) "
     "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
-SQL_INSERT_TAG = "INSERT INTO tags (event, origin, name, value, created_at) VALUES (?, ?, ?, ?, ?)"
+SQL_INSERT_TAG = "INSERT INTO tags (event, origin, name, value, created_at, kind) VALUES (?, ?, ?, ?, ?, ?)"
 SQL_DELETE_ROW = "DELETE FROM events WHERE rowid = ?"
 SQL_DELETE_TAGS = "DELETE FROM tags WHERE event = ?"
 SQL_ROW_BY_ID = "SELECT rowid, pubkey, kind FROM events WHERE origin = ? AND id = ?"
@@ -212,7 +212,7 @@ def _tag_rows(rowid: int, origin: int, ev: Event) -> Iterable[tuple]:
             key = (tag[0], tag[1])
             if key not in seen:
                 seen.add(key)
-                yield (rowid, origin, tag[0], tag[1], ev.created_at)
+                yield (rowid, origin, tag[0], tag[1], ev.created_at, ev.kind)
 
 
 def _apply_deletion(conn: apsw.Connection, origin: int, ev: Event) -> list[str]:
@@ -264,8 +264,8 @@ SQL_INSERT_EVENTS = (
     "FROM json_each(?) j"
 )
 SQL_INSERT_TAGS = (
-    "INSERT INTO tags (event, origin, name, value, created_at) "
-    "SELECT e.rowid, e.origin, t.value ->> 1, t.value ->> 2, e.created_at "
+    "INSERT INTO tags (event, origin, name, value, created_at, kind) "
+    "SELECT e.rowid, e.origin, t.value ->> 1, t.value ->> 2, e.created_at, e.kind "
     "FROM json_each(?) t CROSS JOIN events e ON e.origin = ? AND e.id = t.value ->> 0"  # CROSS: json_each outer
 )
 
@@ -323,7 +323,7 @@ def store_events_batch(conn: apsw.Connection, items: list["PendingEvent"]) -> li
                 continue
             existing.add(ev.id)  # a second copy later in the same batch is a duplicate
             rows.append((ev.id, ev.pubkey, ev.created_at, ev.kind, items[i].expiration, items[i].raw))
-            for _rowid, _origin, name, value, _created in _tag_rows(0, origin, ev):
+            for _rowid, _origin, name, value, _created, _kind in _tag_rows(0, origin, ev):
                 tag_rows.append((ev.id, name, value))
             accepted.append(i)
         if rows:
@@ -373,36 +373,49 @@ def _in(column: str, values: Iterable, params: list) -> str:
     return f"{column} IN ({','.join('?' * len(values))})"
 
 
-def _scope_sql(scope: ReadScope, now: int, params: list) -> str:
-    """The read-authorization rule as SQL over `e` (mirrors relay.authz.can_read)."""
+def _scope_sql(scope: ReadScope, now: int, params: list, *, kinds: frozenset[int] | None = None,
+               kind_col: str = "e.kind", rowid_col: str = "e.rowid") -> tuple[str, bool]:
+    """The read-authorization rule as SQL (mirrors relay.authz.can_read), and whether it needs
+    the event row `e` (its pubkey or group). `kinds` (the filter's own, when it names them) drops
+    the clauses about kinds it cannot match; `kind_col`/`rowid_col` may name the tag index's copies
+    of the event's kind and rowid, so a scan of that index needs no event row."""
     # Expired events not purged yet, found through the partial index on expiration (a handful at
     # any time): the check needs no event row, so index-only scans (COUNT by kind) stay index-only.
-    clauses = ["e.rowid NOT IN (SELECT rowid FROM events WHERE expiration IS NOT NULL AND expiration <= ?)"]
+    clauses = [f"{rowid_col} NOT IN (SELECT rowid FROM events WHERE expiration IS NOT NULL AND expiration <= ?)"]
     params.append(now)
-    gated = sorted(scope.gated_kinds)
-    author_only = sorted(scope.author_only_kinds)
+    needs_row = False
+
+    def relevant(ks: frozenset[int]) -> list[int]:
+        return sorted(ks if kinds is None else ks & kinds)
+
+    gated = relevant(scope.gated_kinds)
+    author_only = relevant(scope.author_only_kinds)
     if scope.reader is None:
         hidden = gated + author_only
         if hidden:
-            clauses.append("e.kind NOT IN (" + ",".join(str(k) for k in hidden) + ")")
+            clauses.append(f"{kind_col} NOT IN (" + ",".join(str(k) for k in hidden) + ")")
     else:
         if gated:
             clauses.append(
-                "(e.kind NOT IN (" + ",".join(str(k) for k in gated) + ") OR e.pubkey = ? OR EXISTS "
-                "(SELECT 1 FROM tags g WHERE g.event = e.rowid AND g.name = 'p' AND g.value = ?))"
+                f"({kind_col} NOT IN (" + ",".join(str(k) for k in gated) + ") OR e.pubkey = ? OR EXISTS "
+                f"(SELECT 1 FROM tags g WHERE g.event = {rowid_col} AND g.name = 'p' AND g.value = ?))"
             )
             params.extend([scope.reader, scope.reader])
+            needs_row = True
         if author_only:
-            clauses.append("(e.kind NOT IN (" + ",".join(str(k) for k in author_only) + ") OR e.pubkey = ?)")
+            clauses.append(f"({kind_col} NOT IN (" + ",".join(str(k) for k in author_only) + ") OR e.pubkey = ?)")
             params.append(scope.reader)
+            needs_row = True
     if scope.hidden_groups:
         clauses.append("(e.grp IS NULL OR e.grp NOT IN (SELECT value FROM json_each(?)))")
         params.append(orjson.dumps(sorted(scope.hidden_groups)).decode())
-    return " AND ".join(clauses)
+        needs_row = True
+    return " AND ".join(clauses), needs_row
 
 
 def build_query(origin: int, f: Filter, scope: ReadScope | None, now: int, limit: int, *, count: bool = False,
-                rowids: bool = False, condition: bool = False):
+                rowids: bool = False, condition: bool = False, raw_bytes: bool = False,
+                at_second: int | None = None):
     """SQL and bindings for one filter: pick the most selective index to drive the scan."""
     params: list = []
     where: list[str] = []
@@ -412,24 +425,25 @@ def build_query(origin: int, f: Filter, scope: ReadScope | None, now: int, limit
     if f.ids is None and tag_items and (f.authors is None or tag_items[0][0] in ("e", "p")):
         drive_tag, tag_items = tag_items[0], tag_items[1:]
 
+    # Driving from the tag index, the event's kind, rowid and created_at are in the index entry:
+    # conditions on them are checked there, before (or instead of) reading the event row.
+    needs_row = f.ids is not None or f.authors is not None
     if drive_tag is not None:
         name, values = drive_tag
-        source = "tags t JOIN events e ON e.rowid = t.event"
         params.extend([origin, name])
         where.append("t.origin = ? AND t.name = ?")
         where.append(_in("t.value", sorted(values), params))
-        time_col = "t.created_at"
+        time_col, kind_col, rowid_col = "t.created_at", "t.kind", "t.event"
     else:
-        source = "events e"
         where.append("e.origin = ?")
         params.append(origin)
-        time_col = "e.created_at"
+        time_col, kind_col, rowid_col = "e.created_at", "e.kind", "e.rowid"
     if f.ids is not None:
         where.append(_in("e.id", sorted(f.ids), params))
     if f.authors is not None:
         where.append(_in("e.pubkey", sorted(f.authors), params))
     if f.kinds is not None:
-        where.append(_in("e.kind", sorted(f.kinds), params))
+        where.append(_in(kind_col, sorted(f.kinds), params))
     if f.since is not None:
         where.append(f"{time_col} >= ?")
         params.append(f.since)
@@ -439,27 +453,43 @@ def build_query(origin: int, f: Filter, scope: ReadScope | None, now: int, limit
     for name, values in tag_items:
         sub_params: list = [name]
         cond = _in("x.value", sorted(values), sub_params)
-        where.append(f"EXISTS (SELECT 1 FROM tags x WHERE x.event = e.rowid AND x.name = ? AND {cond})")
+        where.append(f"EXISTS (SELECT 1 FROM tags x WHERE x.event = {rowid_col} AND x.name = ? AND {cond})")
         params.extend(sub_params)
     if condition:  # the filter as a condition on `events e` past its origin (None: it drives from tags)
         if drive_tag is not None:
             return None, None
         return " AND ".join(where[1:]) or "1", params[1:]
     if scope is not None:
-        where.append(_scope_sql(scope, now, params))
+        scope_sql, scope_needs_row = _scope_sql(scope, now, params, kinds=f.kinds, kind_col=kind_col,
+                                                rowid_col=rowid_col)
+        where.append(scope_sql)
+        needs_row = needs_row or scope_needs_row
     clause = " AND ".join(where)
+    if drive_tag is None:
+        source = "events e"
+    elif (count or rowids) and not needs_row:
+        source = "tags t"  # an index-only scan: nothing here needs the event row
+    else:
+        source = "tags t JOIN events e ON e.rowid = t.event"
     # Driving from the tag index, an event carrying several of the wanted values appears once per
     # value: count distinct rows, and over-fetch so deduplication cannot starve the limit.
     fanout = len(drive_tag[1]) if drive_tag is not None else 1
     if rowids:  # the matching rows, for a COUNT over several filters
-        return f"SELECT e.rowid FROM {source} WHERE {clause}", params
+        return f"SELECT {rowid_col} FROM {source} WHERE {clause}", params
     if count:
-        what = "count(DISTINCT e.rowid)" if fanout > 1 else "count(*)"
+        what = f"count(DISTINCT {rowid_col})" if fanout > 1 else "count(*)"
         return f"SELECT {what} FROM {source} WHERE {clause}", params
+    raw = "CAST(e.raw AS BLOB)" if raw_bytes else "e.raw"  # bytes: no UTF-8 decoding, ready to send
+    if at_second is not None:  # every event of one second, lowest id first (see _filter_answer)
+        params.append(at_second)
+        params.append(limit * fanout)
+        return (f"SELECT e.created_at, e.id, {raw} FROM {source} WHERE {clause} AND {time_col} = ? "
+                f"ORDER BY e.id LIMIT ?", params)
+    # Newest first, one row more than the answer needs (it tells whether the last second is
+    # complete); the order within a second is settled by the caller (_filter_answer).
     params.append(limit * fanout)
-    # Newest first; on equal created_at the lowest id first (NIP-01), sorted only within ties.
     return (
-        f"SELECT e.created_at, e.id, e.raw FROM {source} WHERE {clause} ORDER BY {time_col} DESC, e.id LIMIT ?",
+        f"SELECT e.created_at, e.id, {raw} FROM {source} WHERE {clause} ORDER BY {time_col} DESC LIMIT ? + 1",
         params,
     )
 
@@ -489,27 +519,95 @@ def query_events(
 
     With `max_bytes`, each filter answers with its newest events up to its even share of it (at
     least one event), so memory stays bounded and a client can page on with `until`."""
-    found: dict[str, tuple[int, str]] = {}
+    return [raw for _eid, raw in query_rows(conn, origin, filters, scope, now, default_limit=default_limit,
+                                            max_limit=max_limit, max_bytes=max_bytes)]
+
+
+def query_rows(
+    conn: apsw.Connection,
+    origin: int,
+    filters: list[Filter],
+    scope: ReadScope,
+    now: int,
+    *,
+    default_limit: int,
+    max_limit: int,
+    max_bytes: int | None = None,
+    raw_bytes: bool = False,
+) -> list[tuple[str, str | bytes]]:
+    """`query_events` as (id, raw) pairs; with `raw_bytes` each raw is the stored UTF-8 bytes."""
     live = [f for f in filters if not (_matches_nothing(f) or f.search is not None or f.limit == 0)]
     # (NIP-50 search is not supported: such a filter matches nothing here.)
     share = max_bytes // len(live) if max_bytes is not None and live else None
+    found: dict[str, tuple[int, str | bytes]] = {}
     for f in live:
         limit = min(f.limit if f.limit is not None else default_limit, max_limit)
-        sql, params = build_query(origin, f, scope, now, limit)
-        taken: set[str] = set()
-        size = 0
-        for created_at, eid, raw in conn.execute(sql, params):
-            if eid not in taken:
-                if share is not None:
-                    size += len(raw)
-                    if size > share and taken:
-                        break
-                taken.add(eid)
-                found[eid] = (created_at, raw)
-                if len(taken) == limit:
-                    break
+        for created_at, eid, raw in _filter_answer(conn, origin, f, scope, now, limit, share, raw_bytes):
+            found[eid] = (created_at, raw)
+    if len(live) == 1:  # one filter: its answer is in order already
+        return [(eid, raw) for eid, (_c, raw) in found.items()]
     ordered = sorted(found.items(), key=lambda kv: (-kv[1][0], kv[0]))
-    return [raw for _eid, (_c, raw) in ordered]
+    return [(eid, raw) for eid, (_c, raw) in ordered]
+
+
+def _filter_answer(conn: apsw.Connection, origin: int, f: Filter, scope: ReadScope, now: int, limit: int,
+                   share: int | None, raw_bytes: bool) -> list[tuple]:
+    """One filter's answer, (created_at, id, raw) newest first and on equal created_at lowest id
+    first (NIP-01), at most `limit` events and, past the first, `share` bytes.
+
+    SQLite returns the rows in created_at order from the index; the order within a second is
+    settled here (sorting by id in SQL costs a temporary b-tree holding every row's JSON: half a
+    50-event query). Rows are read a whole second at a time, so the last second's events are all
+    seen before the lowest ids are kept; if the statement's LIMIT cut that second short, its
+    events are read again by id."""
+    sql, params = build_query(origin, f, scope, now, limit, raw_bytes=raw_bytes)
+    n = params[-1]  # the LIMIT: limit x the driving tag's values (one event can match each)
+    got: list[tuple] = []
+    seen: set[str] = set()
+    size = 0
+    current = None  # created_at of the second being read
+    group_start = 0  # index in `got` where that second begins
+    ties = False
+    rows = 0
+    for row in conn.execute(sql, params):
+        rows += 1
+        created_at = row[0]
+        if created_at != current:
+            if len(got) >= limit or (share is not None and got and size > share):
+                break  # enough, and the seconds taken are complete
+            current, group_start = created_at, len(got)
+        elif not ties and len(got) > group_start:
+            ties = True
+        eid = row[1]
+        if eid not in seen:
+            seen.add(eid)
+            got.append(row)
+            size += len(row[2])
+    else:
+        if rows > n:  # the LIMIT (one row past n) cut the last second short: read it all by id
+            tail_sql, tail_params = build_query(origin, f, scope, now, limit, raw_bytes=raw_bytes,
+                                                at_second=current)
+            del got[group_start:]
+            last = None
+            for row in conn.execute(tail_sql, tail_params):
+                if row[1] != last:  # by id: an event's rows (one per matching tag value) are adjacent
+                    got.append(row)
+                    last = row[1]
+            ties = True
+    if ties:
+        got.sort(key=lambda r: (-r[0], r[1]))
+    if share is None:
+        return got[:limit]
+    out: list[tuple] = []
+    size = 0
+    for row in got:
+        size += len(row[2])
+        if size > share and out:
+            break
+        out.append(row)
+        if len(out) == limit:
+            break
+    return out
 
 
 def count_events(conn: apsw.Connection, origin: int, filters: list[Filter], scope: ReadScope, now: int) -> int:
@@ -535,7 +633,7 @@ def count_events(conn: apsw.Connection, origin: int, filters: list[Filter], scop
         params += cond_params
     else:
         scope_params: list = []
-        scope_sql = _scope_sql(scope, now, scope_params)
+        scope_sql, _needs_row = _scope_sql(scope, now, scope_params)
         sql = f"SELECT count(*) FROM events e WHERE e.origin = ? AND ({' OR '.join(conditions)}) AND {scope_sql}"
         return conn.execute(sql, [origin, *params, *scope_params]).fetchone()[0]
     parts, params = [], []

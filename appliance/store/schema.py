@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import logging
+import time
+
 import apsw
 
 from appliance.errors import SchemaTooNew, StoreError
+
+log = logging.getLogger("appliance.store")
 
 # Each entry migrates from version i to i+1. Never edit a shipped step: append a new one.
 MIGRATIONS: tuple[str, ...] = (
@@ -370,6 +375,15 @@ MIGRATIONS: tuple[str, ...] = (
         created_at  INTEGER NOT NULL
     ) WITHOUT ROWID;
     """,
+    # 10: the tag index carries each event's kind (and rowid), so `kinds` + `#x` filters (REQ, and
+    # COUNT as an index-only count) are decided inside the index, without reading event rows. The
+    # backfill rewrites every tag row once (about 20 s for a million stored events on a 2-core VM).
+    """
+    DROP INDEX tags_lookup;
+    ALTER TABLE tags ADD COLUMN kind INTEGER NOT NULL DEFAULT 0;
+    UPDATE tags SET kind = (SELECT kind FROM events WHERE events.rowid = tags.event);
+    CREATE INDEX tags_lookup ON tags(origin, name, value, created_at, kind, event);
+    """,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)
@@ -387,7 +401,13 @@ def migrate(conn: apsw.Connection) -> int:
             "upgrade the appliance (or restore a backup made by this version)"
         )
     for version in range(found, SCHEMA_VERSION):
+        if found:  # an upgrade (a step can rewrite a big table): say what the start is waiting for
+            log.info("upgrading the database schema to version %d (this can take a minute on a large "
+                        "database; do not interrupt it)", version + 1)
+        t0 = time.monotonic()
         with conn:  # one transaction per step
             conn.execute(MIGRATIONS[version])
             conn.execute(f"PRAGMA user_version = {version + 1}")
+        if found:
+            log.info("schema version %d done in %.1f s", version + 1, time.monotonic() - t0)
     return found

@@ -52,6 +52,23 @@ async def test_text_frames_match_websockets(n):
     assert writer._proto.transport.out == expected
 
 
+@pytest.mark.parametrize("sizes", [[], [0], [10, 125, 126, 300], [65_535, 70_000]])
+async def test_a_framed_answer_is_the_frames_websockets_builds(sizes):
+    """A REQ's answer framed in one pass on the reader thread: each EVENT and the EOSE as the
+    text frame websockets would send, in order."""
+    raws = [b'{"id":"' + b"x" * n + b'"}' for n in sizes]
+    prefix, eose = b'["EVENT","sub",', b'["EOSE","sub"]'
+    framed = frames.frame_events(prefix, raws, eose)
+    expected = b"".join(Frame(Opcode.TEXT, prefix + raw + b"]").serialize(mask=False) for raw in raws)
+    assert framed.data == expected + Frame(Opcode.TEXT, eose).serialize(mask=False)
+    assert framed.count == len(raws) + 1
+    writer = frames.FrameWriter({}, None)
+    writer._proto = _Proto()
+    assert writer.raw_frames and writer.ready()
+    assert await writer.send_all(["[1]", framed])
+    assert writer._proto.transport.out == b"PONG" + Frame(Opcode.TEXT, b"[1]").serialize(mask=False) + framed.data
+
+
 async def test_uncompressed_client_reads_every_size(server, alice, connect):
     c = await connect(server.url)
     sizes = [0, 40, 200, 65_400]  # the last answer is over 65,535 bytes: 8-byte length
