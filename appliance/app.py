@@ -26,7 +26,6 @@ from appliance.push.config import check_push_config, check_push_fits_relay
 from appliance.relay import nip11, peers
 from appliance.relay.groups import DEFAULT_H_GRAMMAR, Groups, GroupState, RelayKeys
 from appliance.store.meta import config_generation
-from dataclasses import replace
 
 from appliance.origins import Origin, OriginRegistry, UnknownOrigin, load_origins, save_origin, sync_origins
 from appliance.relay.frames import capture_raw_send

@@ -33,14 +33,13 @@ from typing import Callable
 import apsw
 import orjson
 
-from appliance.nostr.event import Event, InvalidEvent, parse_event
+from appliance.nostr.event import InvalidEvent, parse_event
 from appliance.store import wakes
 from appliance.store.wakes import WakeJob
 from appliance.transports import (
     ACCEPTED,
     CONFIGURATION,
     INVALID_ENDPOINT,
-    PERMANENT,
     REFRESH_RETRY,
     TRANSIENT,
     Outcome,
@@ -444,6 +443,8 @@ class Delivery:
             queued.append(self._queue.get_nowait())
         if queued:
             ids = [w.job.id for w in queued]
+            for job_id in ids:
+                self._held.pop(job_id, None)
             try:
                 await self.store.write(lambda conn: wakes.release(conn, ids, self.clock()))
             except Exception:  # their claims lapse instead
@@ -461,7 +462,7 @@ class Delivery:
         if abandoned:
             now = self.clock()
             try:
-                released = await self.store.write(lambda conn: wakes.release_claims(conn, abandoned, now))
+                released = await self.store.write(lambda conn: wakes.release(conn, abandoned, now))
                 log.info("released %d claimed wake(s) for the next start", released)
             except Exception:  # they lapse instead: sent after wake_visibility_timeout
                 log.exception("releasing claimed wakes failed")

@@ -8,7 +8,6 @@ import logging
 import os
 import threading
 import time
-from collections import deque
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 

@@ -100,7 +100,6 @@ SQL_MEMBERS_CHECKED = _CHECK_COLUMNS.format(indexed="INDEXED BY wake_jobs_wake")
 SQL_JOB_CHECKED = _CHECK_COLUMNS.format(indexed="") + "WHERE j.id = ?"
 SQL_CLAIM = "UPDATE wake_jobs SET state = 'claimed', due_at = ?, class = ? WHERE id = ?"
 # Claims given back by a stopping process: due again at once (an outcome recorded meanwhile wins).
-SQL_RELEASE = "UPDATE wake_jobs SET state = 'pending', due_at = ? WHERE id = ? AND state = 'claimed'"
 SQL_COUNT_ATTEMPT = "UPDATE wake_jobs SET attempts = attempts + 1 WHERE id = ?"
 SQL_SET_STATE = "UPDATE wake_jobs SET state = ?, finished_at = ?, last_error = ? WHERE id = ?"
 SQL_FINISH_MEMBERS = (
@@ -277,15 +276,6 @@ def claim_wake(conn: apsw.Connection, job: WakeJob, cls: str, now: float, visibi
     conn.execute(SQL_NOTE_SENT, (*job.endpoint_key, now))
 
 
-def release_claims(conn: apsw.Connection, job_ids: list[str], now: float) -> int:
-    """Give back claims whose sends were abandoned (a graceful stop): pending, due at `now`."""
-    n = 0
-    for job_id in job_ids:
-        conn.execute(SQL_RELEASE, (now, job_id))
-        n += conn.changes()
-    return n
-
-
 def set_state(conn: apsw.Connection, job_id: str, state: str, now: float, error: str | None = None) -> None:
     """A final state for a job (and the finish time of the jobs coalesced into it)."""
     conn.execute(SQL_SET_STATE, (state, now, error, job_id))
@@ -293,7 +283,9 @@ def set_state(conn: apsw.Connection, job_id: str, state: str, now: float, error:
 
 
 def release(conn: apsw.Connection, job_ids: list[str], now: float) -> int:
-    """Claimed wakes that were never sent (a graceful stop): pending again, due now."""
+    """Give back claims of wakes never sent, or whose sends were abandoned (a graceful stop):
+    pending again, due at `now` (the same job ids, so the same apns-id). A job whose outcome was
+    recorded meanwhile is no longer claimed and keeps it."""
     conn.execute(SQL_RELEASE, (now, orjson.dumps(job_ids).decode()))
     return conn.changes()
 
