@@ -91,6 +91,10 @@ class Relay:
         self.sessions: set = set()
         self.queued_bytes = 0  # unsent output of all sessions (see Session.send)
         self.stats = {"accepted": 0, "rejected": 0, "duplicate": 0, "broadcast": 0}
+        # Ids of events being written and not yet broadcast (a count per id). A reader can see such
+        # an event committed before its publisher has broadcast it: a REQ answered meanwhile notes
+        # it (Subscription.skip), so the broadcast does not send it to that REQ a second time.
+        self.unbroadcast: dict[str, int] = {}
         self.stopping = False  # set by shutdown: new EVENT/REQ/COUNT are refused
         # Called for every refused EVENT with (origin, event, refusal): counters, the dashboard.
         self.on_rejected: list[Callable[[Origin, Event, Rejected], None]] = []
@@ -206,13 +210,20 @@ class Relay:
             return ""
         raw = ev.to_json()
         pending = PendingEvent(origin.id, ev, raw, expiration, now, self.store_hooks, context)
-        # Plain events are written a batch at a time; the rest one by one (same rules either way).
-        result = await self.store.write(pending if batchable(ev, self.store_hooks) else pending.__call__)
-        self.stats["accepted"] += 1
-        # Committed: apply in-memory state changes before anything else is broadcast.
-        for apply in result.extra.get("after_commit", ()):
-            apply()
-        self.broadcast(origin, ev, raw)
+        unbroadcast = self.unbroadcast
+        unbroadcast[ev.id] = unbroadcast.get(ev.id, 0) + 1
+        try:
+            # Plain events are written a batch at a time; the rest one by one (same rules either way).
+            result = await self.store.write(pending if batchable(ev, self.store_hooks) else pending.__call__)
+            self.stats["accepted"] += 1
+            # Committed: apply in-memory state changes before anything else is broadcast.
+            for apply in result.extra.get("after_commit", ()):
+                apply()
+            self.broadcast(origin, ev, raw)
+        finally:
+            left = unbroadcast.pop(ev.id) - 1
+            if left:
+                unbroadcast[ev.id] = left
         for extra in result.extra.get("broadcast", ()):
             self.broadcast(origin, extra, extra.to_json())
         for callback in self.on_stored:

@@ -208,6 +208,12 @@ class Session:
         """A new event matching `sub`: sent now, or held until its stored answer and EOSE are out
         (NIP-01: what precedes EOSE is the stored answer, newest first, within its limits)."""
         if sub.held is None:
+            skip = sub.skip
+            if skip is not None and event_id in skip:
+                skip.discard(event_id)  # the stored answer carried it (see _answer_ready)
+                if not skip:
+                    sub.skip = None
+                return
             self.send_event(sub.sub_id, raw)
             return
         self.held_bytes += len(raw)
@@ -532,12 +538,18 @@ class Session:
             for text in messages:
                 self.send(text)
         held = self._release_held(sub)
-        if held:
-            # Held events the stored answer already carried are not sent twice.
+        unbroadcast = self.relay.unbroadcast
+        if held or unbroadcast:
+            # Held events the stored answer already carried are not sent twice; nor are events it
+            # carried whose publishers have not broadcast them yet (committed, seen by the read,
+            # their broadcast still to come on this loop).
             answered = {eid for eid, _raw in rows}
             for event_id, raw in held:
                 if event_id not in answered:
                     self.send_event(sub_id, raw)
+            if answered:
+                skip = {eid for eid in list(unbroadcast) if eid in answered}
+                sub.skip = skip or None
 
     def end_subscription(self, sub_id: str) -> None:
         """Forget a subscription: out of the index, its pending query cancelled."""

@@ -21,6 +21,9 @@ class Subscription:
     # Live events that arrived while the stored answer was being read: (id, raw), sent after EOSE
     # minus those the stored answer holds. None once the stored answer is out.
     held: list[tuple[str, str]] | None = None
+    # Ids the stored answer carried that were committed but not broadcast yet when it was sent
+    # (Relay.unbroadcast): their broadcast is not sent again. None when there are none.
+    skip: set[str] | None = None
 
 
 def _index_keys(f: Filter) -> list[tuple[str, Any]]:
