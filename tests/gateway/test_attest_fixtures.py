@@ -70,7 +70,8 @@ def _fixtures():
     return [_uebelack("development"), _uebelack("production"), _veehaitch("14.2"), _veehaitch("14.4")]
 
 
-IDS = ["uebelack-development", "uebelack-production", "veehaitch-14.2", "veehaitch-14.4"]
+# Without the vectors there is nothing to name (the module is skipped with its reason).
+IDS = ["uebelack-development", "uebelack-production", "veehaitch-14.2", "veehaitch-14.4"] if VECTORS else []
 
 
 def verify(f, *, app_id=None, env=None, roots=None, key_id=None, client_data=None, now=None, attestation=None):
