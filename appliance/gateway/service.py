@@ -36,7 +36,7 @@ from appliance.transports.base import (
     Transport,
     WakeRequest,
 )
-from appliance.transports.credentials import CredentialError
+from appliance.transports.credentials import CredentialError, ProviderToken
 from appliance.store.keyfile import KeyFile
 from appliance.store.sqlite import SqliteStore
 
@@ -368,11 +368,15 @@ def answer_of(outcome: Outcome, generation: int) -> Answer:
 
 
 def apns_transports(config: GatewayConfig) -> dict[str, Transport]:
-    """One APNs transport (one HTTP/2 connection, one provider token) per enabled profile."""
+    """One APNs transport (one HTTP/2 connection) per enabled profile; profiles signing with one
+    .p8 key share its provider token (Apple throttles a key whose token changes too often)."""
     out: dict[str, Transport] = {}
+    tokens: dict[tuple, ProviderToken] = {}
     for i, p in enumerate(config.profiles):
         try:
-            out[p.id] = ApnsTransport(p.apns_profile())
+            profile = p.apns_profile()
+            token = tokens.setdefault(profile.key.identity, ProviderToken(profile.key))
+            out[p.id] = ApnsTransport(profile, token=token)
         except CredentialError as exc:  # ca_file not a CA bundle
             raise ConfigError(f"gateway.profiles[{i}].ca_file", p.ca_file, str(exc)) from None
     return out

@@ -2,10 +2,13 @@
 
 Built from the origins' push tables whenever they are (re)loaded. An APNs profile with
 credentials gets an `ApnsTransport` (shared by profiles with identical credentials, so they share
-one connection and one provider token); a profile with `gateway_url` gets a `GatewayTransport`
-(NIP-98 signed with its origin's relay key); a profile without credentials, or of a transport this
-appliance does not ship (fcm, unifiedpush), gets `Unconfigured`: its leases are accepted and its
-wakes wait as configuration faults until the operator adds credentials (docs/spec-notes.md W8).
+one connection). Every transport signing with one .p8 key shares that key's provider token,
+whatever its topic, environment or origin (Apple: one token serves all of a team's apps, and a key
+whose token changes more often than every 20 minutes is refused, 429 TooManyProviderTokenUpdates).
+A profile with `gateway_url` gets a `GatewayTransport` (NIP-98 signed with its origin's relay
+key); a profile without credentials, or of a transport this appliance does not ship (fcm,
+unifiedpush), gets `Unconfigured`: its leases are accepted and its wakes wait as configuration
+faults until the operator adds credentials (docs/spec-notes.md W8).
 A profile that is no longer in the descriptor has no transport: its wakes are dropped.
 """
 
@@ -17,6 +20,7 @@ from typing import Callable
 from appliance.origins import Origin
 from appliance.transports import CONFIGURATION, Outcome, Transport, WakeRequest
 from appliance.transports.apns import ApnsProfile, ApnsTransport
+from appliance.transports.credentials import ProviderToken
 
 from .config import delivery_profile, gateway_url_of
 
@@ -53,6 +57,7 @@ class ProfileTransports:
         self._make_gateway = make_gateway
         self._by_origin: dict[int, dict[str, Transport]] = {}
         self._shared: dict[tuple, Transport] = {}
+        self._tokens: dict[tuple, ProviderToken] = {}
 
     def get(self, origin_id: int, profile_id: str) -> Transport | None:
         return self._by_origin.get(origin_id, {}).get(profile_id)
@@ -63,6 +68,7 @@ class ProfileTransports:
         .p8 keys kept in the database (fingerprint -> PEM)."""
         by_origin: dict[int, dict[str, Transport]] = {}
         shared: dict[tuple, Transport] = {}
+        tokens: dict[tuple, ProviderToken] = {}
         for o in origins:
             if not o.push:
                 continue
@@ -89,15 +95,18 @@ class ProfileTransports:
                         table[pid] = Unconfigured("unsupported transport", f"app profile {pid!r}: this appliance has "
                                                   f"no {entry['transport']} transport")
                     continue
+                tkey = profile.key.identity
+                token = tokens.get(tkey) or self._tokens.get(tkey) or ProviderToken(profile.key)
+                tokens[tkey] = token
                 key = _sharing_key(profile, entry.get("key_file") or "stored:" + entry["key_stored"])
                 transport = shared.get(key) or self._shared.get(key)
                 if transport is None:
-                    transport = self._make_apns(profile)
+                    transport = self._make_apns(profile, token=token)
                 shared[key] = transport
                 table[pid] = transport
             by_origin[o.id] = table
         retired = [t for k, t in self._shared.items() if k not in shared]
-        self._by_origin, self._shared = by_origin, shared
+        self._by_origin, self._shared, self._tokens = by_origin, shared, tokens
         return retired
 
     def all(self) -> list[Transport]:

@@ -114,6 +114,11 @@ class ApnsKey:
         check_apple_id("key_id", key_id)
         return cls(team_id, key_id, parse_p8(pem))
 
+    @property
+    def identity(self) -> tuple[str, str, str]:
+        """(team id, key id, key fingerprint): transports with equal identities share one ProviderToken."""
+        return (self.team_id, self.key_id, key_fingerprint(self.private_key))
+
     def sign_token(self, issued_at: int) -> str:
         """A provider token (JWT, ES256) issued at `issued_at`."""
         header = _b64url(json.dumps({"alg": "ES256", "kid": self.key_id}, separators=(",", ":")).encode())

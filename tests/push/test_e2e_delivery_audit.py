@@ -1,0 +1,81 @@
+"""Wake outbox and APNs delivery, end to end: a replayed event wakes once; one provider token per
+signing key, whatever the number of profiles, topics or connections using it (Apple throttles a key
+whose token changes more often than every 20 minutes: 429 TooManyProviderTokenUpdates)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from tests.conftest import Server
+from tests.push.delivery_helpers import Apns, Pusher, delivery_config, jobs, token
+from tests.push.e2e_helpers import db_rows
+
+pytestmark = pytest.mark.anyio
+
+BETA = "com.example.app/ios-beta"
+BETA_TOPIC = "com.example.app.beta"
+
+
+def p_sub(user, cls="default"):
+    return {"filter": {"kinds": [9], "#p": [user.pubkey]}, "class": cls}
+
+
+@pytest.fixture
+def apns(tmp_path):
+    a = Apns(tmp_path)
+    a.emulator.token_update_interval = 20 * 60  # Apple's: a new token per key at most every 20 minutes
+    a.emulator.add_topic(BETA_TOPIC)
+    a.start()
+    yield a
+    a.stop()
+
+
+async def test_a_replayed_event_creates_no_second_job_or_push(apns, tmp_path):
+    server = Server(tmp_path / "data", config=delivery_config(apns)).start()
+    try:
+        alice, bob, mallory = (await Pusher.connect(server), await Pusher.connect(server),
+                               await Pusher.connect(server))
+        tok = token()
+        await bob.lease(tok, subscriptions=[p_sub(bob)])
+        ev = await alice.publish(9, [["p", bob.pubkey]])
+        apns.emulator.wait_for(lambda r: any(x.token == tok for x in r))
+        # The same event again: by its author, and replayed by someone else on another connection.
+        for p in (alice, mallory):
+            ok, msg = await p.client.publish(ev)
+            assert ok and msg.startswith("duplicate:"), msg
+        await asyncio.sleep(0.5)
+        (job,) = jobs(server, event_id=ev.id)
+        assert job["state"] == "delivered"
+        assert len(apns.emulator.requests(tok)) == 1
+        for p in (alice, bob, mallory):
+            await p.client.close()
+    finally:
+        server.stop()
+
+
+async def test_profiles_sharing_a_signing_key_share_one_provider_token(apns, tmp_path):
+    """Two apps of one team (two topics, one .p8 key) at one origin: one JWT for both, so APNs never
+    sees that key's token change within 20 minutes (Apple: one token for all of a team's apps)."""
+    beta = apns.profile(BETA, topic=BETA_TOPIC)
+    server = Server(tmp_path / "data", config=delivery_config(apns, profiles=[apns.profile(), beta])).start()
+    try:
+        alice, bob, carol = (await Pusher.connect(server), await Pusher.connect(server),
+                             await Pusher.connect(server))
+        t_ios, t_beta = token(), token()
+        await bob.lease(t_ios, subscriptions=[p_sub(bob)])
+        await carol.lease(t_beta, app_profile=BETA, subscriptions=[p_sub(carol)])
+        await alice.publish(9, [["p", bob.pubkey]])
+        apns.emulator.wait_for(lambda r: any(x.token == t_ios for x in r))
+        await alice.publish(9, [["p", carol.pubkey]])
+        apns.emulator.wait_for(lambda r: any(x.token == t_beta for x in r))
+        recs = apns.emulator.requests()
+        assert [(r.status, r.reason) for r in recs] == [(200, None), (200, None)], recs
+        assert recs[0].header("apns-topic") != recs[1].header("apns-topic")
+        assert recs[0].jwt == recs[1].jwt
+        assert db_rows(server.data_dir, "SELECT reason FROM push_alerts") == []
+        for p in (alice, bob, carol):
+            await p.client.close()
+    finally:
+        server.stop()
