@@ -191,7 +191,13 @@ class Delivery:
         due = wakes.due_wakes_checked(conn, now, limit)
         members = wakes.members_checked(conn, [job.id for job, *_ in due])
         claims: list[tuple[WakeJob, str]] = []
+        alive: list[str] = []
         for job, lease, raw, ev_expiration in due:
+            if job.state == "claimed" and job.id in self._held:
+                # Its claim lapsed while it waited for a worker or for APNs, but this process
+                # still holds it (the timeout is for crashed processes): extend it, send once.
+                alive.append(job.id)
+                continue
             if now >= job.expires_at:
                 why = "useful age passed" + (f" (last: {job.last_error})" if job.last_error else "")
                 wakes.set_state(conn, job.id, "dead", now, why)
@@ -228,6 +234,8 @@ class Delivery:
             out.append(Wake(job, endpoint, cls, job.attempts + 1, lease_until=until))
         if claims:
             wakes.claim_wakes(conn, claims, now, self.settings.visibility)
+        if alive:
+            wakes.extend_claims(conn, alive, now + self.settings.visibility)
         return out
 
     # -- the outcome (a write transaction) ---------------------------------------------------------
@@ -383,7 +391,8 @@ class Delivery:
             finally:
                 self._busy -= 1
                 self._wakeup.set()  # room to claim more
-            self._held.pop(wake.job.id, None)  # (not when cancelled mid-send: close() gives it back)
+            if self._held.get(wake.job.id) is wake:  # (not when cancelled mid-send: close() gives it back)
+                del self._held[wake.job.id]
 
     async def run(self) -> None:
         """The claimer and `workers` delivery workers. The claimer claims ahead of the workers (up

@@ -109,6 +109,9 @@ SQL_RELEASE = (
     "UPDATE wake_jobs SET state = 'pending', due_at = ? WHERE id IN (SELECT value FROM json_each(?)) "
     "AND state = 'claimed'"
 )
+SQL_EXTEND_CLAIMS = (
+    "UPDATE wake_jobs SET due_at = ? WHERE id IN (SELECT value FROM json_each(?)) AND state = 'claimed'"
+)
 SQL_RESCHEDULE = "UPDATE wake_jobs SET state = 'pending', due_at = ?, last_error = ? WHERE id = ?"
 SQL_CANCEL_LEASE = (
     "UPDATE wake_jobs SET state = 'cancelled', finished_at = ?, last_error = ? "
@@ -288,6 +291,11 @@ def release(conn: apsw.Connection, job_ids: list[str], now: float) -> int:
     recorded meanwhile is no longer claimed and keeps it."""
     conn.execute(SQL_RELEASE, (now, orjson.dumps(job_ids).decode()))
     return conn.changes()
+
+
+def extend_claims(conn: apsw.Connection, job_ids: list[str], until: float) -> None:
+    """Claims the claiming process still holds (queued or being sent) stay its own until `until`."""
+    conn.execute(SQL_EXTEND_CLAIMS, (until, orjson.dumps(job_ids).decode()))
 
 
 def count_attempt(conn: apsw.Connection, job_id: str) -> None:

@@ -9,7 +9,7 @@ import asyncio
 import pytest
 
 from tests.conftest import Server
-from tests.push.delivery_helpers import Apns, Pusher, delivery_config, jobs, token
+from tests.push.delivery_helpers import Apns, Pusher, delivery_config, jobs, token, wait_until
 from tests.push.e2e_helpers import db_rows
 
 pytestmark = pytest.mark.anyio
@@ -76,6 +76,38 @@ async def test_profiles_sharing_a_signing_key_share_one_provider_token(apns, tmp
         assert recs[0].jwt == recs[1].jwt
         assert db_rows(server.data_dir, "SELECT reason FROM push_alerts") == []
         for p in (alice, bob, carol):
+            await p.client.close()
+    finally:
+        server.stop()
+
+
+async def test_a_wake_waiting_for_a_worker_past_its_claim_is_sent_once(apns, tmp_path):
+    """Every worker is held by a slow APNs answer longer than the visibility timeout: the wake
+    queued behind them must not be claimed a second time and sent twice."""
+    server = Server(tmp_path / "data", config=delivery_config(apns, settings={
+        "wake_workers": 2, "wake_visibility_timeout": 1})).start()
+    try:
+        alice = await Pusher.connect(server)
+        slow = [await Pusher.connect(server) for _ in range(2)]
+        bob = await Pusher.connect(server)
+        slow_tokens = [token() for _ in slow]
+        tok = token()
+        for p, t in zip(slow, slow_tokens):
+            apns.emulator.behave(t, delay=3, times=1)
+            await p.lease(t, subscriptions=[p_sub(p)])
+        await bob.lease(tok, subscriptions=[p_sub(bob)])
+        for p in slow:
+            await alice.publish(9, [["p", p.pubkey]])
+        ev = await alice.publish(9, [["p", bob.pubkey]])
+        await wait_until(lambda: jobs(server, event_id=ev.id)[0]["state"] == "delivered", timeout=20)
+        await asyncio.sleep(1.0)
+        (job,) = jobs(server, event_id=ev.id)
+        assert [r.header("apns-id") for r in apns.emulator.requests(tok)] == [job["id"]]
+        # The slow sends themselves outlived their claims: each went once too.
+        await wait_until(lambda: all(len(apns.emulator.requests(t)) == 1 for t in slow_tokens), timeout=10)
+        await asyncio.sleep(1.5)
+        assert [len(apns.emulator.requests(t)) for t in slow_tokens] == [1, 1]
+        for p in (alice, bob, *slow):
             await p.client.close()
     finally:
         server.stop()
