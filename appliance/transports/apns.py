@@ -16,6 +16,7 @@ classified by `classify` (the table `APNS_RESPONSES` lists every documented stat
 
 from __future__ import annotations
 
+import dataclasses
 import email.utils
 import json
 import logging
@@ -245,6 +246,9 @@ class ApnsTransport:
             if outcome.kind == REFRESH_RETRY:
                 return Outcome(CONFIGURATION, outcome.status, outcome.reason,
                                detail="APNs calls a freshly made provider token expired: check this host's clock")
+            # The delivery log shows both requests of this attempt: the refused one, then this answer.
+            note = "retried once with a new provider token after 403 ExpiredProviderToken"
+            outcome = dataclasses.replace(outcome, detail=f"{note}; {outcome.detail}" if outcome.detail else note)
         return outcome
 
     async def _attempt(self, request: WakeRequest, provider_token: str) -> Outcome:

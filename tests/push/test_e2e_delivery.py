@@ -258,12 +258,18 @@ async def test_expired_provider_token_is_refreshed_once(server, apns, users):
     alice, bob = await users(), await users()
     tok = token()
     await bob.lease(tok, subscriptions=[p_sub(bob)])
+    await alice.publish(9, [["p", bob.pubkey]])  # a provider token in use (also when run alone)
+    apns.emulator.wait_for(lambda r: any(x.token == tok and x.status == 200 for x in r))
     apns.emulator.expire_provider_tokens()
-    await alice.publish(9, [["p", bob.pubkey]])
-    recs = apns.emulator.wait_for(lambda r: any(x.token == tok and x.status == 200 for x in r))
-    mine = [r for r in recs if r.token == tok]
+    ev = await alice.publish(9, [["p", bob.pubkey]])
+    recs = apns.emulator.wait_for(lambda r: sum(x.token == tok and x.status == 200 for x in r) == 2)
+    mine = [r for r in recs if r.token == tok][1:]
     assert [(r.status, r.reason) for r in mine] == [(403, "ExpiredProviderToken"), (200, None)]
     assert mine[0].jwt != mine[1].jwt and mine[0].header("apns-id") == mine[1].header("apns-id")
+    # The delivery log row of that attempt tells the refused request too.
+    await wait_until(lambda: jobs(server, event_id=ev.id)[0]["state"] == "delivered")
+    (row,) = [r for r in log_rows(server) if r["job_id"] == jobs(server, event_id=ev.id)[0]["id"]]
+    assert row["outcome"] == "accepted" and "after 403 ExpiredProviderToken" in row["detail"]
 
 
 async def test_private_group_removal_stops_wakes_at_match_and_at_delivery(server, apns, users):

@@ -106,7 +106,7 @@ async def test_expired_provider_token_is_refreshed_and_retried_once(emulator, tr
     emulator.behave(TOKEN, 403, "ExpiredProviderToken", times=1)
     req = request()
     outcome = await transport.send(req)
-    assert outcome.kind == ACCEPTED
+    assert outcome.kind == ACCEPTED and "after 403 ExpiredProviderToken" in outcome.detail  # logged
     first, second = emulator.requests(TOKEN)
     assert (first.status, first.reason, second.status) == (403, "ExpiredProviderToken", 200)
     assert first.jwt != second.jwt and transport.token.issued == 2
@@ -166,3 +166,22 @@ def test_retry_after_forms():
     assert parse_retry_after(None) is None and parse_retry_after("soon") is None
     assert parse_retry_after("99999999") == 3600.0  # bounded
     assert parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT") == 0.0  # in the past
+
+
+async def test_one_provider_token_for_many_requests_and_connections(emulator, transport):
+    """Never a token per request or per connection: APNs dropping the connection changes nothing."""
+    import asyncio
+
+    from appliance.testing.apns_emulator import _Connection
+
+    emulator.token_update_interval = 20 * 60  # Apple refuses a key's new token sooner than that
+    for round_ in range(3):
+        outcomes = await asyncio.gather(*[transport.send(request("%064x" % (round_ * 10 + i + 1)))
+                                          for i in range(5)])
+        assert {o.kind for o in outcomes} == {ACCEPTED}
+        for conn in list(_Connection.open_for(emulator)):  # APNs closes the connection
+            conn.close()
+        await asyncio.sleep(0.1)
+    recs = emulator.requests()
+    assert len(recs) == 15 and len({r.connection for r in recs}) == 3
+    assert len({r.jwt for r in recs}) == 1 and transport.token.issued == 1
