@@ -21,8 +21,9 @@ What it checks, in Apple's order of concern (status and reason as Apple document
     behaviour forced for the token (`behave`,      whatever the test asked, optionally with
       or a sequence of answers: `script`)          Retry-After and a delay
     token unregistered (`unregister`)              410 Unregistered with its timestamp (ms)
-    otherwise                                      200, apns-id echoed (made up if absent);
-                                                   apns-unique-id too in the sandbox
+    otherwise                                      200; apns-unique-id too in the sandbox
+
+Every answer carries `apns-id`: the request's (a well-formed one), else one made up, as Apple's.
 
 Apple documents no Retry-After header for APNs, so the emulator sends one only when a test
 forces it (`behave(..., retry_after=N)`); the appliance honours it whenever it is present.
@@ -251,7 +252,7 @@ class ApnsEmulator:
         record = Record(now, binding.get("id", 0), method, path, m.group(1) if m else None, headers, body)
         with self._lock:
             answer = self._answer(method, m, headers, body, binding, record, now)
-        if answer.apns_id is None and answer.status == 200:
+        if answer.apns_id is None:  # Apple answers every request with an apns-id (its own if none came)
             answer.apns_id = str(uuid.uuid4())
         record.status, record.reason, record.apns_id = answer.status, answer.reason, answer.apns_id
         return answer, record

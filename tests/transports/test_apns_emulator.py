@@ -85,6 +85,14 @@ async def test_documented_refusals(client, jwt, change, status, reason):
     got = await post(client, headers, path=change.get("path", f"/3/device/{TOKEN}"),
                      body=change.get("body", APNS_BODY), method=change.get("method", "POST"))
     assert got[:2] == (status, reason)
+    # Apple echoes the request's apns-id on errors too (a malformed one is replaced by its own).
+    sent = dict(headers)["apns-id"]
+    assert got[2]["apns-id"] == sent if reason != "BadMessageId" else uuid.UUID(got[2]["apns-id"])
+
+
+async def test_an_error_without_apns_id_gets_one_made_up(client, jwt):
+    status, reason, h = await post(client, good_headers(jwt, **{"apns-id": None}), path="/3/device/xyz")
+    assert (status, reason) == (400, "BadDeviceToken") and uuid.UUID(h["apns-id"])
 
 
 async def test_duplicate_headers(client, jwt):
