@@ -234,7 +234,7 @@ SETTINGS: tuple[Setting, ...] = (
        "serves hundreds of streams per connection; 64 keeps a burst moving without piling requests "
        "onto a slow provider.", minimum=1, maximum=1000),
     _s("wake_min_interval", _float, 2.0,
-       "Per-endpoint rate cap, in seconds: at least this long between two wakes sent to one device. "
+       "Per-endpoint rate cap, in seconds: at least this long between two wakes (or retries) sent to one device. "
        "Matches in between join the next wake, which carries the highest class among them, so a chat "
        "burst wakes a phone once or twice rather than once per message. 0 disables the cap.",
        minimum=0, maximum=3600),
@@ -250,9 +250,10 @@ SETTINGS: tuple[Setting, ...] = (
        "(apns-expiration) not to hold one longer. An hour-old wake no longer tells anyone anything.",
        minimum=60, maximum=7 * 86400),
     _s("wake_visibility_timeout", _float, 60.0,
-       "Seconds a claimed wake may take before it is claimed again, so a crash between sending and "
-       "recording loses nothing. Keep it above the 30 s provider request timeout, or a slow request "
-       "may be sent twice.", minimum=1, maximum=3600),
+       "Seconds after which the claim of a wake a crashed process was sending lapses and the wake is "
+       "claimed again (same apns-id), so a crash between sending and recording loses nothing. A "
+       "running process extends the claims it still holds, however slow the provider.",
+       minimum=1, maximum=3600),
     _s("delivery_log_retention", _int, 7 * 86400,
        "Seconds delivery-log rows (one per attempt) and finished wake jobs are kept: a week covers "
        "looking into last week's \"I got no notification\".", minimum=3600, maximum=366 * 86400,

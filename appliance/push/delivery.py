@@ -286,7 +286,8 @@ class Delivery:
                 wakes.reschedule(conn, job.id, due, f"configuration fault: {what}")
             return
         if kind == TRANSIENT:
-            delay = max(outcome.retry_after or 0.0, backoff(wake.attempt, s.retry_delay))
+            # Never sooner than the per-endpoint rate cap either: a retry is a request to the device too.
+            delay = max(outcome.retry_after or 0.0, backoff(wake.attempt, s.retry_delay), s.min_interval)
             if wake.attempt >= s.max_attempts or now + delay >= job.expires_at:
                 why = f"gave up after {wake.attempt} attempts: {what}"
                 wakes.set_state(conn, job.id, "dead", now, why)

@@ -111,3 +111,24 @@ async def test_a_wake_waiting_for_a_worker_past_its_claim_is_sent_once(apns, tmp
             await p.client.close()
     finally:
         server.stop()
+
+
+async def test_a_retry_keeps_to_the_per_endpoint_rate_cap(apns, tmp_path):
+    """wake_min_interval is the least time between two requests to one device, retries included
+    (a 429 TooManyRequests is Apple saying exactly that)."""
+    server = Server(tmp_path / "data", config=delivery_config(apns, settings={
+        "wake_min_interval": 2, "wake_retry_delay": 0.1})).start()
+    try:
+        alice, bob = await Pusher.connect(server), await Pusher.connect(server)
+        tok = token()
+        apns.emulator.behave(tok, 429, "TooManyRequests", times=1)
+        await bob.lease(tok, subscriptions=[p_sub(bob)])
+        await alice.publish(9, [["p", bob.pubkey]])
+        recs = apns.emulator.wait_for(lambda r: sum(x.token == tok for x in r) == 2, timeout=15)
+        first, second = [r for r in recs if r.token == tok]
+        assert (first.status, second.status) == (429, 200)
+        assert second.at - first.at >= 1.9, second.at - first.at
+        for p in (alice, bob):
+            await p.client.close()
+    finally:
+        server.stop()
