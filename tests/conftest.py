@@ -22,6 +22,19 @@ from appliance.nostr.keys import generate_secret, public_key
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def pytest_addoption(parser):
+    parser.addoption("--fuzz-scale", type=float, default=None, metavar="N",
+                     help="multiply every fuzz test's hypothesis example count by N (default 1, or $FUZZ_SCALE)")
+
+
+def pytest_configure(config):
+    from tests import fuzzing
+
+    scale = config.getoption("--fuzz-scale")
+    if scale is not None:
+        fuzzing.SCALE = scale
+
+
 def vectors_dir() -> Path | None:
     env = os.environ.get("APPLIANCE_VECTORS")
     path = Path(env) if env else ROOT.parent / "shared" / "vectors"

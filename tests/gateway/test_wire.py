@@ -225,7 +225,9 @@ def test_content_type(value, ok):
     assert wire.ContentType.acceptable(value) is ok
 
 
-from hypothesis import given, settings, strategies as st  # noqa: E402
+from hypothesis import given, strategies as st  # noqa: E402
+
+from tests.fuzzing import fuzz  # noqa: E402
 
 _json_values = st.recursive(
     st.none() | st.booleans() | st.integers(min_value=-(2**70), max_value=2**70) | st.floats(allow_nan=False)
@@ -235,7 +237,8 @@ _json_values = st.recursive(
 )
 
 
-@settings(max_examples=300, deadline=None)
+@pytest.mark.fuzz
+@fuzz(300)
 @given(name=st.sampled_from(sorted(VALID)), member=st.text(max_size=12), value=_json_values)
 def test_any_single_change_is_accepted_exactly_or_refused_cleanly(name, member, value):
     schema, obj = VALID[name]
@@ -248,7 +251,8 @@ def test_any_single_change_is_accepted_exactly_or_refused_cleanly(name, member, 
     assert out == changed and set(out) == set(schema)
 
 
-@settings(max_examples=300, deadline=None)
+@pytest.mark.fuzz
+@fuzz(300)
 @given(data=st.binary(max_size=300))
 def test_arbitrary_bytes_never_escape_as_another_error(data):
     for schema, _ in VALID.values():

@@ -6,7 +6,7 @@ proposal-list, tree and key-schedule checks behind them."""
 from __future__ import annotations
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from appliance.marmot.mls import (
@@ -31,6 +31,9 @@ from appliance.marmot.mls.structs import (
     FramedContentAuthData,
     MLSMessage,
 )
+from tests.fuzzing import fuzz
+
+pytestmark = pytest.mark.fuzz
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +64,7 @@ def mutate(data: bytes, draw_pos: int, op: int, value: int) -> bytes:
     return data[:pos] + data[pos + 1:]
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@fuzz(300)
 @given(which=st.sampled_from(["public commit", "private commit", "application", "external commit", "proposal"]),
        pos=st.integers(0, 10_000), op=st.integers(0, 3), value=st.integers(0, 255))
 def test_mutated_messages_raise_typed_errors_and_change_nothing(world, which, pos, op, value):
@@ -77,7 +80,7 @@ def test_mutated_messages_raise_typed_errors_and_change_nothing(world, which, po
     assert alice.to_bytes() == before
 
 
-@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@fuzz(100)
 @given(pos=st.integers(0, 100_000), op=st.integers(0, 3), value=st.integers(0, 255))
 def test_mutated_welcomes_raise_typed_errors(world, pos, op, value):
     _, _, welcome, bob_kp = world
@@ -88,7 +91,7 @@ def test_mutated_welcomes_raise_typed_errors(world, pos, op, value):
         join_from_welcome(data, bob_kp)
 
 
-@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@fuzz(100)
 @given(pos=st.integers(0, 100_000), op=st.integers(0, 3), value=st.integers(0, 255))
 def test_mutated_group_infos_and_key_packages_raise_typed_errors(world, pos, op, value):
     alice, _, _, _ = world
@@ -124,7 +127,7 @@ def resigned():
     return alice, bob, commits
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@fuzz(150)
 @given(which=st.integers(0, 3), pos=st.integers(0, 100_000), op=st.integers(0, 3), value=st.integers(0, 255))
 def test_mutated_commits_resigned_by_a_member_raise_typed_errors(resigned, which, pos, op, value):
     alice, bob, commits = resigned
