@@ -500,6 +500,19 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def _private_files(path: Path) -> None:
+    """The database and its WAL and shared-memory files readable by the owner only, whatever the
+    umask: they hold users' private events (the backup copy is 0600 too). SQLite creates the -wal
+    and -shm files with the database file's mode, so creating that one 0600 covers them."""
+    os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600))
+    for p in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
+        try:
+            if os.stat(p).st_mode & 0o077:
+                os.chmod(p, 0o600)
+        except FileNotFoundError:
+            pass
+
+
 class SqliteStore:
     """The appliance's storage: run writes through the single writer, reads on reader threads."""
 
@@ -523,6 +536,7 @@ class SqliteStore:
         try:
             self.data_dir.mkdir(parents=True, exist_ok=True)
             os.chmod(self.data_dir, 0o700)
+            _private_files(self.path)
         except OSError as exc:
             raise StoreError(f"cannot use the data directory {self.data_dir}: {exc.strerror or exc}") from None
         try:

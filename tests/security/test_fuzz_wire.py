@@ -240,6 +240,9 @@ def enrolled(srv):
     return asyncio.run(go())
 
 
+# Something under the HTTP client seeds from the global `random` module; hypothesis then warns
+# that its examples may not replay exactly. The examples do not depend on it.
+@pytest.mark.filterwarnings("ignore::hypothesis.errors.HypothesisDeprecationWarning")
 @fuzz(60)
 @given(route=st.sampled_from(GATEWAY_ROUTES), body=st.binary(max_size=200) | json_values.map(
     lambda v: json.dumps(v).encode()), ctype=st.sampled_from(["application/json", "text/plain", None,
@@ -286,6 +289,9 @@ def tampering(inst: AppInstallation, member: str, value, changed: list) -> AppIn
     return inst
 
 
+# Something under the HTTP client seeds from the global `random` module; hypothesis then warns
+# that its examples may not replay exactly. The examples do not depend on it.
+@pytest.mark.filterwarnings("ignore::hypothesis.errors.HypothesisDeprecationWarning")
 @fuzz(60)
 @given(op_member=st.sampled_from([(op, m) for op, ms in OPS.items() for m in ms]),
        value=json_values | st.text("0123456789abcdef-", max_size=70) | st.integers(0, 5))
