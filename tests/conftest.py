@@ -18,6 +18,7 @@ import websockets
 
 from appliance.nostr.event import sign_event
 from appliance.nostr.keys import generate_secret, public_key
+from tests.leaks import LOGS, check_log, sensitive
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -58,6 +59,7 @@ class Server:
         self.config = config
         self.proc: subprocess.Popen | None = None
         self.log_path = data_dir.parent / f"server-{self.port}.log"
+        LOGS.append(self.log_path)
 
     @property
     def url(self) -> str:
@@ -99,6 +101,11 @@ class Server:
                 self.proc.wait()
         if getattr(self, "_log", None):
             self._log.close()
+        key = self.data_dir / "appliance.key"
+        if key.is_file():
+            sensitive(key.read_bytes())
+        leaked = check_log(self.log_path)
+        assert not leaked, f"secrets in the server log {self.log_path}: {leaked}"
 
     def kill(self) -> None:
         self.stop(signal.SIGKILL)
@@ -191,9 +198,19 @@ class Identity:
     def __init__(self):
         self.secret = generate_secret()
         self.pubkey = public_key(self.secret)
+        sensitive(self.secret, self.pubkey)
 
     def sign(self, kind: int, tags=None, content: str = "", created_at: int | None = None):
         return sign_event(self.secret, kind, tags or [], content, created_at)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Every server log of the run, against every secret registered by its end."""
+    leaked = {str(p): found for p in LOGS if (found := check_log(p))}
+    if leaked:
+        session.config.pluginmanager.get_plugin("terminalreporter").write_line(
+            f"SECRETS IN SERVER LOGS: {leaked}", red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 @pytest.fixture

@@ -11,8 +11,10 @@ import httpx
 from appliance.admin import install
 from appliance.app import asgi, build
 from appliance.settings import load
+from tests.leaks import sensitive
 
 PASSWORD = "correct horse battery"
+sensitive(PASSWORD)
 CSRF = re.compile(r'name="csrf" value="([^"]+)"')
 
 

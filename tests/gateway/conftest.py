@@ -14,6 +14,7 @@ from appliance.nostr.nip98 import make_http_auth
 from appliance.testing.apns_emulator import ApnsEmulator
 from appliance.testing.gateway_client import AppInstallation
 from tests.conftest import Server
+from tests.leaks import sensitive
 from tests.gateway.helpers import PROFILE, TOPIC, GatewaySetup, token
 
 QUOTA = 6  # endpoint_quota_max of the delivery fixture's gateway
@@ -22,6 +23,7 @@ class Relay:
     def __init__(self):
         self.secret = generate_secret()
         self.pubkey = public_key(self.secret)
+        sensitive(self.secret, self.pubkey)
 
 
 @pytest.fixture(scope="module")

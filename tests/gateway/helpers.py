@@ -9,6 +9,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from appliance.testing.attester import SoftwareAttester, TestCA
+from tests.leaks import sensitive
 
 APP_ID = "TEAM123456.com.example.app"
 TOPIC = "com.example.app"
@@ -21,12 +22,16 @@ def write_p8(path: Path) -> Path:
     key = ec.generate_private_key(ec.SECP256R1())
     path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                                        serialization.NoEncryption()))
+    sensitive(key.private_numbers().private_value.to_bytes(32, "big"),
+              *path.read_text().splitlines()[1:-1])  # the scalar, and each base64 line of the PEM
     return path
 
 
 def token() -> str:
     """A fresh APNs device token, lowercase hex."""
-    return secrets.token_hex(32)
+    value = secrets.token_hex(32)
+    sensitive(value)
+    return value
 
 
 class GatewaySetup:

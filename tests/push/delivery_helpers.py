@@ -11,6 +11,7 @@ from appliance.testing.apns_emulator import ApnsEmulator
 from appliance.testing.tls import make_p8
 from tests.conftest import Client, Server
 from tests.push.e2e_helpers import ANDROID, IOS, ORIGIN, Installation, active, current_key, db_rows, lease, tombstone
+from tests.leaks import sensitive
 
 TEAM = "TEAM123456"
 KEY_ID = "ABC123DEFG"
@@ -21,7 +22,9 @@ __all__ = ["TEAM", "KEY_ID", "TOPIC", "Apns", "delivery_config", "token", "Pushe
 
 def token() -> str:
     """A fresh APNs-style device token (32 bytes, hex)."""
-    return secrets.token_hex(32)
+    value = secrets.token_hex(32)
+    sensitive(value)
+    return value
 
 
 class Apns:

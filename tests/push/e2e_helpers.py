@@ -9,6 +9,8 @@ from pathlib import Path
 
 import nostr_sdk as sdk
 
+from tests.leaks import sensitive
+
 ORIGIN = "ws://push.test"
 IOS = "com.example.app/ios"
 ANDROID = "com.example.app/android"
@@ -41,9 +43,11 @@ class Installation:
         self.keys = sdk.Keys.generate()
         self.secret = self.keys.secret_key().to_hex()
         self.pubkey = self.keys.public_key().to_hex()
+        sensitive(self.secret, self.pubkey)
 
 
 def active(user: Installation, *, generation: int = 1, endpoint: str = "tok-" + "a" * 60, **over) -> dict:
+    sensitive(endpoint)
     pt = {
         "v": 1,
         "origin": ORIGIN,

@@ -3,6 +3,7 @@ AUTH event captured on one connection is worth nothing on another (the challenge
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import stat
@@ -72,3 +73,17 @@ async def test_challenges_are_fresh_per_connection(server, anyio_backend):
         async with websockets.connect(server.url) as ws:
             seen.add(json.loads(await ws.recv())[1])
     assert len(seen) == 20 and all(len(s) >= 32 for s in seen)
+
+
+def test_the_log_check_finds_registered_secrets_and_jwts(tmp_path):
+    from tests.leaks import check_log, sensitive
+
+    secret, tok = "9f" * 32, "1a2b" * 16
+    sensitive(secret, tok, b"\x07" * 32)
+    log = tmp_path / "x.log"
+    log.write_text("fine: key 9f9f9f9f… token 1a2b1a2b…\n")
+    assert check_log(log) == []
+    for leak in (f"pubkey={secret}", f"url /x/{tok.upper()}?", "key " + base64.b64encode(b"\x07" * 32).decode(),
+                 "authorization: Nostr eyJpZCI6ImFiYyIsInB1YmtleSI6ImRlZiJ9", "00" + tok + "ff"):
+        log.write_text("INFO " + leak + "\n")
+        assert check_log(log), leak
