@@ -2,6 +2,7 @@
 
     harness.py   what they share: free ports, percentiles, relay processes (`appliance serve` on a
                  temporary data directory), a process's CPU time and memory
+    flood.py     `flood`: a well-behaved client's REQ latency while one connection floods REQs/COUNTs
     relay.py     `relay`: event ingest, OK latency and REQ latency, the read path, nostr-relay beside it
     leases.py    `leases`: NIP-PL lease acceptance (NIP-44 decrypt, validation, commit)
     wakes.py     `wakes`: ingest with leases, event-to-APNs latency, peak wakes/s, memory
@@ -20,7 +21,7 @@ import sys
 from dataclasses import dataclass
 from types import ModuleType
 
-from appliance.bench import gateway, leases, marmot, mls, relay, wakes
+from appliance.bench import flood, gateway, leases, marmot, mls, relay, wakes
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,8 @@ BENCHMARKS: dict[str, Benchmark] = {
                          "rates and latency.", gateway),
     "wakes": Benchmark("NIP-PL wakes: ingest with 0/10k/100k leases, event-to-APNs latency, peak wakes/s, memory at "
                        "100k leases.", wakes),
+    "flood": Benchmark("One connection floods REQs/COUNTs while a well-behaved client times its REQs; print its "
+                       "p99 against a quiet relay's (target: within 2x).", flood),
     "mls": Benchmark("MLS core (cipher suite 0x0001): add N members in one Commit, build and process External "
                      "Commits in groups of each size; print the times.", mls),
 }

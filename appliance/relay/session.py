@@ -35,6 +35,15 @@ DEFAULT_MAX_QUEUED_TOTAL = 512 * 1024 * 1024
 DEFAULT_FAIR_SHARE = 1024 * 1024
 # EVENTs one connection may have in flight (verifying or committing) at once.
 DEFAULT_MAX_INFLIGHT = 512
+# How long one connection's receive loop may handle messages before it lets the event loop run
+# others. A client that pipelines thousands of messages has them all buffered: receiving each
+# returns at once without suspending, so without this one connection would hold the loop until
+# its buffer was empty and every other connection would wait (issue #14: a flood starves no one).
+DEFAULT_RECEIVE_SLICE = 0.002
+# COUNTs one connection may have waiting for an answer. At the cap its receive loop stops reading
+# (TCP backpressure), as for EVENTs: a pipelined flood of COUNTs queues in the client's socket, not
+# as tasks here. (REQs are bounded already: one query per open subscription.)
+DEFAULT_MAX_PENDING_COUNTS = 32
 MAX_SUB_ID_LENGTH = 64
 # (REQ/COUNT queries one connection may have in the database at once, and their fair share of the
 # reader threads: see appliance.store.sqlite.ReadPool.)
@@ -278,11 +287,18 @@ class Session:
         await self.ws.accept()
         self.relay.sessions.add(self)
         self.send(_dumps(["AUTH", self.challenge]))
+        clock = time.monotonic
+        slice_end = clock() + DEFAULT_RECEIVE_SLICE
         try:
             while not self.closed:
-                if self.inflight >= DEFAULT_MAX_INFLIGHT:
-                    self.drained.clear()
-                    await self.drained.wait()
+                if self.inflight >= DEFAULT_MAX_INFLIGHT or len(self.counts) >= DEFAULT_MAX_PENDING_COUNTS:
+                    while self.inflight >= DEFAULT_MAX_INFLIGHT or len(self.counts) >= DEFAULT_MAX_PENDING_COUNTS:
+                        self.drained.clear()
+                        await self.drained.wait()
+                    slice_end = clock() + DEFAULT_RECEIVE_SLICE
+                elif clock() > slice_end:
+                    await asyncio.sleep(0)  # the others' turn (see DEFAULT_RECEIVE_SLICE)
+                    slice_end = clock() + DEFAULT_RECEIVE_SLICE
                 message = await self.ws.receive()
                 kind = message["type"]
                 if kind == "websocket.disconnect":
@@ -475,7 +491,12 @@ class Session:
         if args is not None and args[1] is not None:
             task = self.spawn(self._answer_count(*args))
             self.counts.add(task)
-            task.add_done_callback(self.counts.discard)
+            task.add_done_callback(self._count_done)
+
+    def _count_done(self, task: asyncio.Task) -> None:
+        self.counts.discard(task)
+        if len(self.counts) < DEFAULT_MAX_PENDING_COUNTS:
+            self.drained.set()
 
     async def _answer_count(self, sub_id: str, filters: list[Filter]) -> None:
         try:
