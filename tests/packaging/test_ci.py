@@ -1,0 +1,152 @@
+"""The two commands and CI, as a fresh machine sees them: `.ci/run` installs the tools the suite
+needs that the machine lacks and then runs the README's test command; `make run` and `make test`
+set up `.venv` only when `pyproject.toml` changed.
+
+`.ci/run` runs here with a PATH of stand-ins (apt-get and make record their arguments), so what it
+would install on a machine missing each tool is seen without installing anything. The Makefile is
+asked with `make -n` (what it would run) in a copy whose file times the test sets.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+# Tools .ci/run itself uses from PATH (besides bash, which runs it).
+SCRIPT_TOOLS = ("dirname", "mktemp", "rm")
+
+
+def _readme_commands() -> list[str]:
+    """The README's two commands: the first block of "Install, run, test"."""
+    section = (ROOT / "README.md").read_text().split("## Install, run, test", 1)[1]
+    block = re.search(r"```sh\n(.*?)```", section, re.S).group(1)
+    return [line.split("#", 1)[0].strip() for line in block.splitlines() if line.strip()]
+
+
+def _stub(path: Path, body: str) -> None:
+    path.write_text("#!/bin/sh\n" + body)
+    path.chmod(0o755)
+
+
+def _run_ci(tmp_path: Path, present: dict[str, str | None], *, venv: bool = False) -> tuple[list[str], list[str]]:
+    """Run .ci/run with only `present` tools on PATH (name -> real path, or None for a stand-in
+    that succeeds), in a fresh clone (with a .venv already when `venv`). apt-get installs make's
+    stand-in when asked for make. Returns (apt-get calls, make calls)."""
+    bin_dir, log = tmp_path / "bin", tmp_path / "calls.log"
+    bin_dir.mkdir()
+    for tool in SCRIPT_TOOLS:
+        (bin_dir / tool).symlink_to(shutil.which(tool))
+    for name, real in present.items():
+        if real:
+            (bin_dir / name).symlink_to(real)
+        else:
+            _stub(bin_dir / name, "exit 0\n")
+    _stub(tmp_path / "make", f'echo "make $*" >> {log}\n')
+    _stub(bin_dir / "apt-get", f'echo "apt-get $*" >> {log}\n'
+          f'for p in "$@"; do [ "$p" = make ] && {shutil.which("cp")} {tmp_path / "make"} {bin_dir / "make"}; done; exit 0\n')
+    if "make" in present:
+        shutil.copy(tmp_path / "make", bin_dir / "make")
+    clone = tmp_path / "clone"  # .ci/run works in its checkout: a fresh one
+    (clone / ".ci").mkdir(parents=True)
+    shutil.copy(ROOT / ".ci" / "run", clone / ".ci" / "run")
+    if venv:
+        (clone / ".venv" / "bin").mkdir(parents=True)
+        _stub(clone / ".venv" / "bin" / "python", "exit 0\n")
+    out = subprocess.run([shutil.which("bash"), str(clone / ".ci" / "run")], capture_output=True, text=True, timeout=60,
+                         env={"PATH": str(bin_dir), "HOME": str(tmp_path)})
+    assert out.returncode == 0, out.stdout + out.stderr
+    calls = log.read_text().splitlines() if log.exists() else []
+    return [c for c in calls if c.startswith("apt-get")], [c for c in calls if c.startswith("make")]
+
+
+def _installed(apt: list[str]) -> set[str]:
+    return {word for call in apt if " install " in f" {call} " for word in call.split()[2:]
+            if not word.startswith("-")}
+
+
+def test_ci_runs_the_readme_test_command():
+    run_cmd, test_cmd = _readme_commands()[:2]
+    assert run_cmd == "make run" and test_cmd == "make test"
+    script = (ROOT / ".ci" / "run").read_text()
+    assert script.rstrip().splitlines()[-1] == test_cmd
+
+
+def test_ci_installs_what_a_bare_machine_lacks(tmp_path):
+    """A machine with python3 (but no venv module), and none of make, npm, objdump or chromium."""
+    python = tmp_path / "python3"
+    _stub(python, 'case "$*" in *venv*) exit 1;; esac\nexit 0\n')  # Debian's python3 without python3-venv
+    apt, make = _run_ci(tmp_path, {"python3": str(python)})
+    wanted = {"python3-venv", "make", "npm", "binutils", "chromium"}
+    assert wanted <= _installed(apt), apt
+    assert make == ["make test"]
+
+
+def test_ci_installs_nothing_on_a_machine_that_has_it_all(tmp_path):
+    tools = {name: shutil.which(name) for name in ("python3", "npm", "objdump")}
+    if not all(tools.values()):
+        pytest.skip(f"this machine lacks {[n for n, p in tools.items() if not p]}")
+    apt, make = _run_ci(tmp_path, {**tools, "make": None, "chromium": None}, venv=True)
+    assert apt == [] and make == ["make test"]
+
+
+# -- the Makefile: .venv only when pyproject.toml changed -----------------------------------------
+
+def _dry(folder: Path, target: str) -> str:
+    out = subprocess.run(["make", "-n", target], cwd=folder, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr
+    return out.stdout
+
+
+@pytest.fixture
+def checkout(tmp_path) -> Path:
+    """The files the Makefile's rules depend on, in a temporary copy (times set by each test)."""
+    if not shutil.which("make"):
+        pytest.skip("make is not installed")
+    for rel in ("Makefile", "pyproject.toml", "appliance/admin/assets.py", "tests/marmot/interop/package-lock.json"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(ROOT / rel, tmp_path / rel)
+    return tmp_path
+
+
+def _set_up(folder: Path, when: float) -> None:
+    """What a finished `make test` leaves behind, all of it dated `when`."""
+    made = [".venv/bin/python", ".venv/.installed", ".venv/.mdk", "static/vendor/htmx.min.js",
+            "tests/marmot/interop/node_modules/.installed"]
+    for rel in made:
+        (folder / rel).parent.mkdir(parents=True, exist_ok=True)
+        (folder / rel).touch()
+    for rel in made:
+        os.utime(folder / rel, (when, when))
+
+
+def test_make_sets_up_a_fresh_clone_first(checkout):
+    run = _dry(checkout, "run")
+    assert "-m venv .venv" in run and "pip install -q -e '.[test]'" in run
+    assert run.strip().splitlines()[-1].startswith(".venv/bin/appliance")
+    test = _dry(checkout, "test")
+    assert "pip install" in test and "admin fetch-assets" in test and "npm ci" in test
+    assert test.strip().splitlines()[-1].startswith(".venv/bin/pytest")
+
+
+def test_make_does_nothing_but_the_command_when_nothing_changed(checkout):
+    old = os.stat(checkout / "pyproject.toml").st_mtime
+    for rel in ("pyproject.toml", "appliance/admin/assets.py", "tests/marmot/interop/package-lock.json"):
+        os.utime(checkout / rel, (old - 100, old - 100))
+    _set_up(checkout, old)
+    assert [line.strip() for line in _dry(checkout, "run").splitlines()] == [".venv/bin/appliance"]
+    assert [line.strip() for line in _dry(checkout, "test").splitlines()] == [".venv/bin/pytest -q"]
+
+
+def test_make_refreshes_the_venv_when_pyproject_changed(checkout):
+    old = os.stat(checkout / "pyproject.toml").st_mtime
+    for rel in ("appliance/admin/assets.py", "tests/marmot/interop/package-lock.json"):
+        os.utime(checkout / rel, (old - 100, old - 100))
+    _set_up(checkout, old - 50)  # pyproject.toml is newer than the stamp
+    run = _dry(checkout, "run").strip().splitlines()
+    assert "pip install -q -e '.[test]'" in "\n".join(run) and run[-1].startswith(".venv/bin/appliance")
