@@ -468,6 +468,9 @@ def backup_database(source: Path, dest: Path) -> int:
     try:
         src.set_busy_timeout(BUSY_TIMEOUT_MS)
         partial.unlink(missing_ok=True)
+        # Private from its first byte: SQLite would create it with the umask's mode (often
+        # world-readable) and its journal takes the same mode as the file.
+        os.close(os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
         dst = apsw.Connection(str(partial))
         try:
             with dst.backup("main", src, "main") as step:
@@ -475,7 +478,6 @@ def backup_database(source: Path, dest: Path) -> int:
             dst.execute("PRAGMA journal_mode = DELETE")  # a single self-contained file
         finally:
             dst.close()
-        os.chmod(partial, 0o600)  # users' events are private enough; the data directory is 0700 too
         with open(partial, "rb+") as fh:
             os.fsync(fh.fileno())
         os.replace(partial, dest)

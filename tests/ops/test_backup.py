@@ -133,3 +133,42 @@ def _push_config(tmp_path) -> str:
     path = tmp_path / "push.toml"
     path.write_text(PUSH_CONFIG)
     return str(path)
+
+
+def test_a_backup_is_private_while_it_is_written(tmp_path):
+    """The copy holds users' private events: no other user may read it, not even while it is being
+    written (a backup directory is often world-readable). The source is held locked here so the
+    copy waits, half-made, while its file is looked at."""
+    import threading
+    import time
+
+    from appliance.store.sqlite import backup_database
+
+    source, dest = tmp_path / "live.sqlite3", tmp_path / "out" / "copy.sqlite3"
+    dest.parent.mkdir()
+    conn = apsw.Connection(str(source))
+    for sql in ("PRAGMA journal_mode = WAL", "CREATE TABLE t(x)", "INSERT INTO t VALUES ('secret')",
+                "PRAGMA locking_mode = EXCLUSIVE", "BEGIN EXCLUSIVE",  # readers wait (busy timeout)
+                "INSERT INTO t VALUES ('more')"):
+        conn.execute(sql).fetchall()
+    old_umask = os.umask(0o022)
+    result: list = []
+    worker = threading.Thread(target=lambda: result.append(backup_database(source, dest)))
+    try:
+        worker.start()
+        deadline = time.monotonic() + 8
+        seen = {}
+        while not seen and time.monotonic() < deadline:
+            seen = {p.name: p.stat().st_mode & 0o777 for p in dest.parent.iterdir()}
+            time.sleep(0.005)
+    finally:
+        os.umask(old_umask)
+        conn.execute("COMMIT")
+        conn.close()  # the exclusive lock goes with the connection
+        worker.join(30)
+    assert seen, "the copy's file never appeared"
+    assert all(mode & 0o077 == 0 for mode in seen.values()), seen
+    assert result and dest.stat().st_mode & 0o777 == 0o600
+    copy = apsw.Connection(str(dest), flags=apsw.SQLITE_OPEN_READONLY)
+    assert [r[0] for r in copy.execute("SELECT x FROM t ORDER BY rowid")] == ["secret", "more"]
+    copy.close()
