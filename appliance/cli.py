@@ -195,6 +195,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ApplianceError as exc:
         print(f"appliance: {exc}", file=sys.stderr)
         return 2
+    except PermissionError as exc:  # most often a command run without sudo on a service's files
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"appliance: {where}{exc.strerror or exc}: run this as the data directory's owner (the service's "
+              "user) or as root", file=sys.stderr)
+        return 2
     parser.print_help()
     return 2
 

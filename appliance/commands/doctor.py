@@ -82,10 +82,10 @@ def diagnose(flags: dict, config_path: str | None, *, online: bool = False,
         origins: list = []
         yield from _origins(settings, conn, origins)
         yield from _gateway(settings)
-        yield _data_dir(settings)
+        yield _unless_unreadable("data directory", _data_dir, settings)
         yield db_check
         yield _clock(settings, conn)
-        yield _keyfile(settings, conn)
+        yield _unless_unreadable("key file", _keyfile, settings, conn)
         credentials = list(_credential_sets(settings, origins))
         yield from _credentials(credentials, _stored_keys(settings, conn))
         if online:
@@ -176,6 +176,21 @@ def _gateway(settings: Settings) -> Iterator[Check]:
 
 # -- the data directory, database, clock and key file -----------------------------------------------
 
+def _unreadable(exc: OSError) -> str:
+    """Why a file of the data directory could not be read: most often the doctor run as another
+    user than the service's."""
+    where = f"{exc.filename}: " if exc.filename else ""
+    return (f"cannot read {where}{exc.strerror or exc}: run the doctor as the data directory's owner "
+            "(the service's user) or as root")
+
+
+def _unless_unreadable(name: str, check: Callable[..., Check], *args) -> Check:
+    try:
+        return check(*args)
+    except OSError as exc:
+        return Check(FAIL, name, _unreadable(exc))
+
+
 def _data_dir(settings: Settings) -> Check:
     path = settings.data_path
     target = path if path.exists() else next((p for p in path.parents if p.exists()), Path("."))
@@ -201,7 +216,11 @@ def _data_dir(settings: Settings) -> Check:
 
 def _open_database(settings: Settings) -> tuple[apsw.Connection | None, Check]:
     path = settings.data_path / DB_FILENAME
-    if not path.exists():
+    try:
+        present = path.exists()
+    except OSError as exc:
+        return None, Check(FAIL, "database", _unreadable(exc))
+    if not present:
         return None, Check(SKIP, "database", f"no database yet at {path} (created at first start)")
     try:
         conn = apsw.Connection(str(path), flags=apsw.SQLITE_OPEN_READONLY)
@@ -306,11 +325,11 @@ def _stored_keys(settings: Settings, conn: apsw.Connection | None) -> dict[str, 
     from appliance.store.credentials import load_apns_keys
 
     path = settings.data_path / KEYFILE_NAME
-    if conn is None or not path.exists():
-        return None
     try:
+        if conn is None or not path.exists():
+            return None
         return load_apns_keys(conn, KeyFile.read(path))
-    except (ApplianceError, apsw.Error):
+    except (ApplianceError, apsw.Error, OSError):
         return None
 
 

@@ -10,7 +10,7 @@ import apsw
 
 from tests.conftest import Identity
 
-from .helpers import PUSH_CONFIG, cli, snapshot
+from .helpers import PUSH_CONFIG, cli, cli_as_stranger, snapshot
 
 
 async def test_backup_while_serving_then_restore_elsewhere(make_server, connect, tmp_path):
@@ -172,3 +172,19 @@ def test_a_backup_is_private_while_it_is_written(tmp_path):
     copy = apsw.Connection(str(dest), flags=apsw.SQLITE_OPEN_READONLY)
     assert [r[0] for r in copy.execute("SELECT x FROM t ORDER BY rowid")] == ["secret", "more"]
     copy.close()
+
+
+def test_a_backup_by_a_user_who_cannot_read_the_data_says_so(tmp_path):
+    data = tmp_path / "data"
+    assert cli("keys", "rotate", "ws://127.0.0.1:7777", "--data-dir", data, "--config", _push(tmp_path)).returncode == 0
+    for command in ("backup", "restore"):
+        out = cli_as_stranger(data, command, tmp_path / "elsewhere" / "copy.sqlite3", "--data-dir", data)
+        assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+        assert out.stderr.startswith("appliance: "), out.stderr
+        assert "ermission denied" in out.stderr or "not permitted" in out.stderr, out.stderr
+
+
+def _push(tmp_path):
+    config = tmp_path / "push.toml"
+    config.write_text(PUSH_CONFIG)
+    return config

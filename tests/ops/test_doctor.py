@@ -8,7 +8,7 @@ import socket
 from appliance.testing.apns_emulator import ApnsEmulator
 from appliance.testing.tls import make_p8
 
-from .helpers import PUSH_CONFIG, cli, snapshot
+from .helpers import PUSH_CONFIG, cli, cli_as_stranger, snapshot
 
 GATEWAY = """
 [gateway]
@@ -164,3 +164,21 @@ def test_a_key_uploaded_through_the_dashboard_is_checked_and_unwrapped(tmp_path)
     got = lines(out)
     assert out.returncode == 1 and got["key file"] == "FAIL"
     assert got["apns credentials ws://127.0.0.1:7777 com.example.app/ios"] == "SKIP"
+
+
+def test_a_data_directory_this_user_cannot_read_fails_its_checks(tmp_path):
+    """Run without sudo on a service's data directory: FAIL lines that say why, no traceback."""
+    data = tmp_path / "data"
+    assert cli("keys", "rotate", "ws://127.0.0.1:7777", "--data-dir", data, "--config", _push(tmp_path)).returncode == 0
+    out = cli_as_stranger(data, "doctor", "--data-dir", data)
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "Traceback" not in out.stderr, out.stderr
+    got = lines(out)
+    assert got["configuration"] == "PASS" and got["database"] == "FAIL" and got["data directory"] == "FAIL"
+    assert "Permission denied" in out.stdout and "as the data directory's owner" in out.stdout
+
+
+def _push(tmp_path):
+    config = tmp_path / "push.toml"
+    config.write_text(PUSH_CONFIG)
+    return config
