@@ -36,6 +36,13 @@ def test_dockerfile_mirrors_the_smoke_test():
     for name in env:
         assert name.removeprefix("APPLIANCE_").lower() in BY_NAME
     assert re.search(r"^USER appliance$", docker, re.M) and re.search(r"^VOLUME /data$", docker, re.M)
+    # The README's `docker run` sets real settings only.
+    readme = (ROOT / "README.md").read_text()
+    run = re.search(r"^docker run .*?(?<!\\)\n", readme, re.M | re.S).group(0)
+    names = re.findall(r"-e APPLIANCE_([A-Z_]+)=", run)
+    assert "PUBLIC_URL" in names and "TRUSTED_PROXIES" in names
+    for name in names:
+        assert name.lower() in BY_NAME
 
 
 def test_the_systemd_unit_starts_without_an_apns_key():
