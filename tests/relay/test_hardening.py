@@ -72,14 +72,18 @@ def test_slow_heads_are_cut(server):
         s.sendall(head)
         socks.append(s)
     t0 = time.monotonic()
+    for s in socks[:2]:  # one more header line each, at once (not after the previous one was cut)
+        s.sendall(b"X-Slow: 1\r\n")
     for s in socks:
-        s.sendall(b"X-Slow: 1\r\n") if s is not socks[2] else None
         data = b""
-        while True:
-            piece = s.recv(4096)
-            if not piece:
-                break
-            data += piece
+        try:
+            while True:
+                piece = s.recv(4096)
+                if not piece:
+                    break
+                data += piece
+        except ConnectionResetError:
+            pass  # cut: the server closed with bytes of ours unread (a reset instead of a FIN)
         assert data in (b"",) or data.startswith(b"HTTP/1.1 408"), data[:60]
         s.close()
     assert time.monotonic() - t0 < 45
