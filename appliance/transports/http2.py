@@ -82,18 +82,33 @@ class _PlainEncoder(hpack.Encoder):
     table size change the peer asked for is still signalled first (by the base class).
     """
 
+    # Fields seen before (the method, scheme, authority, provider token, topic, ...: most of a
+    # request's fields repeat) keep their encoding; bounded by starting afresh when full.
+    CACHE_MAX = 256
+
+    def __init__(self):
+        super().__init__()
+        self._fields: dict[tuple, bytes] = {}
+
     def encode(self, headers, huffman=True):
         out = bytearray()
         if self.header_table.resized:
             out += self._encode_table_size_change()
             self.header_table.resized = False
+        fields = self._fields
         for header in headers:
-            name, value = header[0], header[1]
-            if type(name) is not bytes:
-                name = str(name).encode()
-            if type(value) is not bytes:
-                value = str(value).encode()
-            out += b"\x00" + _hpack_str(name) + _hpack_str(value)
+            block = fields.get(header)
+            if block is None:
+                name, value = header[0], header[1]
+                if type(name) is not bytes:
+                    name = str(name).encode()
+                if type(value) is not bytes:
+                    value = str(value).encode()
+                block = b"\x00" + _hpack_str(name) + _hpack_str(value)
+                if len(fields) >= self.CACHE_MAX:
+                    fields.clear()
+                fields[header] = block
+            out += block
         return bytes(out)
 
 
