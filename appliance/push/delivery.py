@@ -118,6 +118,7 @@ class Delivery:
         self._busy = 0
         self._outcomes: list | None = None
         self._recorded: asyncio.Future | None = None
+        self._recording = 0  # outcomes sent to the writer and not yet committed
         self.stats = {"sent": 0, "accepted": 0, "failed": 0, "dropped": 0}
 
     def nudge(self) -> None:
@@ -301,6 +302,22 @@ class Delivery:
         log.warning("wake refused as a permanent request fault job=%s origin=%d app_profile=%s: %s", job.id,
                     job.origin, job.app_profile, what)
 
+    def record_many(self, conn: apsw.Connection, items: list[tuple[Wake, Outcome, float | None]], now: float) -> None:
+        """`record` for each (wake, outcome, latency_ms) in order; runs of accepted attempts are
+        written together (the same rows, a statement per step for the run)."""
+        run: list = []
+        for wake, outcome, latency in items:
+            if outcome.kind == ACCEPTED:
+                run.append((wake.job, wake.cls, wake.attempt, outcome.status, outcome.reason, latency,
+                            outcome.detail))
+                continue
+            if run:
+                wakes.record_delivered(conn, run, now)
+                run = []
+            self.record(conn, wake, outcome, latency, now)
+        if run:
+            wakes.record_delivered(conn, run, now)
+
     # -- the loop ----------------------------------------------------------------------------------
 
     async def _send(self, wake: Wake) -> Outcome:
@@ -316,44 +333,59 @@ class Delivery:
             log.exception("transport failed for job %s", wake.job.id)
             return Outcome(TRANSIENT, detail=f"transport error: {type(exc).__name__}")
 
-    async def deliver(self, wake: Wake) -> Outcome:
-        """Send one claimed wake and record the outcome (returns once it is committed)."""
+    async def _attempt(self, wake: Wake) -> tuple[Outcome, float]:
         t0 = time.perf_counter()
         outcome = await self._send(wake)
         latency = (time.perf_counter() - t0) * 1000
         self.stats["sent"] += 1
         self.stats["accepted" if outcome.kind == ACCEPTED else "failed"] += 1
-        await self._record_soon(wake, outcome, latency)
+        return outcome, latency
+
+    async def deliver(self, wake: Wake) -> Outcome:
+        """Send one claimed wake and record the outcome (returns once it is committed)."""
+        outcome, latency = await self._attempt(wake)
+        await asyncio.shield(self._record_soon(wake, outcome, latency))
         return outcome
 
-    async def _record_soon(self, wake: Wake, outcome: Outcome, latency: float) -> None:
-        """Outcomes that arrive together are recorded in one write (one transaction, one wait)."""
-        loop = asyncio.get_running_loop()
+    def _record_soon(self, wake: Wake, outcome: Outcome, latency: float) -> asyncio.Future:
+        """Queue the outcome for the next write; outcomes that arrive together are recorded in one
+        transaction. The future resolves once it is committed; until then the wake stays held (a
+        stop gives its claim back; a record that committed first wins)."""
         if self._outcomes is None:
+            loop = asyncio.get_running_loop()
             self._outcomes = []
             self._recorded = loop.create_future()
             loop.call_soon(self._flush_outcomes)
         self._outcomes.append((wake, outcome, latency))
-        await asyncio.shield(self._recorded)
+        self._recording += 1
+        return self._recorded
 
     def _flush_outcomes(self) -> None:
         batch, done = self._outcomes, self._recorded
         self._outcomes = self._recorded = None
 
         def op(conn):
-            now = self.clock()
-            for wake, outcome, latency in batch:
-                self.record(conn, wake, outcome, latency, now)
+            self.record_many(conn, batch, self.clock())
 
         def finished(fut: asyncio.Future) -> None:
+            self._recording -= len(batch)
+            exc = None if fut.cancelled() else fut.exception()
+            if exc is not None:  # their claims lapse and they are tried again (same job ids)
+                log.error("recording %d wake outcome(s) failed: %s", len(batch), exc)
+            for wake, _outcome, _latency in batch:
+                if self._held.get(wake.job.id) is wake:
+                    del self._held[wake.job.id]
+            self._wakeup.set()
             if done.done():
                 return
             if fut.cancelled():
                 done.cancel()
-            elif fut.exception() is not None:
-                done.set_exception(fut.exception())
+            elif exc is not None:
+                done.set_exception(exc)
             else:
                 done.set_result(None)
+            if not done.cancelled() and exc is not None:
+                done.exception()  # retrieved: a worker that moved on does not wait for it
 
         self.store.write(op).add_done_callback(finished)
 
@@ -382,9 +414,14 @@ class Delivery:
                 self._queue.put_nowait(wake)
                 return
             self._busy += 1
+            recording = False
             try:
                 if not wake.fresh or await self._recheck_fresh(wake):
-                    await self.deliver(wake)
+                    # The worker moves on once the answer is in: the outcome is recorded with
+                    # the others that arrive meanwhile (the wake stays held until it is).
+                    outcome, latency = await self._attempt(wake)
+                    self._record_soon(wake, outcome, latency)
+                    recording = True
             except asyncio.CancelledError:
                 raise
             except Exception:  # its claim lapses and the wake is tried again: log, keep working
@@ -392,8 +429,8 @@ class Delivery:
             finally:
                 self._busy -= 1
                 self._wakeup.set()  # room to claim more
-            if self._held.get(wake.job.id) is wake:  # (not when cancelled mid-send: close() gives it back)
-                del self._held[wake.job.id]
+            if not recording and self._held.get(wake.job.id) is wake:
+                del self._held[wake.job.id]  # (not when cancelled mid-send: close() gives it back)
 
     async def run(self) -> None:
         """The claimer and `workers` delivery workers. The claimer claims ahead of the workers (up
@@ -446,7 +483,7 @@ class Delivery:
         self._running = False
         loop = asyncio.get_running_loop()
         deadline = loop.time() + grace
-        while self._busy and loop.time() < deadline:
+        while (self._busy or self._recording) and loop.time() < deadline:
             await asyncio.sleep(0.01)
         queued: list[Wake] = []
         while not self._queue.empty():

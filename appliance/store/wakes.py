@@ -102,6 +102,11 @@ SQL_CLAIM = "UPDATE wake_jobs SET state = 'claimed', due_at = ?, class = ? WHERE
 # Claims given back by a stopping process: due again at once (an outcome recorded meanwhile wins).
 SQL_COUNT_ATTEMPT = "UPDATE wake_jobs SET attempts = attempts + 1 WHERE id = ?"
 SQL_SET_STATE = "UPDATE wake_jobs SET state = ?, finished_at = ?, last_error = ? WHERE id = ?"
+# An accepted attempt: counted and finished in one statement (`count_attempt` + `set_state`).
+SQL_DELIVERED = (
+    "UPDATE wake_jobs SET attempts = attempts + 1, state = 'delivered', finished_at = ?, last_error = NULL "
+    "WHERE id = ?"
+)
 SQL_FINISH_MEMBERS = (
     "UPDATE wake_jobs SET finished_at = ? WHERE wake_id = ? AND state = 'coalesced' AND finished_at IS NULL"
 )
@@ -320,6 +325,19 @@ def log_attempt(conn: apsw.Connection, job: WakeJob, *, at: float, cls: str, att
                 status: int | None, reason: str | None, latency_ms: float | None, detail: str = "") -> None:
     conn.execute(SQL_LOG, (at, job.origin, job.lease, job.app_profile, job.transport, cls, job.id, attempt, outcome,
                            status, reason, latency_ms, detail))
+
+
+def record_delivered(conn: apsw.Connection, attempts: list[tuple], now: float) -> None:
+    """Accepted attempts (job, class, attempt, status, reason, latency_ms, detail), all at `now`: what
+    `log_attempt`, `count_attempt`, `set_state(..., "delivered")` and `clear_alerts` do for each,
+    a statement per step for all of them (alerts cleared once per app profile)."""
+    conn.executemany(SQL_LOG, [(now, job.origin, job.lease, job.app_profile, job.transport, cls, job.id, attempt,
+                                "accepted", status, reason, latency_ms, detail)
+                               for job, cls, attempt, status, reason, latency_ms, detail in attempts])
+    conn.executemany(SQL_DELIVERED, [(now, job.id) for job, *_ in attempts])
+    conn.executemany(SQL_FINISH_MEMBERS, [(now, job.id) for job, *_ in attempts])
+    for origin, app_profile in {(job.origin, job.app_profile): None for job, *_ in attempts}:
+        conn.execute(SQL_CLEAR_ALERTS, (now, origin, app_profile))
 
 
 def raise_alert(conn: apsw.Connection, origin: int, app_profile: str, reason: str, detail: str,

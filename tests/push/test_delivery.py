@@ -147,3 +147,58 @@ async def test_run_once_drives_one_round_through_apns(store, tmp_path, anyio_bac
     finally:
         await transport.close()
         await emu.stop()
+
+
+def test_outcomes_recorded_together_write_what_recording_them_one_by_one_writes():
+    """`record_many` (runs of accepted attempts written a statement per step) leaves every table
+    as `record` called per outcome in the same order does: log rows, job states and attempt
+    counts, coalesced members' finish times, alerts raised and cleared in between."""
+    import apsw
+
+    from appliance.push.delivery import Wake
+    from appliance.store.schema import MIGRATIONS
+    from appliance.transports import ACCEPTED, CONFIGURATION, PERMANENT, Outcome
+
+    def world():
+        c = apsw.Connection(":memory:")
+        for m in MIGRATIONS:
+            c.execute(m)
+        jobs = []
+        for i, (profile, ep) in enumerate([("ios", "h1"), ("ios", "h2"), ("mac", "h3"), ("ios", "h4"), ("ios", "h5"),
+                                           ("mac", "h6")]):
+            wakes.insert_job(c, job_id=f"j{i}", origin=1, app_profile=profile, transport="apns", endpoint_hash=ep,
+                             event_id=f"e{i}", lease_pubkey="a" * 64, lease_d=f"d{i}", generation=1, cls="default",
+                             now=NOW, useful_age=3600, min_interval=2.0, rank=CLASS_RANK)
+        # a second match for h1 joins j0's wake (a coalesced member finishes with it)
+        wakes.insert_job(c, job_id="m0", origin=1, app_profile="ios", transport="apns", endpoint_hash="h1",
+                         event_id="e9", lease_pubkey="a" * 64, lease_d="d0", generation=1, cls="time_sensitive",
+                         now=NOW, useful_age=3600, min_interval=2.0, rank=CLASS_RANK)
+        wakes.raise_alert(c, 1, "mac", "BadTopic", "old", 400, NOW - 10)
+        for job in wakes.due_wakes(c, NOW, 10):
+            wakes.claim_wake(c, job, job.cls, NOW, 60)
+            jobs.append(job)
+        return c, sorted(jobs, key=lambda j: j.id)
+
+    outcomes = [Outcome(ACCEPTED, 200), Outcome(ACCEPTED, 200, detail="via gateway"),
+                Outcome(CONFIGURATION, 403, "InvalidProviderToken"), Outcome(ACCEPTED, 200),
+                Outcome(PERMANENT, 400, "BadPriority"), Outcome(ACCEPTED, 200)]
+    dl = Delivery(None, transport_for=lambda o, p: None, authorize=lambda *a: True, settings=DeliverySettings())
+    dump = []
+    for together in (False, True):
+        c, jobs = world()
+        items = [(Wake(job, "ab", job.cls, 1), out, 1.5 + i) for i, (job, out) in enumerate(zip(jobs, outcomes))]
+        with c:
+            if together:
+                dl.record_many(c, items, NOW + 1)
+            else:
+                for item in items:
+                    dl.record(c, *item, NOW + 1)
+        dump.append([list(c.execute(f"SELECT * FROM {t} ORDER BY 1, 2"))
+                     for t in ("wake_jobs", "delivery_log", "push_alerts")])
+    assert dump[0] == dump[1]
+    jobs_after = {r[0]: r for r in dump[1][0]}
+    assert jobs_after["j0"][10] == "delivered" and jobs_after["j0"][15] == 1
+    assert jobs_after["m0"][16] == NOW + 1  # the coalesced member finished with its wake
+    assert [r[9] for r in dump[1][1]] == ["accepted", "accepted", "configuration", "accepted", "permanent", "accepted"]
+    # the mac alert raised by j2 was cleared again by j5 (accepted, later in the same batch)
+    assert {(r[1], r[2]): r[8] for r in dump[1][2]}[("mac", "InvalidProviderToken")] == NOW + 1
