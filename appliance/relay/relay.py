@@ -109,6 +109,10 @@ class Relay:
         its OK, then close each connection with 1001 once its queued output is written, and wait
         (up to `grace` seconds in all) for the clients to complete the closing handshake."""
         self.stopping = True
+        # A session that paused between received messages to let others run resumes first and,
+        # now that we are stopping, handles the rest of what it received without pausing again:
+        # its EVENTs are then in flight (and waited for below), none left unanswered.
+        await asyncio.sleep(0)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + grace
         sessions = list(self.sessions)

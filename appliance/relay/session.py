@@ -296,8 +296,10 @@ class Session:
                         self.drained.clear()
                         await self.drained.wait()
                     slice_end = clock() + DEFAULT_RECEIVE_SLICE
-                elif clock() > slice_end:
-                    await asyncio.sleep(0)  # the others' turn (see DEFAULT_RECEIVE_SLICE)
+                elif clock() > slice_end and not self.relay.stopping:
+                    # The others' turn (see DEFAULT_RECEIVE_SLICE); not once stopping, so that every
+                    # message already received is handled before the relay closes (Relay.shutdown).
+                    await asyncio.sleep(0)
                     slice_end = clock() + DEFAULT_RECEIVE_SLICE
                 message = await self.ws.receive()
                 kind = message["type"]
