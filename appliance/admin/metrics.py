@@ -91,6 +91,9 @@ class Machines:
             ("appliance_uptime_seconds", "Seconds since the appliance started.", "gauge",
              [({}, round(time.time() - app.started_at, 1))]),
             ("appliance_origins", "Origins (communities) served.", "gauge", [({}, len(origins))]),
+            ("appliance_event_loop_lag_seconds", "Largest delay of the event loop's timer ticks since the last "
+             "scrape (how long a ready task may wait to run).", "gauge",
+             [({}, round(self.admin.loop_lag.worst(), 4))]),
         ]
         per_origin: dict[int, int] = {oid: 0 for oid in origins}
         for session in list(relay.sessions):
@@ -118,6 +121,14 @@ class Machines:
         metrics.append(("appliance_leases", "Push leases by state.", "gauge",
                         [({"origin": origins[oid], "state": state}, totals.get(oid, (0, 0, 0))[i])
                          for oid in origins for i, state in ((0, "active"), (1, "inactive"))]))
+        if app.push is not None:
+            from appliance.store.wakes import queue_summary
+
+            summary = await app.store.read(queue_summary)
+            metrics.append(("appliance_wake_queue_depth", "Wakes waiting in the outbox (due, retrying or being "
+                            "sent), and dead-lettered ones.", "gauge",
+                            [({"state": "queued"}, summary["queued"]), ({"state": "retrying"}, summary["failed"]),
+                             ({"state": "dead"}, summary["dead"])]))
         for collect in self.collectors:
             metrics.extend(await collect())
         lines: list[str] = []

@@ -22,6 +22,34 @@ MAX_REASONS = 64
 
 Probe = Callable[[], Awaitable[dict[str, float]]]
 
+# Seconds between the event-loop lag watcher's ticks: often enough to catch a stall of a fraction of
+# a second, rare enough to cost nothing (one timer callback).
+DEFAULT_LAG_TICK = 0.25
+
+
+class LoopLag:
+    """How late the event loop runs a timer: each tick asks to wake `tick` seconds later and
+    records how much later than that it woke. A blocked loop (a long synchronous call, a CPU
+    storm) shows here before it shows anywhere else. `worst()` is the largest lag since the last
+    call (the metrics endpoint reads it once per scrape), `last` the latest tick's."""
+
+    def __init__(self, tick: float = DEFAULT_LAG_TICK):
+        self.tick = tick
+        self.last = 0.0
+        self._worst = 0.0
+
+    def worst(self) -> float:
+        worst, self._worst = max(self._worst, self.last), 0.0
+        return worst
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            due = loop.time() + self.tick
+            await asyncio.sleep(self.tick)
+            self.last = max(0.0, loop.time() - due)
+            self._worst = max(self._worst, self.last)
+
 
 class Recorder:
     def __init__(self, app, *, interval: float = DEFAULT_SAMPLE_INTERVAL, keep: int = DEFAULT_KEEP):

@@ -29,7 +29,7 @@ from appliance.settings import Settings
 
 from . import assets, auth
 from .redact import Redactor
-from .stats import Recorder
+from .stats import LoopLag, Recorder
 
 log = logging.getLogger("appliance.admin")
 
@@ -100,6 +100,7 @@ class Admin:
         self._sealer = AESGCM(app.keyfile.derive("admin-reference"))
         self.limiter = auth.LoginLimiter()
         self.recorder = Recorder(app)
+        self.loop_lag = LoopLag()
         self.assets: dict[str, bytes] = {}
         self.fetch_missing_assets = False  # fetch missing assets in the background once serving
         self.base_url = admin_base_url(self.settings)
@@ -120,6 +121,7 @@ class Admin:
 
     async def start(self) -> None:
         self.tasks.append(asyncio.create_task(self.recorder.run()))
+        self.tasks.append(asyncio.create_task(self.loop_lag.run()))
         if self.fetch_missing_assets:
             self.tasks.append(asyncio.create_task(self.fetch_assets()))
         if self.listen_socket is not None:

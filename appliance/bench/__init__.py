@@ -9,6 +9,7 @@
     gateway.py   `gateway`: enrollment, delegation and delivery through the local APNs gateway
     marmot.py    `marmot-join`: the draft multi-device External Commit in a group of N
     mls.py       `mls`: the MLS core (add members, External Commit build and process)
+    soak.py      `soak`: N minutes of mixed load; memory, files, loop lag, latency, queue depth over time
 
 Each module offers `add_args(parser)` and `run(args) -> int`; `BENCHMARKS` names them and
 `add_parser` makes them subcommands of `appliance bench`, so adding one is adding an entry.
@@ -21,7 +22,7 @@ import sys
 from dataclasses import dataclass
 from types import ModuleType
 
-from appliance.bench import flood, gateway, leases, marmot, mls, relay, wakes
+from appliance.bench import flood, gateway, leases, marmot, mls, relay, soak, wakes
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,9 @@ BENCHMARKS: dict[str, Benchmark] = {
                        "p99 against a quiet relay's (target: within 2x).", flood),
     "mls": Benchmark("MLS core (cipher suite 0x0001): add N members in one Commit, build and process External "
                      "Commits in groups of each size; print the times.", mls),
+    "soak": Benchmark("Mixed load (publish, REQ, live subscriptions, lease churn, wakes to an APNs emulator) for N "
+                      "minutes; sample memory, open files, loop lag, latency and queue depth into a CSV and an SVG.",
+                      soak),
 }
 
 

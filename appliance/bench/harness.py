@@ -3,6 +3,8 @@ temporary data directory (`appliance serve` as a subprocess) and figures of a pr
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
 import signal
 import socket
@@ -10,6 +12,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+import orjson
 
 
 # -- numbers and messages ------------------------------------------------------------------
@@ -120,3 +124,179 @@ def rss_mb(pid: int) -> float:
     except OSError:
         pass
     return float("nan")
+
+
+def open_files(pid: int) -> int:
+    """File descriptors the process holds open (sockets, the database and its WAL, logs); -1 when gone."""
+    try:
+        return len(os.listdir(f"/proc/{pid}/fd"))
+    except OSError:
+        return -1
+
+
+def dir_mb(path: Path) -> float:
+    """Bytes under `path` (the data directory: database, WAL, keys), in MB."""
+    total = 0
+    for p in Path(path).rglob("*"):
+        try:
+            if p.is_file():
+                total += p.stat().st_size
+        except OSError:
+            pass  # a file that just went (a WAL checkpointed away)
+    return total / 1e6
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """Prometheus text to {name or name{labels}: value} (comments skipped)."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            try:
+                out[name] = float(value)
+            except ValueError:
+                pass
+    return out
+
+
+# -- a Nostr client for load generators ---------------------------------------------------------
+
+
+class NostrClient:
+    """One websocket with a reader task: `publish` waits for the event's OK, `req` for EOSE, and
+    live subscriptions call a function per EVENT. A connection that drops sets `closed` (with
+    the reason), which the load generators count as an error."""
+
+    def __init__(self, ws):
+
+        self.ws = ws
+        self.challenge: str | None = None
+        self._oks: dict[str, "asyncio.Future"] = {}
+        self._subs: dict[str, object] = {}
+        self._challenge = asyncio.get_running_loop().create_future()
+        self.closed: str | None = None
+        self.notices: list[str] = []
+        self._reader = asyncio.create_task(self._read())
+
+    @classmethod
+    async def connect(cls, url: str, timeout: float = 30) -> "NostrClient":
+        import websockets
+
+        ws = await websockets.connect(url, max_size=None, compression=None, ping_interval=None, open_timeout=timeout)
+        client = cls(ws)
+        client.challenge = await asyncio.wait_for(client._challenge, timeout)
+        return client
+
+    async def _read(self) -> None:
+        try:
+            async for raw in self.ws:
+                msg = orjson.loads(raw)
+                kind = msg[0]
+                if kind == "OK":
+                    fut = self._oks.pop(msg[1], None)
+                    if fut is not None and not fut.done():
+                        fut.set_result((msg[2], msg[3]))
+                elif kind in ("EVENT", "EOSE", "CLOSED"):
+                    handler = self._subs.get(msg[1])
+                    if handler is not None:
+                        handler(msg)
+                elif kind == "AUTH":
+                    if not self._challenge.done():
+                        self._challenge.set_result(msg[1])
+                elif kind == "NOTICE":
+                    self.notices.append(str(msg[1]))
+        except Exception as exc:  # the connection went: every waiter learns it
+            self.closed = f"{type(exc).__name__}: {exc}"
+        else:
+            self.closed = self.closed or "closed"
+        for fut in self._oks.values():
+            if not fut.done():
+                fut.set_exception(ConnectionError(self.closed))
+        self._oks.clear()
+
+    async def publish(self, event_json: str, event_id: str, timeout: float = 30) -> tuple[bool, str]:
+
+        fut = asyncio.get_running_loop().create_future()
+        self._oks[event_id] = fut
+        await self.ws.send('["EVENT",' + event_json + "]")
+        return await asyncio.wait_for(fut, timeout)
+
+    async def auth(self, secret: str, relay_url: str) -> tuple[bool, str]:
+        from appliance.nostr.event import sign_event
+
+        ev = sign_event(secret, 22242, [["relay", relay_url], ["challenge", self.challenge]], "")
+
+        fut = asyncio.get_running_loop().create_future()
+        self._oks[ev.id] = fut
+        await self.ws.send(json.dumps(["AUTH", ev.to_dict()]))
+        return await asyncio.wait_for(fut, 30)
+
+    async def req(self, sub_id: str, filters: list[dict], timeout: float = 30) -> tuple[list[dict], str | None]:
+        """Stored events until EOSE, then CLOSE: (events, None), or (events, CLOSED reason)."""
+
+        events: list[dict] = []
+        done = asyncio.get_running_loop().create_future()
+
+        def on(msg):
+            if msg[0] == "EVENT":
+                events.append(msg[2])
+            elif not done.done():
+                done.set_result(None if msg[0] == "EOSE" else str(msg[2] if len(msg) > 2 else "closed"))
+
+        self._subs[sub_id] = on
+        try:
+            await self.ws.send(json.dumps(["REQ", sub_id, *filters]))
+            reason = await asyncio.wait_for(done, timeout)
+            if reason is None:
+                await self.ws.send(json.dumps(["CLOSE", sub_id]))
+            return events, reason
+        finally:
+            self._subs.pop(sub_id, None)
+
+    async def subscribe(self, sub_id: str, filters: list[dict], on_event) -> None:
+        """A live subscription: `on_event(event)` for each EVENT, stored or new."""
+
+        self._subs[sub_id] = lambda msg: on_event(msg[2]) if msg[0] == "EVENT" else None
+        await self.ws.send(json.dumps(["REQ", sub_id, *filters]))
+
+    async def close(self) -> None:
+
+        self.closed = self.closed or "closed by us"
+        try:
+            await asyncio.wait_for(self.ws.close(), 5)
+        except Exception:
+            pass  # a connection already gone
+        self._reader.cancel()
+
+
+def executor_key(port: int) -> tuple[str, str]:
+    """(id, pubkey) of the current executor key, from the relay's NIP-11 document."""
+    import urllib.request
+
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/", headers={"Accept": "application/nostr+json"})
+    doc = json.loads(urllib.request.urlopen(req, timeout=10).read())
+    key = next(k for k in doc["push"]["keys"] if k.get("current"))
+    return key["id"], key["pubkey"]
+
+
+def lease_event(secret: str, *, origin: str, profile: str, endpoint: str, generation: int, d: str,
+                exec_id: str, exec_pub: str, subscriptions: list[dict] | None = None, active: bool = True,
+                ttl: int = 86400, created_at: int | None = None):
+    """A signed NIP-PL lease (kind 30350), its plaintext NIP-44 encrypted to the executor key; a
+    tombstone when `active` is False."""
+
+    from appliance.nostr import nip44
+    from appliance.nostr.event import sign_event
+    from appliance.nostr.keys import public_key
+
+    pub = public_key(secret)
+    now = int(time.time()) if created_at is None else created_at
+    if active:
+        pt = {"v": 1, "origin": origin, "app_profile": profile, "transport": "apns", "endpoint": endpoint,
+              "generation": generation, "active": True,
+              "subscriptions": subscriptions or [{"filter": {"kinds": [9], "#p": [pub]}, "class": "time_sensitive"}]}
+    else:
+        pt = {"v": 1, "origin": origin, "generation": generation, "active": False}
+    content = nip44.encrypt(json.dumps(pt), nip44.get_conversation_key(secret, exec_pub))
+    tags = [["d", d], ["expiration", str(now + ttl)], ["exec", exec_id], ["alt", "Push lease"]]
+    return sign_event(secret, 30350, tags, content, now)

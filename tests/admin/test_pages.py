@@ -274,6 +274,10 @@ async def test_health_and_metrics(signed_in, tmp_path):
     metrics = await d.get("/admin/metrics")
     assert metrics.status_code == 200 and "appliance_connections{origin=\"ws://push.test\"} 0" in metrics.text
     assert "# TYPE appliance_events_accepted_total counter" in metrics.text
+    # What a soak samples: the event loop's lag and the wake outbox's depth.
+    lag = [ln for ln in metrics.text.splitlines() if ln.startswith("appliance_event_loop_lag_seconds ")]
+    assert len(lag) == 1 and 0 <= float(lag[0].split()[1]) < 5
+    assert 'appliance_wake_queue_depth{state="queued"} 0' in metrics.text
     import httpx
 
     async with httpx.AsyncClient(transport=d.client._transport, base_url="http://127.0.0.1:7777") as anonymous:
