@@ -9,6 +9,7 @@
     gateway.py   `gateway`: enrollment, delegation and delivery through the local APNs gateway
     marmot.py    `marmot-join`: the draft multi-device External Commit in a group of N
     mls.py       `mls`: the MLS core (add members, External Commit build and process)
+    crashloop.py `crashloop`: SIGKILLs at random points under load; nothing acknowledged lost, wakes once
     soak.py      `soak`: N minutes of mixed load; memory, files, loop lag, latency, queue depth over time
 
 Each module offers `add_args(parser)` and `run(args) -> int`; `BENCHMARKS` names them and
@@ -22,7 +23,7 @@ import sys
 from dataclasses import dataclass
 from types import ModuleType
 
-from appliance.bench import flood, gateway, leases, marmot, mls, relay, soak, wakes
+from appliance.bench import crashloop, flood, gateway, leases, marmot, mls, relay, soak, wakes
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,8 @@ BENCHMARKS: dict[str, Benchmark] = {
                        "p99 against a quiet relay's (target: within 2x).", flood),
     "mls": Benchmark("MLS core (cipher suite 0x0001): add N members in one Commit, build and process External "
                      "Commits in groups of each size; print the times.", mls),
+    "crashloop": Benchmark("SIGKILL the appliance N times at random points under load; after each restart check "
+                           "events, wakes (once each), leases and the database's integrity.", crashloop),
     "soak": Benchmark("Mixed load (publish, REQ, live subscriptions, lease churn, wakes to an APNs emulator) for N "
                       "minutes; sample memory, open files, loop lag, latency and queue depth into a CSV and an SVG.",
                       soak),

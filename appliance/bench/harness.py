@@ -58,6 +58,7 @@ class RelayProcess:
 
     def start(self, timeout: float = 120) -> "RelayProcess":
         env = {k: v for k, v in os.environ.items() if not k.startswith("APPLIANCE_")}
+        self._close_log()
         self._log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(self.args, stdout=self._log, stderr=subprocess.STDOUT, env=env, cwd=self.cwd)
         deadline = time.monotonic() + timeout
@@ -72,6 +73,18 @@ class RelayProcess:
         self.stop()
         raise RuntimeError(f"{self.name} did not start within {timeout:.0f} s")
 
+    def kill(self) -> None:
+        """SIGKILL: no shutdown work at all, as a crash or the OOM killer would end it."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self._close_log()
+
+    def _close_log(self) -> None:
+        if getattr(self, "_log", None):
+            self._log.close()
+            self._log = None
+
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
@@ -80,8 +93,7 @@ class RelayProcess:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-        if getattr(self, "_log", None):
-            self._log.close()
+        self._close_log()
 
 
 def appliance_command() -> list[str]:
@@ -218,8 +230,17 @@ class NostrClient:
 
         fut = asyncio.get_running_loop().create_future()
         self._oks[event_id] = fut
-        await self.ws.send('["EVENT",' + event_json + "]")
+        await self._send('["EVENT",' + event_json + "]")
         return await asyncio.wait_for(fut, timeout)
+
+    async def _send(self, text: str) -> None:
+        """Send one message; a connection that is gone raises ConnectionError, as a read would."""
+        import websockets
+
+        try:
+            await self.ws.send(text)
+        except websockets.ConnectionClosed as exc:
+            raise ConnectionError(str(exc)) from exc
 
     async def auth(self, secret: str, relay_url: str) -> tuple[bool, str]:
         from appliance.nostr.event import sign_event
@@ -228,7 +249,7 @@ class NostrClient:
 
         fut = asyncio.get_running_loop().create_future()
         self._oks[ev.id] = fut
-        await self.ws.send(json.dumps(["AUTH", ev.to_dict()]))
+        await self._send(json.dumps(["AUTH", ev.to_dict()]))
         return await asyncio.wait_for(fut, 30)
 
     async def req(self, sub_id: str, filters: list[dict], timeout: float = 30) -> tuple[list[dict], str | None]:
@@ -245,10 +266,10 @@ class NostrClient:
 
         self._subs[sub_id] = on
         try:
-            await self.ws.send(json.dumps(["REQ", sub_id, *filters]))
+            await self._send(json.dumps(["REQ", sub_id, *filters]))
             reason = await asyncio.wait_for(done, timeout)
             if reason is None:
-                await self.ws.send(json.dumps(["CLOSE", sub_id]))
+                await self._send(json.dumps(["CLOSE", sub_id]))
             return events, reason
         finally:
             self._subs.pop(sub_id, None)
@@ -257,7 +278,7 @@ class NostrClient:
         """A live subscription: `on_event(event)` for each EVENT, stored or new."""
 
         self._subs[sub_id] = lambda msg: on_event(msg[2]) if msg[0] == "EVENT" else None
-        await self.ws.send(json.dumps(["REQ", sub_id, *filters]))
+        await self._send(json.dumps(["REQ", sub_id, *filters]))
 
     async def close(self) -> None:
 
