@@ -3,7 +3,9 @@
     ApplianceError                  base of everything the appliance raises on purpose
     ├── ConfigError                 a setting is invalid: names the setting, the value and a hint
     ├── StoreError                  the database refused or is unusable
-    │   └── SchemaTooNew            the data file was written by a newer appliance
+    │   ├── SchemaTooNew            the data file was written by a newer appliance
+    │   └── StorageFull             the disk (or quota) holding the database is full: nothing of
+    │                               the write was kept; it succeeds again once space returns
     └── Rejected                    a protocol-level refusal sent to a client as OK/CLOSED/NOTICE
         │                           (`prefix: message`, prefixes from NIP-01)
         └── AlreadyStored           not a refusal: the event is stored already (NIP-01 answers
@@ -50,6 +52,13 @@ class StoreError(ApplianceError):
 
 class SchemaTooNew(StoreError):
     """The data file's schema is newer than this program understands."""
+
+
+class StorageFull(StoreError):
+    """The disk holding the database is full (SQLITE_FULL): the write was rolled back whole."""
+
+    def __init__(self, cause: BaseException | None = None):
+        super().__init__("the disk holding the database is full" + (f" ({cause})" if cause else ""))
 
 
 class Rejected(ApplianceError):

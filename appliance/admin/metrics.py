@@ -21,6 +21,7 @@ from starlette.routing import Route
 
 from appliance import __version__
 from appliance.errors import PREFIXES
+from appliance.store.meta import health_probe
 
 # Seconds the health check waits for the database before it answers 503.
 HEALTH_TIMEOUT = 5.0
@@ -56,8 +57,13 @@ class Machines:
         except Exception as exc:  # the check's whole point is to report it
             checks["database_read"] = f"failed: {type(exc).__name__}"
         try:
-            await asyncio.wait_for(self.app.store.write(lambda conn: None), HEALTH_TIMEOUT)
-            checks["database_write"] = "ok"
+            await asyncio.wait_for(self.app.store.write(health_probe(time.time())), HEALTH_TIMEOUT)
+            full_since = self.app.store.full_since
+            if full_since is not None:
+                checks["database_write"] = (f"failed: the disk is full (writes refused since "
+                                            f"{int(time.time() - full_since)} s ago)")
+            else:
+                checks["database_write"] = "ok"
         except Exception as exc:
             checks["database_write"] = f"failed: {type(exc).__name__}"
         ok = all(v == "ok" for v in checks.values())

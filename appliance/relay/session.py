@@ -10,7 +10,7 @@ import time
 import orjson
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from appliance.errors import AlreadyStored, Rejected
+from appliance.errors import AlreadyStored, Rejected, StorageFull
 from appliance.nostr.event import InvalidEvent, parse_event
 from appliance.nostr.filters import Filter, InvalidFilter, parse_filter
 from appliance.nostr.nip42 import AuthError, validate_auth_event
@@ -55,6 +55,7 @@ SEND_BATCH = 256
 
 
 STOPPING_MESSAGE = "error: the relay is restarting; try again in a moment"
+DISK_FULL_MESSAGE = "error: the relay's disk is full; nothing was stored, try again later"
 QUERY_TIMEOUT_MESSAGE = "error: this query takes too long here; narrow its filters or lower its limit"
 
 
@@ -427,6 +428,9 @@ class Session:
                 return
             except Rejected as exc:  # counted by the relay
                 self.ok(ev.id, False, exc.wire)
+                return
+            except StorageFull:  # the writer logged it; the operator frees space, the client retries
+                self.ok(ev.id, False, DISK_FULL_MESSAGE)
                 return
             except Exception:
                 log.exception("failed to store event %s", ev.id)

@@ -1,4 +1,5 @@
-"""The change counter that tells a running appliance to reload state edited out of process."""
+"""The change counter that tells a running appliance to reload state edited out of process, and the
+health check's probe row."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ import apsw
 
 SQL_BUMP_GENERATION = "UPDATE meta SET value = CAST(value AS INTEGER) + 1 WHERE name = 'config_generation'"
 SQL_GENERATION = "SELECT value FROM meta WHERE name = 'config_generation'"
+SQL_HEALTH_PROBE = ("INSERT INTO meta (name, value) VALUES ('health_probe', ?) "
+                    "ON CONFLICT (name) DO UPDATE SET value = excluded.value")
 
 
 def bump_generation(conn: apsw.Connection) -> None:
@@ -16,3 +19,15 @@ def bump_generation(conn: apsw.Connection) -> None:
 def config_generation(conn: apsw.Connection) -> int:
     row = conn.execute(SQL_GENERATION).fetchone()
     return int(row[0]) if row else 0
+
+
+def health_probe(now: float):
+    """A real one-row write for the health check (an empty transaction commits whatever happens).
+    It is marked `probe`: the writer does not take it as proof that writes fit again after the
+    disk filled up, since one small row often still fits where events do not."""
+
+    def op(conn: apsw.Connection) -> None:
+        conn.execute(SQL_HEALTH_PROBE, (f"{now:.3f}",))
+
+    op.probe = True
+    return op

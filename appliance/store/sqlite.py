@@ -675,6 +675,11 @@ class SqliteStore:
         return self._writer.run_sync(op)
 
     @property
+    def full_since(self) -> float | None:
+        """When a write last failed for lack of disk space, if none has fitted since."""
+        return self._writer.full_since if self._writer else None
+
+    @property
     def writer_stats(self) -> tuple[int, int]:
         w = self._writer
         return (w.commits, w.writes) if w else (0, 0)

@@ -6,9 +6,12 @@ import asyncio
 import logging
 import queue
 import threading
+import time
 from typing import Any, Callable, TypeVar
 
 import apsw
+
+from appliance.errors import StorageFull
 
 log = logging.getLogger("appliance.store")
 
@@ -35,6 +38,9 @@ class Writer:
         self._thread = threading.Thread(target=self._run, name="appliance-writer", daemon=True)
         self.commits = 0
         self.writes = 0
+        # When a write last failed for lack of disk space (time.time()), until a later ordinary
+        # write commits: the health check's own one-row probe often still fits, so it cannot tell.
+        self.full_since: float | None = None
         # Run on the writer thread after each batch is committed and answered (WAL upkeep).
         self.after_commit: Callable[[], None] | None = None
 
@@ -137,14 +143,19 @@ class Writer:
             conn.execute("COMMIT")
         except apsw.Error as exc:
             log.error("commit failed, %d writes rolled back: %s", len(batch), exc)
-            try:
-                conn.execute("ROLLBACK")
-            except apsw.Error:
-                pass
+            if conn.in_transaction:  # SQLite may have rolled it back already (disk full)
+                try:
+                    conn.execute("ROLLBACK")
+                except apsw.Error:
+                    pass
             outcomes = [(fut, loop, None, exc) for fut, loop, _r, _e in outcomes]
         else:
             self.commits += 1
             self.writes += len(batch)
+            if self.full_since is not None and any(
+                    exc is None and not getattr(op, "probe", False)
+                    for (op, _f, _l), (_fut, _loop, _r, exc) in zip(batch, outcomes)):
+                self.full_since = None  # an ordinary write fitted again
         self._deliver(outcomes)
         if self.after_commit is not None:
             try:
@@ -186,10 +197,14 @@ class Writer:
                 outcomes.append((fut, loop, result, None))
         return True
 
-    @staticmethod
-    def _deliver(outcomes: list) -> None:
+    def _deliver(self, outcomes: list) -> None:
         by_loop: dict[Any, list] = {}
         for fut, loop, result, exc in outcomes:
+            if isinstance(exc, apsw.FullError):  # one error the callers can name to their clients
+                self.full_since = self.full_since or time.time()
+                full = StorageFull(exc)
+                full.__cause__ = exc
+                exc = full
             if loop is None:  # run_sync waiter
                 fut(result, exc)
             else:

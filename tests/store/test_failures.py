@@ -10,7 +10,8 @@ import sys
 import apsw
 import pytest
 
-from appliance.errors import StoreError
+from appliance.errors import StorageFull, StoreError
+from appliance.store.meta import health_probe
 from appliance.store.sqlite import SqliteStore
 from tests.conftest import ROOT
 
@@ -24,9 +25,15 @@ def test_writer_survives_a_transaction_sqlite_rolled_back(tmp_path):
             conn.execute("ROLLBACK")  # what SQLite does on disk full or an I/O error mid-write
             raise apsw.FullError("database or disk is full")
 
-        with pytest.raises(apsw.FullError):
+        # A full disk is one error callers can name (StorageFull), and the store remembers it until
+        # an ordinary write fits again (the health check's probe row does not count).
+        with pytest.raises(StorageFull) as refused:
             store.write_sync(doomed)
+        assert isinstance(refused.value.__cause__, apsw.FullError) and store.full_since is not None
+        store.write_sync(health_probe(0.0))
+        assert store.full_since is not None
         store.write_sync(lambda conn: conn.execute("INSERT INTO t VALUES (2)"))
+        assert store.full_since is None
         assert store.read_sync(lambda conn: conn.execute("SELECT x FROM t").fetchall()) == [(2,)]
 
 
