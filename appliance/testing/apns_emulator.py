@@ -20,6 +20,8 @@ What it checks, in Apple's order of concern (status and reason as Apple document
     empty body / body over 4096 bytes              400 PayloadEmpty / 413 PayloadTooLarge
     behaviour forced for the token (`behave`,      whatever the test asked, optionally with
       or a sequence of answers: `script`)          Retry-After and a delay
+    a connection fault forced (`disrupt`)          no answer: GOAWAY (the request unprocessed)
+                                                   or the TCP connection reset
     token unregistered (`unregister`)              410 Unregistered with its timestamp (ms)
     otherwise                                      200; apns-unique-id too in the sandbox
 
@@ -51,6 +53,7 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 import h2.config
+import h2.errors
 import h2.connection
 import h2.events
 import h2.exceptions
@@ -147,6 +150,8 @@ class ApnsEmulator:
         self._unregistered: dict[str, int] = {}
         self._forced: dict[str | None, Forced] = {}
         self._scripts: dict[str, list[tuple[int, str | None]]] = {}
+        self._disruptions: list[str] = []
+        self.disrupted = 0  # requests left unanswered by `disrupt`
         self._expired_jwts: set[str] = set()
         self._last_jwt: dict[str, tuple[str, float]] = {}  # key id -> (jwt, first seen)
         self._verified: dict[str, tuple[str, int]] = {}  # jwt -> (key id, iat): verify each JWT once
@@ -205,6 +210,19 @@ class ApnsEmulator:
         """Answer the next requests for `token` with these (status, reason) in turn, then normally."""
         with self._lock:
             self._scripts[token] = list(answers)
+
+    def disrupt(self, kind: str, times: int = 1) -> None:
+        """The next `times` requests get no answer: `goaway` sends GOAWAY (NO_ERROR, Apple's
+        `{"reason": "Shutdown"}`, the request's stream past the last one processed) and closes the
+        connection; `reset` aborts the TCP connection (RST) mid-request."""
+        if kind not in ("goaway", "reset"):
+            raise ValueError(f"unknown disruption {kind!r}")
+        with self._lock:
+            self._disruptions.extend([kind] * times)
+
+    def _take_disruption(self) -> str | None:
+        with self._lock:
+            return self._disruptions.pop(0) if self._disruptions else None
 
     def clear(self, token: str | None = None) -> None:
         with self._lock:
@@ -556,6 +574,18 @@ class _Connection(asyncio.Protocol):
         if stream is None:
             return
         raw_headers, body = stream
+        fault = self.emulator._take_disruption()
+        if fault is not None:
+            self.emulator.disrupted += 1
+            if fault == "goaway":
+                self.h2.close_connection(error_code=h2.errors.ErrorCodes.NO_ERROR,
+                                         additional_data=b'{"reason":"Shutdown"}',
+                                         last_stream_id=max(0, stream_id - 2))
+                self.transport.write(self.h2.data_to_send())
+                self.transport.close()
+            else:
+                self.transport.abort()
+            return
         pseudo = {k: v for k, v in raw_headers if k.startswith(":")}
         headers = [(k.lower(), v) for k, v in raw_headers if not k.startswith(":")]
         answer, record = self.emulator.answer(pseudo.get(":method", ""), pseudo.get(":path", ""), headers,
