@@ -217,7 +217,9 @@ def insert_job(conn: apsw.Connection, *, job_id: str, origin: int, app_profile: 
         state, wake_id, due = "coalesced", pending[0], now
     else:
         row = conn.execute(SQL_LAST_SENT, key).fetchone()
-        state, wake_id, due = "pending", None, now if row is None else max(now, row[0] + min_interval)
+        # A last send "in the future" means the wall clock went back since: count it as sent now,
+        # so the cap spaces wakes by `min_interval` and never holds one for the size of the jump.
+        state, wake_id, due = "pending", None, now if row is None else max(now, min(row[0], now) + min_interval)
         if claim_for is not None and due <= now:
             state, due = "claimed", now + claim_for
     conn.execute(SQL_INSERT_JOB, (job_id, origin, app_profile, transport, endpoint_hash, event_id, lease_pubkey,
