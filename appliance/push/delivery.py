@@ -59,6 +59,9 @@ MAX_BACKOFF = 600.0
 CONFIGURATION_RETRY = 60.0
 # Longest a claimer sleeps with nothing due, in case a nudge was missed (seconds).
 IDLE_POLL = 5.0
+# Seconds the wall clock may fall behind the monotonic clock between two cycles before we call it
+# a step back and move waiting wakes: NTP's slewing stays far below it; smaller steps barely delay.
+CLOCK_STEP_TOLERANCE = 2.0
 
 
 
@@ -101,12 +104,15 @@ class Delivery:
     """The delivery workers of the push executor."""
 
     def __init__(self, store, *, transport_for: Callable[[int, str], Transport | None], authorize: Authorize,
-                 settings: DeliverySettings, clock: Callable[[], float] = time.time):
+                 settings: DeliverySettings, clock: Callable[[], float] = time.time,
+                 monotonic: Callable[[], float] = time.monotonic):
         self.store = store
         self.transport_for = transport_for
         self.authorize = authorize
         self.settings = settings
         self.clock = clock
+        self.monotonic = monotonic
+        self._clocks: tuple[float, float] | None = None  # (wall, monotonic) at the last cycle
         self._wakeup = asyncio.Event()
         self._inflight: set[asyncio.Task] = set()
         self._queue: asyncio.Queue = asyncio.Queue()
@@ -455,8 +461,23 @@ class Delivery:
             await asyncio.gather(*workers, return_exceptions=True)
             self._inflight.difference_update(workers)
 
+    async def _follow_clock(self) -> None:
+        """Due times are wall-clock times (they outlive the process). When the wall clock steps
+        back (NTP, an operator), every waiting wake would wait that much longer: move them closer
+        by the step. A step forward needs nothing: waits end early, claims lapse early (the same
+        wake may go twice, with the same apns-id; spec note W11)."""
+        wall, mono = self.clock(), self.monotonic()
+        last, self._clocks = self._clocks, (wall, mono)
+        if last is None:
+            return
+        back = (mono - last[1]) - (wall - last[0])
+        if back > CLOCK_STEP_TOLERANCE:
+            moved = await self.store.write(lambda conn: wakes.shift_due(conn, back, wall))
+            log.warning("the wall clock went back %.0f s: %d waiting wakes brought forward as much", back, moved)
+
     async def _cycle(self, n: int) -> None:
         self._wakeup.clear()
+        await self._follow_clock()
         queued = self._queue.qsize()
         room = 2 * n - queued - self._busy
         timeout = IDLE_POLL

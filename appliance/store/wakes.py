@@ -118,6 +118,7 @@ SQL_EXTEND_CLAIMS = (
     "UPDATE wake_jobs SET due_at = ? WHERE id IN (SELECT value FROM json_each(?)) AND state = 'claimed'"
 )
 SQL_RESCHEDULE = "UPDATE wake_jobs SET state = 'pending', due_at = ?, last_error = ? WHERE id = ?"
+SQL_SHIFT_DUE = "UPDATE wake_jobs SET due_at = due_at - ? WHERE state IN ('pending', 'claimed') AND due_at > ?"
 SQL_CANCEL_LEASE = (
     "UPDATE wake_jobs SET state = 'cancelled', finished_at = ?, last_error = ? "
     "WHERE origin = ? AND lease_pubkey = ? AND lease_d = ? AND state IN ('pending', 'coalesced') RETURNING id"
@@ -308,6 +309,13 @@ def extend_claims(conn: apsw.Connection, job_ids: list[str], until: float) -> No
 def count_attempt(conn: apsw.Connection, job_id: str) -> None:
     """One more provider attempt against the job's budget (configuration faults are not counted)."""
     conn.execute(SQL_COUNT_ATTEMPT, (job_id,))
+
+
+def shift_due(conn: apsw.Connection, seconds: float, now: float) -> int:
+    """The wall clock went back `seconds`: bring waiting wakes (retries, rate-capped, claims) that
+    many seconds closer, so each waits as long as it would have; the number moved."""
+    conn.execute(SQL_SHIFT_DUE, (seconds, now))
+    return conn.changes()
 
 
 def reschedule(conn: apsw.Connection, job_id: str, due_at: float, error: str | None) -> None:

@@ -82,3 +82,30 @@ async def test_clock_jumps_forward_and_back(tmp_path, clock):
         assert db.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
     finally:
         db.close()
+
+
+async def test_a_retry_due_when_the_clock_went_back_is_not_held_for_the_jump(tmp_path, clock):
+    """A wake waiting to be retried (due 3 s later) when the wall clock steps back 10 minutes
+    goes about 3 s later still, not 10 minutes and 3 s later."""
+    apns = Apns(tmp_path).start()
+    server = Server(tmp_path / "data", "--lease-workers", "0", env=clock.env,
+                    config=delivery_config(apns, settings={"wake_retry_delay": 3.0})).start()
+    opened = []
+    try:
+        alice = await Pusher.connect(server)
+        bob = await Pusher.connect(server)
+        opened += [alice, bob]
+        tok = token()
+        await bob.lease(tok, subscriptions=[p_sub(bob)])
+        apns.emulator.behave(tok, 503, "ServiceUnavailable", times=1)
+        ev = await alice.publish(9, [["p", bob.pubkey]])
+        await wait_until(lambda: jobs(server, event_id=ev.id)[0]["attempts"] == 1, timeout=20)
+        clock(-600)
+        await wait_until(lambda: jobs(server, event_id=ev.id)[0]["state"] == "delivered", timeout=20)
+        (job,) = jobs(server, event_id=ev.id)
+        assert [r.header("apns-id") for r in apns.emulator.accepted(tok)] == [job["id"]]
+    finally:
+        for p in opened:
+            await p.client.close()
+        server.stop()
+        apns.stop()
