@@ -15,6 +15,8 @@ import asyncio
 import hmac
 import time
 
+import apsw
+
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
@@ -97,6 +99,8 @@ class Machines:
             ("appliance_uptime_seconds", "Seconds since the appliance started.", "gauge",
              [({}, round(time.time() - app.started_at, 1))]),
             ("appliance_origins", "Origins (communities) served.", "gauge", [({}, len(origins))]),
+            ("appliance_sqlite_memory_bytes", "Memory SQLite holds now (page caches of the writer and the "
+             "readers, statements), of the process's resident memory.", "gauge", [({}, apsw.memory_used())]),
             ("appliance_event_loop_lag_seconds", "Largest delay of the event loop's timer ticks since the last "
              "scrape (how long a ready task may wait to run).", "gauge",
              [({}, round(self.admin.loop_lag.worst(), 4))]),

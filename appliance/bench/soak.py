@@ -58,7 +58,7 @@ from appliance.bench.harness import (
 from appliance.bench.wakes import ORIGIN, PROFILE, Emulator, config_text
 
 METRICS_TOKEN = "soak-" + secrets.token_hex(8)
-COLUMNS = ("elapsed_s", "rss_mb", "open_files", "loop_lag_ms", "queue_depth", "db_mb", "connections",
+COLUMNS = ("elapsed_s", "rss_mb", "sqlite_mb", "open_files", "loop_lag_ms", "queue_depth", "db_mb", "connections",
            "published", "ok_p50_ms", "ok_p99_ms", "reqs", "req_p50_ms", "req_p99_ms", "wakes", "wake_p50_ms",
            "wake_p99_ms", "live_received", "errors")
 
@@ -331,6 +331,7 @@ class Soak:
 
         return {
             "elapsed_s": round(time.monotonic() - t0, 1), "rss_mb": round(rss_mb(pid), 1),
+            "sqlite_mb": round(m.get("appliance_sqlite_memory_bytes", float("nan")) / 1e6, 1),
             "open_files": open_files(pid),
             "loop_lag_ms": round(m.get("appliance_event_loop_lag_seconds", float("nan")) * 1000, 2),
             "queue_depth": int(m.get('appliance_wake_queue_depth{state="queued"}', -1)),
@@ -359,7 +360,7 @@ def log_errors(path: Path, offset: int) -> tuple[int, list[str]]:
 # -- the plot ------------------------------------------------------------------------------------------
 
 PANELS = (
-    ("Resident memory (MB)", ("rss_mb",)),
+    ("Resident memory, and SQLite's share of it (MB)", ("rss_mb", "sqlite_mb")),
     ("Open files", ("open_files",)),
     ("Event-loop lag, worst per interval (ms)", ("loop_lag_ms",)),
     ("Latency p99 (ms)", ("ok_p99_ms", "req_p99_ms", "wake_p99_ms")),
@@ -511,7 +512,7 @@ async def drive(soak: Soak, url: str, port: int, emu: Emulator, pid: int, data: 
             rows.append(row)
             writer.writerow(row)
             fh.flush()
-            info(f"  {row['elapsed_s'] / 60:5.1f} min  rss {row['rss_mb']} MB  files {row['open_files']}  "
+            info(f"  {row['elapsed_s'] / 60:5.1f} min  rss {row['rss_mb']} MB (sqlite {row['sqlite_mb']})  files {row['open_files']}  "
                  f"lag {row['loop_lag_ms']} ms  queue {row['queue_depth']}  ok p99 {row['ok_p99_ms']} ms  "
                  f"wake p99 {row['wake_p99_ms']} ms  errors {row['errors']}")
         soak.stopping = True
@@ -578,7 +579,7 @@ def run(args: argparse.Namespace) -> int:
           f"delivered; {sum(r['reqs'] for r in rows):,} REQs; {soak.live_received:,} of {soak.live_expected:,} "
           "live deliveries")
     print("  column       first third   last third  max            slope (whole run)   settled halves")
-    for col, unit in (("rss_mb", "MB"), ("open_files", ""), ("loop_lag_ms", "ms"), ("queue_depth", ""),
+    for col, unit in (("rss_mb", "MB"), ("sqlite_mb", "MB"), ("open_files", ""), ("loop_lag_ms", "ms"), ("queue_depth", ""),
                       ("ok_p99_ms", "ms"), ("req_p99_ms", "ms"), ("wake_p99_ms", "ms"), ("db_mb", "MB")):
         a, b = thirds(rows, col)
         vals = [v for r in rows if (v := _num(r.get(col))) is not None]

@@ -278,6 +278,7 @@ async def test_health_and_metrics(signed_in, tmp_path):
     lag = [ln for ln in metrics.text.splitlines() if ln.startswith("appliance_event_loop_lag_seconds ")]
     assert len(lag) == 1 and 0 <= float(lag[0].split()[1]) < 5
     assert 'appliance_wake_queue_depth{state="queued"} 0' in metrics.text
+    assert "# TYPE appliance_sqlite_memory_bytes gauge" in metrics.text
     import httpx
 
     async with httpx.AsyncClient(transport=d.client._transport, base_url="http://127.0.0.1:7777") as anonymous:
