@@ -111,7 +111,8 @@ class Soak:
         self.wakes_delivered = 0
         self.live_expected = 0  # kind-1 events acknowledged x subscribers
         self.live_received = 0
-        self.stopping = False
+        self.stopping = False  # the publishers, the reader and the churner stop
+        self.unsubscribing = False  # then, once what they published arrived, the live subscribers
         self.users: list[tuple[str, str, str]] = []  # (secret, pubkey, token) of the wake users
         self.wake_tokens: set[str] = set()
         self.unmatched: list[tuple[float, str]] = []  # wakes received before their event's OK was read
@@ -217,7 +218,7 @@ class Soak:
 
         await c.subscribe(f"live{n}", [{"kinds": [1], "#t": ["soak"], "since": int(time.time())}], on_event)
         try:
-            while not self.stopping:
+            while not self.unsubscribing:
                 await asyncio.sleep(0.5)
                 if c.closed:
                     self.error("live subscription dropped")
@@ -483,8 +484,9 @@ async def drive(soak: Soak, url: str, port: int, emu: Emulator, pid: int, data: 
     exec_key = executor_key(port)
     await soak.lease_wake_users(url, exec_key)
     info(f"  {len(soak.users)} users leased; load for {args.minutes:g} minutes, a sample every {args.interval:g} s")
-    tasks = [asyncio.create_task(soak.subscriber(url, n)) for n in range(args.subscribers)]
+    subscribers = [asyncio.create_task(soak.subscriber(url, n)) for n in range(args.subscribers)]
     await asyncio.sleep(0.5)  # the live subscriptions are in place before anything is published
+    tasks = list(subscribers)
     tasks += [asyncio.create_task(soak.publisher(url, n)) for n in range(args.publishers)]
     tasks += [asyncio.create_task(soak.reader(url)), asyncio.create_task(soak.churner(url, exec_key))]
     rows: list[dict] = []
@@ -516,14 +518,20 @@ async def drive(soak: Soak, url: str, port: int, emu: Emulator, pid: int, data: 
                  f"lag {row['loop_lag_ms']} ms  queue {row['queue_depth']}  ok p99 {row['ok_p99_ms']} ms  "
                  f"wake p99 {row['wake_p99_ms']} ms  errors {row['errors']}")
         soak.stopping = True
-        await asyncio.wait(tasks, timeout=60)
-        # Let the last wakes and live events arrive, then count what never did.
+        others = [t for t in tasks if t not in subscribers]
+        if others:
+            await asyncio.wait(others, timeout=60)
+        # Let the last wakes and live events arrive (the subscribers stay until then), then count
+        # what never did.
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             offset = soak.read_wakes(emu, offset)
             if soak.wakes_delivered >= soak.wakes_expected and soak.live_received >= soak.live_expected:
                 break
             await asyncio.sleep(0.5)
+        soak.unsubscribing = True
+        if subscribers:
+            await asyncio.wait(subscribers, timeout=30)
     await http.aclose()
     missing = soak.wakes_expected - soak.wakes_delivered
     for _ in range(max(0, missing)):
