@@ -37,6 +37,10 @@ from appliance.store.sqlite import SqliteStore
 log = logging.getLogger("appliance.relay")
 
 AUTH_KIND = 22242
+# REQs whose filters ask for at most this many events in all may be answered on the event loop's
+# thread (see appliance.store.sqlite.INLINE_MAX_STEPS): building a larger answer there would hold
+# every other connection up.
+INLINE_MAX_EVENTS = 100
 
 Admission = Callable[[Origin, "str | None", Event, Callable[[Event], Awaitable[bool]]], Awaitable[dict]]
 StoredCallback = Callable[[Origin, Event], Awaitable[None]]
@@ -285,10 +289,14 @@ class Relay:
             return render(query_rows(conn, origin_id, filters, scope, now, default_limit=s.default_limit,
                                      max_limit=s.max_limit, max_bytes=s.max_query_bytes, raw_bytes=raw_bytes))
 
-        return self.store.read_then(read, done, timeout=s.query_timeout, owner=owner)
+        # A REQ asking for a few events may be answered on the loop's own thread (the store bounds
+        # the SQL work; building the answer is bounded by this many events).
+        wanted = sum(min(f.limit if f.limit is not None else s.default_limit, s.max_limit) for f in filters)
+        return self.store.read_then(read, done, timeout=s.query_timeout, owner=owner,
+                                    inline=wanted <= INLINE_MAX_EVENTS)
 
     async def count(self, origin: Origin, reader: str | None, filters: list[Filter], owner: object = None) -> int:
         scope = read_scope(origin, reader, self.groups)
         now = int(time.time())
         return await self.store.read(lambda conn: count_events(conn, origin.id, filters, scope, now),
-                                     timeout=self.settings.query_timeout, owner=owner)
+                                     timeout=self.settings.query_timeout, owner=owner, inline=True)

@@ -7,6 +7,7 @@ one 10 ms time slice on any machine, so the assertions are about order, not abou
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import pytest
 
@@ -165,3 +166,60 @@ async def test_an_evicted_read_without_a_budget_is_abandoned_cleanly(store):
     with pytest.raises(QueryTimeout):
         await hog
     assert await bystander == 42
+
+
+class Owner:
+    """An owner as a websocket session is one: weakly referenceable (the pool remembers, per
+    owner, whether its reads skip the loop)."""
+
+
+def noting_thread(fn, seen: list):
+    loop_thread = threading.get_ident()
+
+    def run(conn):
+        seen.append("loop" if threading.get_ident() == loop_thread else "reader")
+        return fn(conn)
+
+    return run
+
+
+async def test_a_short_read_runs_on_the_loop_a_long_one_on_a_reader(store):
+    """Inline: a short read runs on the loop's thread and `done` comes in a later callback; one too
+    long for the loop is abandoned there and done by a reader thread, and that owner's next reads
+    go to the reader threads too (another owner's do not)."""
+    pool = store._pool
+    owner, other = Owner(), Owner()
+    seen: list[str] = []
+    answer = asyncio.get_running_loop().create_future()
+    store.read_then(noting_thread(short_read, seen), lambda r, e: answer.set_result((r, e)), owner=owner,
+                    inline=True)
+    assert not answer.done()  # never from within the call
+    assert await answer == (42, None)
+    assert seen == ["loop"] and pool.inline_reads == 1
+    assert await store.read(noting_thread(long_read, seen), owner=owner, inline=True) == 3000000
+    assert seen[1:] == ["loop", "reader"] and pool.inline_abandoned == 1
+    assert await store.read(noting_thread(short_read, seen), owner=owner, inline=True) == 42
+    assert await store.read(noting_thread(short_read, seen), owner=other, inline=True) == 42
+    assert seen[3:] == ["reader", "loop"]
+
+
+async def test_an_owner_with_a_read_started_does_not_read_on_the_loop(store):
+    """Inline reads keep the per-owner limit: an owner with a read on a reader thread (or any read
+    waiting for one) gets its next read done there too."""
+    pool = store._pool
+    owner = Owner()
+    seen: list[str] = []
+    slow = asyncio.ensure_future(store.read(long_read, owner=owner))
+    while pool.active == 0:
+        await asyncio.sleep(0.001)
+    assert await store.read(noting_thread(short_read, seen), owner=owner, inline=True) == 42
+    await slow
+    assert seen == ["reader"] and pool.inline_reads == 0
+
+
+async def test_an_inline_read_failing_reports_its_error(store):
+    failed = asyncio.get_running_loop().create_future()
+    store.read_then(lambda conn: conn.execute("SELECT * FROM no_such_table").fetchall(),
+                    lambda r, e: failed.set_result(e), owner=Owner(), inline=True)
+    assert "no_such_table" in str(await failed)
+    assert store._pool.inline_reads == 1
