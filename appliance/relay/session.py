@@ -332,7 +332,9 @@ class Session:
             self.notice("rate-limited: too many messages, slow down")
             self.refused()
             return
-        if len(text) > s.max_message_length or len(text.encode()) > s.max_message_length:
+        # A str of n characters is at most 4n UTF-8 bytes: only long messages need encoding.
+        if len(text) > s.max_message_length or (len(text) * 4 > s.max_message_length
+                                                 and len(text.encode()) > s.max_message_length):
             self.refuse_too_large(text)
             return
         try:
