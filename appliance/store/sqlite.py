@@ -47,12 +47,15 @@ READER_IDLE_SECONDS = 5.0
 # A short read (a REQ or COUNT on an index) runs on the event loop's own thread when no other read
 # waits for a reader and its owner has none started: that saves two thread hand-offs per query
 # (futex wake-ups, GIL transfers, the loop's self-pipe), and on a busy machine two waits for a CPU,
-# most of a small REQ's latency. It is bounded in SQLite VM steps and in time: past either, it is
+# most of a small REQ's latency. It is bounded in SQLite VM steps, in the loop thread's CPU time
+# and, for reads waiting on the disk, in wall-clock time (generous: on a busy machine the loop is
+# preempted now and then, which must not throw finished work away): past any of them, it is
 # abandoned and goes to the reader threads like any other read (at most this much work is spent
 # twice), and its owner's reads go there for INLINE_COOLDOWN seconds. A 50-event #p REQ at 1M
 # stored events takes about 4,400 steps, a COUNT of 3,000 index entries about 42,000.
 INLINE_MAX_STEPS = 64_000
-INLINE_MAX_SECONDS = 0.004
+INLINE_MAX_CPU_SECONDS = 0.004
+INLINE_MAX_SECONDS = 0.025
 INLINE_CHECK_STEPS = 1_000
 INLINE_COOLDOWN = 10.0
 # The page cache of the loop's own connection, which answers most REQs: larger than a reader
@@ -764,7 +767,8 @@ class SqliteStore:
 
     def _read_inline(self, fn: Callable[[apsw.Connection], T]) -> tuple[Any, BaseException | None] | None:
         """`fn(conn)` in one read transaction on the calling (the loop's) thread's own connection,
-        abandoned past INLINE_MAX_STEPS VM steps or INLINE_MAX_SECONDS: (result, exception), or
+        abandoned past INLINE_MAX_STEPS VM steps, INLINE_MAX_CPU_SECONDS of this thread's CPU time
+        or INLINE_MAX_SECONDS: (result, exception), or
         None when abandoned (or the database was busy: this connection never waits for a lock)."""
         conn = self._inline_conn
         if conn is None:
@@ -774,13 +778,14 @@ class SqliteStore:
             with self._lock:
                 self._reader_conns.append(conn)
         steps = 0
-        clock = time.monotonic
-        start = clock()
+        clock, cpu_clock = time.monotonic, time.thread_time
+        start, cpu_start = clock(), cpu_clock()
 
         def progress() -> bool:
             nonlocal steps
             steps += INLINE_CHECK_STEPS
-            return steps > INLINE_MAX_STEPS or clock() - start > INLINE_MAX_SECONDS
+            return (steps > INLINE_MAX_STEPS or cpu_clock() - cpu_start > INLINE_MAX_CPU_SECONDS
+                    or clock() - start > INLINE_MAX_SECONDS)
 
         conn.set_progress_handler(progress, INLINE_CHECK_STEPS, id="inline")
         try:
