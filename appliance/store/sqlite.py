@@ -270,7 +270,7 @@ class ReadPool:
             if time.monotonic() < until:
                 return False
             del self._inline_until[owner]
-        outcome = self._store._read_inline(read.fn)
+        outcome = self._store._read_inline(read.fn, read.timeout)
         if outcome is None:  # too long for the loop: the reader threads do it, and its next reads
             self.inline_abandoned += 1
             self._inline_until[owner] = time.monotonic() + INLINE_COOLDOWN
@@ -765,10 +765,11 @@ class SqliteStore:
                 self._reader_conns.remove(conn)
         conn.close()
 
-    def _read_inline(self, fn: Callable[[apsw.Connection], T]) -> tuple[Any, BaseException | None] | None:
+    def _read_inline(self, fn: Callable[[apsw.Connection], T],
+                     timeout: float | None = None) -> tuple[Any, BaseException | None] | None:
         """`fn(conn)` in one read transaction on the calling (the loop's) thread's own connection,
         abandoned past INLINE_MAX_STEPS VM steps, INLINE_MAX_CPU_SECONDS of this thread's CPU time
-        or INLINE_MAX_SECONDS: (result, exception), or
+        or INLINE_MAX_SECONDS (or `timeout`, the read's own budget, when smaller): (result, exception), or
         None when abandoned (or the database was busy: this connection never waits for a lock)."""
         conn = self._inline_conn
         if conn is None:
@@ -780,12 +781,13 @@ class SqliteStore:
         steps = 0
         clock, cpu_clock = time.monotonic, time.thread_time
         start, cpu_start = clock(), cpu_clock()
+        wall = INLINE_MAX_SECONDS if timeout is None else min(INLINE_MAX_SECONDS, timeout)
 
         def progress() -> bool:
             nonlocal steps
             steps += INLINE_CHECK_STEPS
             return (steps > INLINE_MAX_STEPS or cpu_clock() - cpu_start > INLINE_MAX_CPU_SECONDS
-                    or clock() - start > INLINE_MAX_SECONDS)
+                    or clock() - start > wall)
 
         conn.set_progress_handler(progress, INLINE_CHECK_STEPS, id="inline")
         try:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
 import pytest
 
@@ -223,3 +224,18 @@ async def test_an_inline_read_failing_reports_its_error(store):
                     lambda r, e: failed.set_result(e), owner=Owner(), inline=True)
     assert "no_such_table" in str(await failed)
     assert store._pool.inline_reads == 1
+
+
+def napping_read(conn):
+    """About 200 naps of ~0.1 ms: little CPU, few VM steps, 15-30 ms on the clock."""
+    conn.create_scalar_function("nap", lambda: time.sleep(0.0001) or 1)
+    return conn.execute("WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < 200) "
+                        "SELECT sum(nap()) FROM c").fetchone()[0]
+
+
+async def test_an_inline_read_keeps_a_smaller_time_budget(store):
+    """A read whose own budget is below the loop's bounds leaves the loop (at its budget, or at
+    the loop's bound, whichever comes first) and times out as any read does: QueryTimeout."""
+    with pytest.raises(QueryTimeout):
+        await store.read(napping_read, timeout=0.004, owner=Owner(), inline=True)
+    assert store._pool.inline_abandoned == 1
