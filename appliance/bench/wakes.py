@@ -171,7 +171,7 @@ def preload(data_dir: Path, config: Path, *, users: int, devices: int, channels:
     from appliance.nostr.event import Event
     from appliance.push.acceptance import check_lease_stateless
     from appliance.push.config import build_descriptor
-    from appliance.push.descriptor import CLASS_RANK, ExecutorKey
+    from appliance.push.descriptor import ExecutorKey
     from appliance.push.state import apply_lease
     from appliance.settings import load
     from appliance.store import wakes
@@ -199,8 +199,7 @@ def preload(data_dir: Path, config: Path, *, users: int, devices: int, channels:
                     if lease is not None and ev.kind == 30350:
                         apply_lease(conn, origin.id, lease, desc.limits, now)
                     if job is not None:
-                        wakes.insert_job(conn, **job, now=time.time(), useful_age=3600, min_interval=0,
-                                         rank=CLASS_RANK)
+                        wakes.insert_job(conn, **job, now=time.time(), useful_age=3600, min_interval=0)
             store.write_sync(op)
             batch.clear()
 

@@ -197,7 +197,7 @@ class Delivery:
         out: list[Wake] = []
         due = wakes.due_wakes_checked(conn, now, limit)
         members = wakes.members_checked(conn, [job.id for job, *_ in due])
-        claims: list[tuple[WakeJob, str]] = []
+        claims: list[WakeJob] = []
         alive: list[str] = []
         for job, lease, raw, ev_expiration in due:
             if job.state == "claimed" and job.id in self._held:
@@ -235,9 +235,10 @@ class Delivery:
                 wakes.set_state(conn, job.id, "dropped", now, own_reason)
                 self.stats["dropped"] += 1
                 continue
-            # The wake keeps this job's id (its apns-id) even when only jobs coalesced into it remain.
+            # The wake keeps this job's id (its apns-id) even when only jobs coalesced into it remain;
+            # its class is the highest among the matches that pass now (each job keeps its own).
             cls = max((m.cls for m in passing), key=CLASS_RANK.__getitem__)
-            claims.append((job, cls))
+            claims.append(job)
             out.append(Wake(job, endpoint, cls, job.attempts + 1, lease_until=until))
         if claims:
             wakes.claim_wakes(conn, claims, now, self.settings.visibility)

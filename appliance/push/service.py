@@ -33,7 +33,7 @@ from . import keys as keystore
 from . import state
 from .config import build_descriptor, check_push_fits_relay
 from .delivery import Delivery, DeliverySettings
-from .descriptor import CLASS_RANK, LEASE_KIND, Descriptor, descriptor_to_json
+from .descriptor import LEASE_KIND, Descriptor, descriptor_to_json
 from .errors import LeaseRejected, reason_message
 from .matcher import Authorize, Matcher
 from .profiles import ProfileTransports
@@ -229,7 +229,7 @@ class Push:
                 conn, job_id=job_id, origin=origin, app_profile=m.app_profile, transport=m.transport,
                 endpoint_hash=m.endpoint_hash, event_id=ev.id, lease_pubkey=m.pubkey, lease_d=m.d,
                 generation=m.generation, cls=m.cls, now=now, useful_age=self.settings.useful_age,
-                min_interval=self.settings.min_interval, rank=CLASS_RANK,
+                min_interval=self.settings.min_interval,
                 claim_for=self.settings.visibility if fast else None)
             if state_ == "claimed":
                 fresh.append(self.delivery.fresh_wake(job_id, origin, ev.id, m, now))

@@ -62,10 +62,9 @@ SQL_INSERT_JOB = (
     "ON CONFLICT (origin, app_profile, transport, endpoint_hash, event_id) DO NOTHING"
 )
 SQL_PENDING_WAKE = (
-    "SELECT id, class FROM wake_jobs WHERE origin = ? AND app_profile = ? AND transport = ? AND endpoint_hash = ? "
+    "SELECT id FROM wake_jobs WHERE origin = ? AND app_profile = ? AND transport = ? AND endpoint_hash = ? "
     "AND state = 'pending' LIMIT 1"
 )
-SQL_RAISE_CLASS = "UPDATE wake_jobs SET class = ? WHERE id = ?"
 SQL_LAST_SENT = (
     "SELECT last_sent_at FROM wake_endpoints WHERE origin = ? AND app_profile = ? AND transport = ? "
     "AND endpoint_hash = ?"
@@ -98,7 +97,7 @@ SQL_MEMBERS_CHECKED = _CHECK_COLUMNS.format(indexed="INDEXED BY wake_jobs_wake")
     "WHERE j.wake_id IN (SELECT value FROM json_each(?)) AND j.state = 'coalesced'"
 )
 SQL_JOB_CHECKED = _CHECK_COLUMNS.format(indexed="") + "WHERE j.id = ?"
-SQL_CLAIM = "UPDATE wake_jobs SET state = 'claimed', due_at = ?, class = ? WHERE id = ?"
+SQL_CLAIM = "UPDATE wake_jobs SET state = 'claimed', due_at = ? WHERE id = ?"
 # Claims given back by a stopping process: due again at once (an outcome recorded meanwhile wins).
 SQL_COUNT_ATTEMPT = "UPDATE wake_jobs SET attempts = attempts + 1 WHERE id = ?"
 SQL_SET_STATE = "UPDATE wake_jobs SET state = ?, finished_at = ?, last_error = ? WHERE id = ?"
@@ -201,12 +200,11 @@ def redact_lease(pubkey: str, d: str) -> str:
 
 def insert_job(conn: apsw.Connection, *, job_id: str, origin: int, app_profile: str, transport: str,
                endpoint_hash: str, event_id: str, lease_pubkey: str, lease_d: str, generation: int, cls: str,
-               now: float, useful_age: float, min_interval: float, rank: dict[str, int],
-               claim_for: float | None = None) -> str | None:
+               now: float, useful_age: float, min_interval: float, claim_for: float | None = None) -> str | None:
     """Write the job of one (endpoint, event) match; the state it got, None if it already existed.
 
-    Coalescing: if the endpoint already has a pending wake, this job joins it (`coalesced`) and
-    raises its class if this match's is higher; otherwise it is a new pending wake, due at once or,
+    Coalescing: if the endpoint already has a pending wake, this job joins it (`coalesced`);
+    otherwise it is a new pending wake, due at once or,
     under the per-endpoint rate cap, `min_interval` after the last wake sent to the endpoint.
     With `claim_for` (seconds), a new wake that is due at once is written already claimed for
     that long, and its send noted for the rate cap: the caller hands it to a worker itself after
@@ -229,8 +227,6 @@ def insert_job(conn: apsw.Connection, *, job_id: str, origin: int, app_profile: 
         return None  # the same event matched this endpoint before: one job, not two
     if state == "claimed":
         conn.execute(SQL_NOTE_SENT, (*key, now))
-    if pending is not None and rank[cls] > rank[pending[1]]:
-        conn.execute(SQL_RAISE_CLASS, (cls, pending[0]))
     return state
 
 
@@ -270,10 +266,10 @@ def job_checked(conn: apsw.Connection, job_id: str) -> tuple | None:
     return None if row is None else _checked(row)
 
 
-def claim_wakes(conn: apsw.Connection, claims: list[tuple[WakeJob, str]], now: float, visibility: float) -> None:
-    """`claim_wake` for many (job, class) at once."""
-    conn.executemany(SQL_CLAIM, [(now + visibility, cls, job.id) for job, cls in claims])
-    conn.executemany(SQL_NOTE_SENT, [(*job.endpoint_key, now) for job, _cls in claims])
+def claim_wakes(conn: apsw.Connection, jobs: list[WakeJob], now: float, visibility: float) -> None:
+    """`claim_wake` for many at once."""
+    conn.executemany(SQL_CLAIM, [(now + visibility, job.id) for job in jobs])
+    conn.executemany(SQL_NOTE_SENT, [(*job.endpoint_key, now) for job in jobs])
 
 
 def wake_members(conn: apsw.Connection, wake_id: str) -> list[WakeJob]:
@@ -281,9 +277,11 @@ def wake_members(conn: apsw.Connection, wake_id: str) -> list[WakeJob]:
     return [_job(r) for r in conn.execute(SQL_MEMBERS, (wake_id,))]
 
 
-def claim_wake(conn: apsw.Connection, job: WakeJob, cls: str, now: float, visibility: float) -> None:
-    """Mark a wake as being sent (until now + visibility) and note the send for the rate cap."""
-    conn.execute(SQL_CLAIM, (now + visibility, cls, job.id))
+def claim_wake(conn: apsw.Connection, job: WakeJob, now: float, visibility: float) -> None:
+    """Mark a wake as being sent (until now + visibility) and note the send for the rate cap.
+    (The wake's class is not written: each job keeps its own match's class, and a wake's class is
+    the highest among the jobs that pass the re-check before each attempt.)"""
+    conn.execute(SQL_CLAIM, (now + visibility, job.id))
     conn.execute(SQL_NOTE_SENT, (*job.endpoint_key, now))
 
 

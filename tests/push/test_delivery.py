@@ -12,7 +12,6 @@ import pytest
 from appliance.nostr.event import sign_event
 from appliance.nostr.keys import generate_secret, public_key
 from appliance.push.delivery import MAX_BACKOFF, Delivery, DeliverySettings, backoff
-from appliance.push.descriptor import CLASS_RANK
 from appliance.store import wakes
 from appliance.store.sqlite import SqliteStore
 from appliance.transports.apns import APNS_HOSTS, ApnsProfile
@@ -49,7 +48,7 @@ def seed(store, *, active=1, expiration=NOW + 3600, invalidated=None, generation
                      "VALUES (1, ?, ?, ?, 9, ?, ?)", (ev.id, ev.pubkey, ev.created_at, ev.to_json(), event_expiration))
         wakes.insert_job(conn, job_id=JOB_ID, origin=1, app_profile="ios", transport="apns", endpoint_hash=ep_hash,
                          event_id=ev.id, lease_pubkey=BOB, lease_d="d1", generation=1, cls="default", now=NOW,
-                         useful_age=3600, min_interval=0, rank=CLASS_RANK)
+                         useful_age=3600, min_interval=0)
         if expires_at is not None:
             conn.execute("UPDATE wake_jobs SET expires_at = ? WHERE id = ?", (expires_at, JOB_ID))
 

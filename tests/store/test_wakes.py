@@ -6,7 +6,6 @@ from __future__ import annotations
 import apsw
 import pytest
 
-from appliance.push.descriptor import CLASS_RANK
 from appliance.store import wakes
 from appliance.store.schema import MIGRATIONS
 
@@ -24,7 +23,7 @@ def conn():
 def add(conn, job_id, event_id, *, endpoint="h1", cls="default", now=T0, interval=2.0, origin=1, pubkey="a" * 64):
     return wakes.insert_job(conn, job_id=job_id, origin=origin, app_profile="ios", transport="apns",
                             endpoint_hash=endpoint, event_id=event_id, lease_pubkey=pubkey, lease_d="dd", generation=1,
-                            cls=cls, now=now, useful_age=3600, min_interval=interval, rank=CLASS_RANK)
+                            cls=cls, now=now, useful_age=3600, min_interval=interval)
 
 
 def test_one_job_per_endpoint_and_event(conn):
@@ -35,19 +34,22 @@ def test_one_job_per_endpoint_and_event(conn):
     assert sorted(j.id for j in wakes.list_jobs(conn)) == ["j1", "j3", "j4"]
 
 
-def test_matches_coalesce_into_the_pending_wake_with_the_highest_class(conn):
+def test_matches_coalesce_into_the_pending_wake_each_keeping_its_class(conn):
+    """The wake's class is chosen at each claim from the jobs that still pass (push.delivery)."""
     add(conn, "j1", "e1", cls="default")
     assert add(conn, "j2", "e2", cls="time_sensitive") == "coalesced"
     assert add(conn, "j3", "e3", cls="silent") == "coalesced"
     (wake,) = wakes.due_wakes(conn, T0, 10)
-    assert (wake.id, wake.cls) == ("j1", "time_sensitive")
-    assert {m.id for m in wakes.wake_members(conn, "j1")} == {"j2", "j3"}
+    assert (wake.id, wake.cls) == ("j1", "default")
+    assert {(m.id, m.cls) for m in wakes.wake_members(conn, "j1")} == {("j2", "time_sensitive"), ("j3", "silent")}
+    wakes.claim_wake(conn, wake, T0, visibility=60)
+    assert wakes.jobs_by_id(conn, ["j1"])["j1"].cls == "default"
 
 
 def test_the_rate_cap_delays_the_next_wake(conn):
     add(conn, "j1", "e1")
     (wake,) = wakes.due_wakes(conn, T0, 10)
-    wakes.claim_wake(conn, wake, wake.cls, T0, visibility=60)
+    wakes.claim_wake(conn, wake, T0, visibility=60)
     wakes.set_state(conn, "j1", "delivered", T0 + 0.1)
     assert add(conn, "j2", "e2", now=T0 + 0.5) == "pending"
     assert wakes.due_wakes(conn, T0 + 1.9, 10) == []
@@ -58,7 +60,7 @@ def test_the_rate_cap_delays_the_next_wake(conn):
 def test_a_lapsed_claim_is_due_again(conn):
     add(conn, "j1", "e1")
     (wake,) = wakes.due_wakes(conn, T0, 10)
-    wakes.claim_wake(conn, wake, wake.cls, T0, visibility=30)
+    wakes.claim_wake(conn, wake, T0, visibility=30)
     assert wakes.due_wakes(conn, T0 + 29, 10) == []
     (again,) = wakes.due_wakes(conn, T0 + 30, 10)
     assert again.id == "j1" and again.state == "claimed"
@@ -118,7 +120,7 @@ def _plan(conn, sql, args):
     ("SQL_DUE_CHECKED", (0.0, 10), "USING INDEX wake_jobs_due"),
     ("SQL_MEMBERS_CHECKED", ('["a"]',), "USING INDEX wake_jobs_wake"),
     ("SQL_NEXT_DUE", (), "USING INDEX wake_jobs_due"),
-    ("SQL_PENDING_WAKE", (1, "ios", "apns", "h"), "USING INDEX wake_jobs_endpoint"),
+    ("SQL_PENDING_WAKE", (1, "ios", "apns", "h"), "INDEX wake_jobs_endpoint"),  # covering
     ("SQL_CANCEL_LEASE", (0.0, "", 1, "p", "d"), "USING INDEX wake_jobs_lease"),
     ("SQL_LAST_SENT", (1, "ios", "apns", "h"), "USING PRIMARY KEY"),
 ])
