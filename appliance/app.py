@@ -375,12 +375,13 @@ def _wire_push(app: "Appliance", origins: list[Origin]) -> None:
     registry = app.relay.origins
 
     def authorize(conn, origin_id: int, reader: str, ev) -> bool:
-        """The relay's one read rule (what REQ uses), over this connection's view of the groups."""
+        """The relay's one read rule (what REQ uses), over this connection's view of the groups;
+        and an event whose author is banned here now wakes no one (docs/spec-notes.md W15)."""
         try:
             origin = registry.by_id(origin_id)
         except UnknownOrigin:
             return False
-        return can_read(origin, reader, ev, StoredGroups(conn))
+        return ev.pubkey not in origin.block and can_read(origin, reader, ev, StoredGroups(conn))
 
     def relay_secret(origin_id: int) -> str:
         secret = app.groups.keys.secret(origin_id)

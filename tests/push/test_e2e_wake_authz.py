@@ -215,3 +215,16 @@ async def test_a_coalesced_match_dropped_before_the_attempt_does_not_raise_the_w
     assert jobs(server, event_id=e2.id)[0]["last_error"] == "event not readable by the lease author"
     rows = [r for r in log_rows(server) if r["job_id"] == head["id"]]
     assert [(r["status"], r["class"]) for r in rows] == [(503, "default"), (200, "default")]
+
+
+async def test_an_event_whose_author_is_banned_before_the_attempt_wakes_no_one(server, apns, users):
+    """A ban refuses the author's new events (and closes the author's connections); what the author
+    wrote before it wakes no one either (docs/spec-notes.md W15)."""
+    alice, bob = await users(), await users()
+    tok = token()
+    await bob.lease(tok, subscriptions=[p_sub(bob)])
+    apns.emulator.behave(tok, 503, "ServiceUnavailable", retry_after=2, times=1)
+    ev = await alice.publish(9, [["p", bob.pubkey]])
+    await first_attempt_failed(server, apns, ev, tok)
+    await nip86(server, "banpubkey", alice.pubkey, "spam")
+    await dropped(server, apns, ev, tok, "event not readable by the lease author")
