@@ -6,14 +6,16 @@ claimer keeps the queue fed. Two ways in:
 
 - a wake due at once is written already claimed in the event's own transaction (`insert_job`
   with `claim_for`) and handed to the queue after that commit; its worker re-reads the committed
-  state (`_recheck`) right before the first attempt;
+  state (`_recheck_before_send`) right before the first attempt;
 - every other wake (rate-capped, retried, or left by a crash) is claimed by the claimer in a write
   transaction that, for each due wake, dead-letters it past its useful age, re-checks every job
   it covers (`_verdict`: the lease is still the effective one at its address, active, unexpired,
   at the job's generation, not invalidated, and the lease author may read the event at the job's
   origin now, by the relay's `can_read` over committed state), drops the jobs that fail, and
   marks the wake claimed until now + `wake_visibility_timeout` (a crashed process's claim lapses
-  and the wake is claimed again, with the same id) noting the send for the rate cap.
+  and the wake is claimed again, with the same id) noting the send for the rate cap; a claimed
+  wake that then waits longer than RECHECK_AFTER for a worker is re-checked again (a read) right
+  before its attempt.
 
 The attempt's outcome (transports.base) then decides, in a write transaction shared by the
 outcomes that arrive together: delivered; endpoint generation invalidated; configuration alert
@@ -27,7 +29,7 @@ import asyncio
 import logging
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import apsw
@@ -62,6 +64,9 @@ IDLE_POLL = 5.0
 # Seconds the wall clock may fall behind the monotonic clock between two cycles before we call it
 # a step back and move waiting wakes: NTP's slewing stays far below it; smaller steps barely delay.
 CLOCK_STEP_TOLERANCE = 2.0
+# A claimed wake that waited longer than this for a worker (a slow provider holds every worker)
+# is re-checked again right before its attempt: no wake is sent on an older re-check (seconds).
+RECHECK_AFTER = 0.5
 
 
 
@@ -93,6 +98,8 @@ class Wake:
     fresh: bool = False  # claimed at match time: re-checked (read only) by the worker before sending
     #: the latest expiration among the leases it wakes for: no provider holds the wake past it
     lease_until: float = float("inf")
+    #: when it was last re-checked (time.monotonic()): see RECHECK_AFTER
+    checked_at: float = field(default_factory=time.monotonic)
 
 
 def backoff(attempt: int, base: float, rng: Callable[[], float] = random.random) -> float:
@@ -184,14 +191,6 @@ class Delivery:
         if ev is None or not self.authorize(conn, job.origin, job.lease_pubkey, ev):
             return "event not readable by the lease author", None
         return None, lease
-
-    def _recheck(self, conn: apsw.Connection, job: WakeJob, now: float) -> tuple[str | None, tuple | None]:
-        """The re-check of one job against the state this connection sees now."""
-        checked = wakes.job_checked(conn, job.id)
-        if checked is None:
-            return "job gone", None
-        _job, lease, raw, ev_expiration = checked
-        return self._verdict(conn, job, lease, raw, ev_expiration, now)
 
     def claim(self, conn: apsw.Connection, now: float, limit: int) -> list[Wake]:
         out: list[Wake] = []
@@ -402,16 +401,38 @@ class Delivery:
         await asyncio.gather(*(self.deliver(w) for w in claimed))
         return len(claimed)
 
-    async def _recheck_fresh(self, wake: Wake) -> bool:
-        """The re-check right before the first attempt of a wake claimed at match time: a read of
-        committed state (the claim is already written). False: dropped."""
+    async def _recheck_before_send(self, wake: Wake) -> Wake | None:
+        """The re-check right before an attempt, a read of committed state: for a wake claimed at
+        match time (the claim is already written), and for one that waited longer than
+        RECHECK_AFTER for a worker since the claim re-checked it. The jobs that fail it are dropped;
+        None if none passes, else the wake with the class, endpoint and lease end of those that do."""
         now = self.clock()
-        reason, _ep = await self.store.read(lambda conn: self._recheck(conn, wake.job, now))
-        if reason is None:
-            return True
-        self.stats["dropped"] += 1
-        await self.store.write(lambda conn: wakes.set_state(conn, wake.job.id, "dropped", self.clock(), reason))
-        return False
+
+        def read(conn):
+            checked = wakes.job_checked(conn, wake.job.id)
+            if checked is None:
+                return [(wake.job, "job gone", None)]
+            items = [checked] + ([] if wake.fresh else wakes.members_checked(conn, [wake.job.id]).get(wake.job.id, []))
+            return [(job, *self._verdict(conn, job, lease, raw, exp, now)) for job, lease, raw, exp in items]
+
+        verdicts = await self.store.read(read)
+        passing = [(job, row) for job, reason, row in verdicts if reason is None]
+        # The wake keeps its job's id (its apns-id) even when only jobs coalesced into it pass.
+        failed = [(job, reason) for job, reason, _row in verdicts
+                  if reason is not None and not (passing and job.id == wake.job.id)]
+        if failed:
+            self.stats["dropped"] += len(failed)
+
+            def drop(conn):
+                for job, reason in failed:
+                    wakes.set_state(conn, job.id, "dropped", self.clock(), reason)
+
+            await self.store.write(drop)
+        if not passing:
+            return None
+        cls = max((job.cls for job, _row in passing), key=CLASS_RANK.__getitem__)
+        return replace(wake, cls=cls, endpoint=passing[0][1][6], lease_until=max(row[2] for _job, row in passing),
+                       checked_at=time.monotonic())
 
     async def _worker(self) -> None:
         """One delivery worker: take a claimed wake, send it, record the outcome; forever."""
@@ -422,12 +443,17 @@ class Delivery:
                 return
             self._busy += 1
             recording = False
+            send: Wake | None = wake
             try:
-                if not wake.fresh or await self._recheck_fresh(wake):
+                if wake.fresh or time.monotonic() - wake.checked_at > RECHECK_AFTER:
+                    send = await self._recheck_before_send(wake)
+                    if send is not None and self._held.get(wake.job.id) is wake:
+                        self._held[wake.job.id] = send  # held as what is sent (recorded as such)
+                if send is not None:
                     # The worker moves on once the answer is in: the outcome is recorded with
                     # the others that arrive meanwhile (the wake stays held until it is).
-                    outcome, latency = await self._attempt(wake)
-                    self._record_soon(wake, outcome, latency)
+                    outcome, latency = await self._attempt(send)
+                    self._record_soon(send, outcome, latency)
                     recording = True
             except asyncio.CancelledError:
                 raise
@@ -436,7 +462,8 @@ class Delivery:
             finally:
                 self._busy -= 1
                 self._wakeup.set()  # room to claim more
-            if not recording and self._held.get(wake.job.id) is wake:
+            held = self._held.get(wake.job.id)
+            if not recording and held is not None and (held is wake or held is send):
                 del self._held[wake.job.id]  # (not when cancelled mid-send: close() gives it back)
 
     async def run(self) -> None:

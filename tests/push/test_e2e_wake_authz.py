@@ -228,3 +228,43 @@ async def test_an_event_whose_author_is_banned_before_the_attempt_wakes_no_one(s
     await first_attempt_failed(server, apns, ev, tok)
     await nip86(server, "banpubkey", alice.pubkey, "spam")
     await dropped(server, apns, ev, tok, "event not readable by the lease author")
+
+
+async def test_a_wake_waiting_for_a_busy_worker_is_rechecked_before_its_attempt(apns, tmp_path):
+    """One delivery worker, held up by a slow provider answer: a wake claimed meanwhile waits for it,
+    and a group removal committed while it waits drops it (the re-check is not the claim's, seconds
+    old, but one made right before the attempt)."""
+    server = Server(tmp_path / "data", config=config(apns).replace("wake_min_interval = 0",
+                                                                   "wake_min_interval = 0\nwake_workers = 1")).start()
+    opened = []
+    try:
+        async def user():
+            p = await Pusher.connect(server, host="push.test")
+            opened.append(p)
+            return p
+
+        admin, alice, bob, carol = await user(), await user(), await user(), await user()
+        h = str(uuid.uuid4())
+        assert (await admin.client.publish(sign_event(admin.user.secret, 9007, [["h", h]], "")))[0]
+        assert (await admin.client.publish(sign_event(admin.user.secret, 9002, [["h", h], ["private"]], "")))[0]
+        assert (await admin.client.publish(sign_event(admin.user.secret, 9000, [["h", h], ["p", bob.pubkey]], "")))[0]
+        tb, tc = token(), token()
+        await bob.lease(tb, subscriptions=[{"filter": {"kinds": [9], "#h": [h]}, "class": "default"}])
+        await carol.lease(tc, subscriptions=[p_sub(carol)])
+        apns.emulator.behave(tb, 503, "ServiceUnavailable", retry_after=2, times=1)
+        e1 = await admin.publish(9, [["h", h]])
+        await first_attempt_failed(server, apns, e1, tb)
+        # The only worker is busy for 4 s with carol's wake while bob's retry falls due and is claimed.
+        apns.emulator.behave(tc, None, delay=4, times=1)
+        await alice.publish(9, [["p", carol.pubkey]])
+        await wait_until(lambda: jobs(server, event_id=e1.id)[0]["state"] == "claimed", timeout=5)
+        assert (await admin.client.publish(sign_event(admin.user.secret, 9001, [["h", h], ["p", bob.pubkey]], "")))[0]
+        await dropped(server, apns, e1, tb, "event not readable by the lease author")
+        assert len(apns.emulator.accepted(tc)) == 1
+        # The worker goes on with the next wake.
+        await alice.publish(9, [["p", carol.pubkey]])
+        apns.emulator.wait_for(lambda r: sum(x.token == tc and x.status == 200 for x in r) == 2)
+    finally:
+        for p in opened:
+            await p.client.close()
+        server.stop()
