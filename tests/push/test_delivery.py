@@ -167,14 +167,14 @@ def test_outcomes_recorded_together_write_what_recording_them_one_by_one_writes(
                                            ("mac", "h6")]):
             wakes.insert_job(c, job_id=f"j{i}", origin=1, app_profile=profile, transport="apns", endpoint_hash=ep,
                              event_id=f"e{i}", lease_pubkey="a" * 64, lease_d=f"d{i}", generation=1, cls="default",
-                             now=NOW, useful_age=3600, min_interval=2.0, rank=CLASS_RANK)
+                             now=NOW, useful_age=3600, min_interval=2.0)
         # a second match for h1 joins j0's wake (a coalesced member finishes with it)
         wakes.insert_job(c, job_id="m0", origin=1, app_profile="ios", transport="apns", endpoint_hash="h1",
                          event_id="e9", lease_pubkey="a" * 64, lease_d="d0", generation=1, cls="time_sensitive",
-                         now=NOW, useful_age=3600, min_interval=2.0, rank=CLASS_RANK)
+                         now=NOW, useful_age=3600, min_interval=2.0)
         wakes.raise_alert(c, 1, "mac", "BadTopic", "old", 400, NOW - 10)
         for job in wakes.due_wakes(c, NOW, 10):
-            wakes.claim_wake(c, job, job.cls, NOW, 60)
+            wakes.claim_wake(c, job, NOW, 60)
             jobs.append(job)
         return c, sorted(jobs, key=lambda j: j.id)
 
