@@ -370,7 +370,7 @@ def _wire_push(app: "Appliance", origins: list[Origin]) -> None:
     from appliance.push.profiles import ProfileTransports
     from appliance.push.service import Push
     from appliance.relay.authz import can_read
-    from appliance.relay.groups import StoredGroups
+    from appliance.store.groups import StoredGroups
 
     registry = app.relay.origins
 

@@ -125,7 +125,7 @@ class Machines:
         commits, writes = app.store.writer_stats
         metrics.append(("appliance_store_commits_total", "Write transactions committed.", "counter", [({}, commits)]))
         metrics.append(("appliance_store_writes_total", "Writes committed.", "counter", [({}, writes)]))
-        from appliance.push.state import lease_totals
+        from appliance.store.leases import lease_totals
 
         totals = await app.store.read(lambda conn: lease_totals(conn, now))
         metrics.append(("appliance_leases", "Push leases by state.", "gauge",

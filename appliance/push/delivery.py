@@ -51,7 +51,7 @@ from appliance.transports import (
 
 from .descriptor import CLASS_RANK
 from .matcher import Authorize
-from .state import invalidate_generation
+from appliance.store.leases import invalidate_generation
 
 log = logging.getLogger("appliance.push")
 

@@ -29,7 +29,7 @@ from appliance.nostr.event import Event
 from appliance.nostr.filters import Filter, matches, parse_filter
 
 from .descriptor import CLASS_RANK, Descriptor
-from .state import Candidate, candidate_leases
+from appliance.store.leases import Candidate, candidate_leases
 
 # (conn, origin id, reader pubkey, event) -> may that reader read the event at that origin now?
 Authorize = Callable[[apsw.Connection, int, str, Event], bool]

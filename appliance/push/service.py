@@ -24,7 +24,7 @@ from appliance.errors import Rejected
 from appliance.nostr import nip44
 from appliance.origins import Origin
 from appliance.push.workers import LeaseValidator
-from appliance.store import wakes
+from appliance.store import executor_keys, leases, wakes
 from appliance.store.credentials import load_apns_keys
 from appliance.store.keyfile import KeyFile
 from appliance.store.sqlite import SqliteStore
@@ -127,8 +127,8 @@ class Push:
     def maintain(self, conn: apsw.Connection, now: int) -> int:
         """Purge-loop work (inside a write transaction): expire keys, erase secrets, GC state.
         Returns how many secrets were erased (the caller then scrubs the WAL of them)."""
-        _expired, erased = keystore.expire_and_erase(conn, now)
-        state.purge(conn, now)
+        _expired, erased = executor_keys.expire_and_erase(conn, now)
+        leases.purge(conn, now)
         wakes.purge(conn, now, self.settings.log_retention)
         for op in list(self.origins.values()):
             # Keys past their acceptance window never decrypt again: drop them from memory too.

@@ -7,13 +7,11 @@ stored event, the lease row and the watermark byte-for-byte unchanged.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import apsw
 import orjson
 
 from appliance.errors import Rejected
-from appliance.store import wakes
+from appliance.store import leases
 
 from .acceptance import (
     AcceptedLease,
@@ -24,33 +22,6 @@ from .acceptance import (
 )
 from .descriptor import LEASE_KIND, Limits
 from .errors import LeaseRejected
-
-# One pass over the author's unexpired active leases at other addresses (<= max_leases_per_pubkey rows):
-# (how many, how many hold the same (app_profile, transport, endpoint_hash)).
-SQL_OTHER_ACTIVE = (
-    "SELECT count(*), coalesce(sum(app_profile = ? AND transport = ? AND endpoint_hash = ?), 0) FROM leases "
-    "WHERE origin = ? AND pubkey = ? AND active = 1 AND expiration > ? AND d != ?"
-)
-# Same shape as the store's address lookup (events_address index); at most one row per address.
-SQL_STORED_WINNER = "SELECT id, created_at FROM events WHERE origin = ? AND pubkey = ? AND kind = ? AND d = ?"
-SQL_WATERMARK = (
-    "SELECT generation, last_active_expiration, tombstone_accepted_at FROM lease_watermarks "
-    "WHERE origin = ? AND pubkey = ? AND d = ?"
-)
-SQL_UPSERT_LEASE = (
-    "INSERT OR REPLACE INTO leases (origin, pubkey, d, event_id, created_at, expiration, generation, active, "
-    "app_profile, transport, endpoint, endpoint_hash, subscriptions, exec_key_id) "
-    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
-)
-SQL_UPSERT_WATERMARK = (
-    "INSERT OR REPLACE INTO lease_watermarks (origin, pubkey, d, generation, last_active_expiration, "
-    "tombstone_accepted_at, retain_until) VALUES (?, ?, ?, ?, ?, ?, ?)"
-)
-SQL_DELETE_SELECTORS = "DELETE FROM lease_selectors WHERE origin = ? AND pubkey = ? AND d = ?"
-SQL_INSERT_SELECTOR = (
-    "INSERT OR IGNORE INTO lease_selectors (origin, selector_type, value, pubkey, d) VALUES (?, ?, ?, ?, ?)"
-)
-
 
 def _reject(exc: LeaseRejected) -> Rejected:
     return Rejected.from_wire(exc.message)
@@ -66,15 +37,13 @@ def check_stateful(conn: apsw.Connection, origin: int, lease: AcceptedLease, lim
     try:
         if lease.active:
             p = lease.plaintext
-            others, conflicts = conn.execute(
-                SQL_OTHER_ACTIVE,
-                (p.app_profile, p.transport, lease.endpoint_hash, origin, lease.pubkey, now, lease.d),
-            ).fetchone()
+            others, conflicts = leases.other_active(conn, origin, lease.pubkey, lease.d, p.app_profile, p.transport,
+                                                    lease.endpoint_hash, now)
             check_endpoint_unique(conflicts)
             check_lease_quota(others, limits)
-        rows = conn.execute(SQL_STORED_WINNER, (origin, lease.pubkey, LEASE_KIND, lease.d)).fetchall()
+        rows = leases.stored_lease_events(conn, origin, lease.pubkey, LEASE_KIND, lease.d)
         row = min(rows, key=lambda r: (-r[1], r[0])) if rows else None
-        wm = conn.execute(SQL_WATERMARK, (origin, lease.pubkey, lease.d)).fetchone()
+        wm = leases.watermark(conn, origin, lease.pubkey, lease.d)
         check_replacement(
             row[1] if row else None, row[0] if row else None, wm[0] if wm else None,
             lease.created_at, lease.event_id, lease.generation,
@@ -111,16 +80,15 @@ def apply_lease(conn: apsw.Connection, origin: int, lease: AcceptedLease, limits
 
     `watermark` is what `check_stateful` read in this transaction (saves a lookup)."""
     p = lease.plaintext
-    conn.execute(
-        SQL_UPSERT_LEASE,
+    leases.put_lease(
+        conn,
         (origin, lease.pubkey, lease.d, lease.event_id, lease.created_at, lease.expiration, p.generation,
          1 if p.active else 0,
          p.app_profile if p.active else None, p.transport if p.active else None,
          p.endpoint if p.active else None, lease.endpoint_hash if p.active else None,
          subscriptions_json(lease) if p.active else "[]", lease.exec_key_id),
     )
-    old = conn.execute(SQL_WATERMARK, (origin, lease.pubkey, lease.d)).fetchone() if watermark is _NO_WATERMARK \
-        else watermark
+    old = leases.watermark(conn, origin, lease.pubkey, lease.d) if watermark is _NO_WATERMARK else watermark
     last_active = old[1] if old else None
     tomb_at = old[2] if old else None
     if p.active:
@@ -128,196 +96,8 @@ def apply_lease(conn: apsw.Connection, origin: int, lease: AcceptedLease, limits
     else:
         tomb_at = now
     retain = watermark_retention_until(last_active, tomb_at, limits)
-    conn.execute(SQL_UPSERT_WATERMARK, (origin, lease.pubkey, lease.d, p.generation, last_active, tomb_at, retain))
+    leases.put_watermark(conn, origin, lease.pubkey, lease.d, p.generation, last_active, tomb_at, retain)
     if old is not None:  # selectors exist only where a lease (and so a watermark) was stored before
-        conn.execute(SQL_DELETE_SELECTORS, (origin, lease.pubkey, lease.d))
+        leases.delete_selectors(conn, origin, lease.pubkey, lease.d)
     if p.active:
-        conn.executemany(SQL_INSERT_SELECTOR, [(origin, t, v, lease.pubkey, lease.d) for t, v in selectors(lease)])
-
-
-def purge(conn: apsw.Connection, now: int) -> int:
-    """Drop expired lease rows (and their index) and watermarks past their retention."""
-    conn.execute(
-        "DELETE FROM lease_selectors WHERE EXISTS (SELECT 1 FROM leases l WHERE l.origin = lease_selectors.origin "
-        "AND l.pubkey = lease_selectors.pubkey AND l.d = lease_selectors.d AND l.expiration <= ?)", (now,)
-    )
-    conn.execute("DELETE FROM leases WHERE expiration <= ?", (now,))
-    n = conn.changes()
-    conn.execute("DELETE FROM lease_watermarks WHERE retain_until <= ?", (now,))
-    return n + conn.changes()
-
-
-# One statement per event: the (selector type, value) pairs the event offers, looked up in the
-# lease_selectors primary key (json_each drives the loop: CROSS JOIN keeps that order), joined to
-# the effective lease row. Cost follows the number of candidates, not the number of leases.
-SQL_CANDIDATES = (
-    "SELECT DISTINCT l.pubkey, l.d, l.event_id, l.generation, l.app_profile, l.transport, l.endpoint_hash, "
-    "l.subscriptions, l.endpoint, l.expiration FROM json_each(?) j CROSS JOIN lease_selectors s ON s.origin = ? "
-    "AND s.selector_type = j.value ->> 0 AND s.value = j.value ->> 1 "
-    "JOIN leases l ON l.origin = s.origin AND l.pubkey = s.pubkey AND l.d = s.d "
-    "WHERE l.active = 1 AND l.expiration > ? AND l.invalidated_at IS NULL"
-)
-SQL_EFFECTIVE = (
-    "SELECT generation, active, expiration, invalidated_at, app_profile, transport, endpoint, endpoint_hash "
-    "FROM leases WHERE origin = ? AND pubkey = ? AND d = ?"
-)
-SQL_INVALIDATE = (
-    "UPDATE leases SET invalidated_at = ? WHERE origin = ? AND pubkey = ? AND d = ? AND generation = ? "
-    "AND invalidated_at IS NULL"
-)
-
-
-@dataclass(frozen=True)
-class Candidate:
-    """An effective, unexpired, active lease whose selectors name something in an event."""
-
-    pubkey: str
-    d: str
-    event_id: str  # the lease event: keys the parsed-subscriptions cache
-    generation: int
-    app_profile: str
-    transport: str
-    endpoint_hash: str
-    subscriptions: str  # JSON, as `subscriptions_json` wrote it
-    endpoint: str
-    expiration: int
-
-
-def candidate_leases(conn: apsw.Connection, origin: int, author: str, p_values, h_values, now: int
-                     ) -> list[Candidate]:
-    """Leases at `origin` whose `authors`, `#p` or `#h` selectors name the event's author, one of
-    its p tags or one of its h tags (the only selectors a lease filter can narrow by)."""
-    keys = [("authors", author)] + [("p", v) for v in p_values] + [("h", v) for v in h_values]
-    rows = conn.execute(SQL_CANDIDATES, (orjson.dumps(keys).decode(), origin, now))
-    return [Candidate(*r) for r in rows]
-
-
-@dataclass(frozen=True)
-class EffectiveLease:
-    generation: int
-    active: bool
-    expiration: int
-    invalidated: bool
-    app_profile: str | None
-    transport: str | None
-    endpoint: str | None
-    endpoint_hash: str | None
-
-
-def effective_lease(conn: apsw.Connection, origin: int, pubkey: str, d: str) -> EffectiveLease | None:
-    """The effective state at a lease address now (None: no lease there any more)."""
-    row = conn.execute(SQL_EFFECTIVE, (origin, pubkey, d)).fetchone()
-    if row is None:
-        return None
-    gen, active, expiration, invalidated_at, profile, transport, endpoint, endpoint_hash = row
-    return EffectiveLease(gen, bool(active), expiration, invalidated_at is not None, profile, transport, endpoint,
-                          endpoint_hash)
-
-
-def invalidate_generation(conn: apsw.Connection, origin: int, pubkey: str, d: str, generation: int,
-                          now: float) -> bool:
-    """The transport said this generation's endpoint is dead: no wake for it until a newer
-    generation replaces the lease row (NIP-PL, Lease and Key Lifecycle: endpoint rotation)."""
-    conn.execute(SQL_INVALIDATE, (now, origin, pubkey, d, generation))
-    return conn.changes() > 0
-
-
-# -- operator views (the dashboard) ----------------------------------------------------------------
-
-LEASE_STATES = ("active", "expired", "tombstoned", "revoked", "endpoint-invalid")
-
-SQL_LEASE_COLUMNS = (
-    "SELECT origin, pubkey, d, event_id, created_at, expiration, generation, active, app_profile, transport, "
-    "endpoint_hash, subscriptions, exec_key_id, revoked_at, invalidated_at FROM leases"
-)
-# Each state as a condition (bound `now`); endpoint-invalid: the transport said this generation's
-# endpoint is dead (delivery sets invalidated_at; a newer generation clears it).
-_STATE_SQL = {
-    "active": "(active = 1 AND invalidated_at IS NULL AND expiration > ?)",
-    "expired": "(expiration <= ?)",
-    "tombstoned": "(active = 0 AND revoked_at IS NULL AND expiration > ?)",
-    "revoked": "(revoked_at IS NOT NULL AND expiration > ?)",
-    "endpoint-invalid": "(active = 1 AND invalidated_at IS NOT NULL AND expiration > ?)",
-}
-SQL_REVOKE = (
-    "UPDATE leases SET active = 0, endpoint = NULL, endpoint_hash = NULL, subscriptions = '[]', revoked_at = ? "
-    "WHERE origin = ? AND pubkey = ? AND d = ? AND active = 1"
-)
-SQL_LEASES_PER_AUTHOR = (
-    "SELECT pubkey, count(*) AS n FROM leases WHERE origin = ? AND active = 1 AND expiration > ? "
-    "GROUP BY pubkey ORDER BY n DESC, pubkey LIMIT ?"
-)
-SQL_LEASE_TOTALS = (
-    "SELECT origin, sum(active = 1 AND expiration > ?), sum(active = 0 AND expiration > ?), count(*) "
-    "FROM leases GROUP BY origin"
-)
-
-
-def lease_state(row: dict, now: int) -> str:
-    if row["expiration"] <= now:
-        return "expired"
-    if row["revoked_at"] is not None:
-        return "revoked"
-    if row["active"] and row.get("invalidated_at") is not None:
-        return "endpoint-invalid"
-    return "active" if row["active"] else "tombstoned"
-
-
-def _lease_dict(r: tuple) -> dict:
-    keys = ("origin", "pubkey", "d", "event_id", "created_at", "expiration", "generation", "active", "app_profile",
-            "transport", "endpoint_hash", "subscriptions", "exec_key_id", "revoked_at", "invalidated_at")
-    out = dict(zip(keys, r))
-    out["subscriptions"] = orjson.loads(out["subscriptions"] or "[]")
-    return out
-
-
-def list_leases(conn: apsw.Connection, now: int, *, origin: int | None = None, app_profile: str | None = None,
-                transport: str | None = None, state: str | None = None, expiring_within: int | None = None,
-                limit: int = 100, offset: int = 0) -> list[dict]:
-    """Lease rows for the operator, newest first, filtered (every value bound)."""
-    where: list[str] = []
-    args: list = []
-    if origin is not None:
-        where.append("origin = ?")
-        args.append(origin)
-    if app_profile:
-        where.append("app_profile = ?")
-        args.append(app_profile)
-    if transport:
-        where.append("transport = ?")
-        args.append(transport)
-    if state in _STATE_SQL:
-        where.append(_STATE_SQL[state])
-        args.append(now)
-    if expiring_within is not None:
-        where.append("(expiration > ? AND expiration <= ?)")
-        args += [now, now + expiring_within]
-    sql = SQL_LEASE_COLUMNS + (" WHERE " + " AND ".join(where) if where else "") + \
-        " ORDER BY created_at DESC, pubkey, d LIMIT ? OFFSET ?"
-    return [_lease_dict(r) for r in conn.execute(sql, (*args, limit, offset))]
-
-
-def get_lease(conn: apsw.Connection, origin: int, pubkey: str, d: str) -> dict | None:
-    row = conn.execute(SQL_LEASE_COLUMNS + " WHERE origin = ? AND pubkey = ? AND d = ?", (origin, pubkey, d)).fetchone()
-    return None if row is None else _lease_dict(row)
-
-
-def revoke_lease(conn: apsw.Connection, origin: int, pubkey: str, d: str, now: int) -> bool:
-    """An operator ends an active lease now: no further wakes; a newer lease from its author
-    replaces it as usual. Whether there was an active lease to revoke."""
-    conn.execute(SQL_REVOKE, (now, origin, pubkey, d))
-    if conn.changes() != 1:
-        return False
-    conn.execute(SQL_DELETE_SELECTORS, (origin, pubkey, d))
-    wakes.cancel_lease_jobs(conn, origin, pubkey, d, now, "lease revoked by the operator")
-    return True
-
-
-def top_lease_authors(conn: apsw.Connection, origin: int, now: int, limit: int = 10) -> list[tuple[str, int]]:
-    """The authors holding the most active leases at an origin."""
-    return conn.execute(SQL_LEASES_PER_AUTHOR, (origin, now, limit)).fetchall()
-
-
-def lease_totals(conn: apsw.Connection, now: int) -> dict[int, tuple[int, int, int]]:
-    """origin -> (active, inactive unexpired, rows)."""
-    return {o: (a or 0, i or 0, n) for o, a, i, n in conn.execute(SQL_LEASE_TOTALS, (now, now))}
+        leases.insert_selectors(conn, origin, lease.pubkey, lease.d, selectors(lease))

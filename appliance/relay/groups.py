@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import re
 import time
-from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
 import apsw
@@ -18,7 +17,9 @@ import apsw
 from appliance.errors import Rejected
 from appliance.nostr.event import Event, is_event_id as is_pubkey, sign_event
 from appliance.nostr.keys import generate_secret, public_key
-from appliance.store.events import SQL_ADDRESS, group_of, store_event
+from appliance.store import groups as store_groups
+from appliance.store.events import address_rows, group_of, store_event
+from appliance.store.groups import Group, read_group
 from appliance.store.keyfile import KeyFile
 
 PUT_USER, REMOVE_USER, EDIT_METADATA, DELETE_EVENT, CREATE_GROUP, DELETE_GROUP = 9000, 9001, 9002, 9005, 9007, 9008
@@ -34,47 +35,6 @@ H_GRAMMARS: dict[str, Callable[[str], bool]] = {
 DEFAULT_H_GRAMMAR = "uuid-v4-lowercase"
 
 
-@dataclass
-class Group:
-    h: str
-    name: str = ""
-    about: str = ""
-    picture: str = ""
-    closed: bool = False
-    private: bool = False
-    members: dict[str, str] = field(default_factory=dict)  # pubkey -> role ('' or 'admin')
-
-    def is_admin(self, pubkey: str) -> bool:
-        return self.members.get(pubkey) == "admin"
-
-
-SQL_GROUP = "SELECT name, about, picture, closed, private FROM groups WHERE origin = ? AND h = ?"
-SQL_GROUPS = "SELECT origin, h, name, about, picture, closed, private FROM groups"
-SQL_MEMBERS = "SELECT pubkey, role FROM group_members WHERE origin = ? AND h = ?"
-SQL_ALL_MEMBERS = "SELECT origin, h, pubkey, role FROM group_members"
-SQL_CREATE = "INSERT INTO groups (origin, h, name, about, picture, closed, private, created_at) VALUES (?,?,?,?,?,?,?,?)"
-SQL_UPDATE = "UPDATE groups SET name = ?, about = ?, picture = ?, closed = ?, private = ? WHERE origin = ? AND h = ?"
-SQL_PUT = (
-    "INSERT INTO group_members (origin, h, pubkey, role) VALUES (?,?,?,?) "
-    "ON CONFLICT (origin, h, pubkey) DO UPDATE SET role = excluded.role"
-)
-SQL_REMOVE = "DELETE FROM group_members WHERE origin = ? AND h = ? AND pubkey = ?"
-SQL_DROP = "DELETE FROM groups WHERE origin = ? AND h = ?"
-SQL_GROUP_EVENT_ROWS = "SELECT rowid FROM events WHERE origin = ? AND grp = ?"
-SQL_GROUP_EVENT_BY_ID = "SELECT rowid FROM events WHERE origin = ? AND grp = ? AND id = ?"
-SQL_RELAY_KEY = "SELECT pubkey, wrapped FROM relay_keys WHERE origin = ?"
-SQL_SAVE_RELAY_KEY = "INSERT INTO relay_keys (origin, pubkey, wrapped) VALUES (?, ?, ?)"
-
-
-def read_group(conn: apsw.Connection, origin: int, h: str) -> Group | None:
-    row = conn.execute(SQL_GROUP, (origin, h)).fetchone()
-    if row is None:
-        return None
-    name, about, picture, closed, private = row
-    members = dict(conn.execute(SQL_MEMBERS, (origin, h)).fetchall())
-    return Group(h, name, about, picture, bool(closed), bool(private), members)
-
-
 class GroupState:
     """In-memory mirror of every origin's groups; implements `authz.GroupView`."""
 
@@ -83,14 +43,7 @@ class GroupState:
         self._private: dict[int, set[str]] = {}
 
     def load(self, conn: apsw.Connection) -> None:
-        groups: dict[tuple[int, str], Group] = {}
-        for origin, h, name, about, picture, closed, private in conn.execute(SQL_GROUPS):
-            groups[(origin, h)] = Group(h, name, about, picture, bool(closed), bool(private))
-        for origin, h, pubkey, role in conn.execute(SQL_ALL_MEMBERS):
-            group = groups.get((origin, h))
-            if group is not None:
-                group.members[pubkey] = role
-        self._groups = groups
+        self._groups = store_groups.all_groups(conn)
         self._reindex()
 
     def _reindex(self) -> None:
@@ -130,34 +83,6 @@ class GroupState:
         return frozenset(h for h in private if reader is None or reader not in self._groups[(origin_id, h)].members)
 
 
-SQL_IS_PRIVATE = "SELECT private FROM groups WHERE origin = ? AND h = ?"
-SQL_IS_MEMBER = "SELECT 1 FROM group_members WHERE origin = ? AND h = ? AND pubkey = ?"
-SQL_HIDDEN = (
-    "SELECT g.h FROM groups g WHERE g.origin = ? AND g.private = 1 AND NOT EXISTS "
-    "(SELECT 1 FROM group_members m WHERE m.origin = g.origin AND m.h = g.h AND m.pubkey = ?)"
-)
-
-
-class StoredGroups:
-    """A `authz.GroupView` over the group tables as one connection sees them: inside a write
-    transaction, that includes the changes it made and not yet committed. The push matcher and the
-    wake workers use it, so membership is judged as of their own transaction, not as of the last
-    in-memory update."""
-
-    def __init__(self, conn: apsw.Connection):
-        self.conn = conn
-
-    def is_private(self, origin_id: int, group: str) -> bool:
-        row = self.conn.execute(SQL_IS_PRIVATE, (origin_id, group)).fetchone()
-        return row is not None and bool(row[0])
-
-    def is_member(self, origin_id: int, group: str, pubkey: str) -> bool:
-        return self.conn.execute(SQL_IS_MEMBER, (origin_id, group, pubkey)).fetchone() is not None
-
-    def hidden_groups(self, origin_id: int, reader: str | None) -> frozenset[str]:
-        return frozenset(r[0] for r in self.conn.execute(SQL_HIDDEN, (origin_id, reader or "")))
-
-
 class RelayKeys:
     """Per-origin relay signing keys (NIP-29 snapshots), wrapped at rest by the key file."""
 
@@ -179,12 +104,12 @@ class RelayKeys:
         cached = self._cache.get(origin)
         if cached is not None:
             return cached
-        row = conn.execute(SQL_RELAY_KEY, (origin,)).fetchone()
+        row = store_groups.relay_key(conn, origin)
         label = f"relay-key:{origin}"
         if row is None:
             secret = generate_secret()
             pub = public_key(secret)
-            conn.execute(SQL_SAVE_RELAY_KEY, (origin, pub, self.keyfile.wrap(bytes.fromhex(secret), label=label)))
+            store_groups.save_relay_key(conn, origin, pub, self.keyfile.wrap(bytes.fromhex(secret), label=label))
         else:
             pub, wrapped = row
             secret = self.keyfile.unwrap(wrapped, label=label).hex()
@@ -233,11 +158,11 @@ class Groups:
                 raise Rejected("duplicate", "already a member")
             if group.closed:
                 raise Rejected("restricted", "this group is closed: an admin must add you")
-            conn.execute(SQL_PUT, (origin, h, ev.pubkey, ""))
+            store_groups.put_member(conn, origin, h, ev.pubkey, "")
         elif ev.kind == LEAVE_REQUEST:
             if ev.pubkey not in group.members:
                 raise Rejected("duplicate", "not a member")
-            conn.execute(SQL_REMOVE, (origin, h, ev.pubkey))
+            store_groups.remove_member(conn, origin, h, ev.pubkey)
         elif ev.kind in MODERATION_KINDS:
             if not group.is_admin(ev.pubkey):
                 raise Rejected("restricted", "only group admins may do this")
@@ -268,10 +193,10 @@ class Groups:
             for tag in ev.tags:
                 if len(tag) >= 2 and tag[0] == "p":
                     role = "admin" if len(tag) >= 3 and tag[2] == "admin" else ""
-                    conn.execute(SQL_PUT, (origin, h, tag[1], role))
+                    store_groups.put_member(conn, origin, h, tag[1], role)
         elif ev.kind == REMOVE_USER:
             for pk in ev.tag_values("p"):
-                conn.execute(SQL_REMOVE, (origin, h, pk))
+                store_groups.remove_member(conn, origin, h, pk)
         elif ev.kind == EDIT_METADATA:
             g = group
             name = ev.first_tag("name")
@@ -280,21 +205,23 @@ class Groups:
             flags = {t[0] for t in ev.tags if t and t[0] in ("open", "closed", "public", "private")}
             closed = True if "closed" in flags else False if "open" in flags else g.closed
             private = True if "private" in flags else False if "public" in flags else g.private
-            conn.execute(SQL_UPDATE, (name if name is not None else g.name, about if about is not None else g.about,
-                                      picture if picture is not None else g.picture, int(closed), int(private), origin, h))
+            store_groups.update_group(conn, origin, h, name=name if name is not None else g.name,
+                                      about=about if about is not None else g.about,
+                                      picture=picture if picture is not None else g.picture,
+                                      closed=closed, private=private)
         elif ev.kind == DELETE_EVENT:
             from appliance.store.events import delete_row
 
             for eid in ev.tag_values("e"):
-                row = conn.execute(SQL_GROUP_EVENT_BY_ID, (origin, h, eid)).fetchone()
-                if row is not None:
-                    delete_row(conn, row[0])
+                rowid = store_groups.group_event_row(conn, origin, h, eid)
+                if rowid is not None:
+                    delete_row(conn, rowid)
         elif ev.kind == DELETE_GROUP:
             from appliance.store.events import delete_row
 
-            for (rowid,) in conn.execute(SQL_GROUP_EVENT_ROWS, (origin, h)).fetchall():
+            for rowid in store_groups.group_event_rows(conn, origin, h):
                 delete_row(conn, rowid)
-            conn.execute(SQL_DROP, (origin, h))
+            store_groups.drop_group(conn, origin, h)
 
     # -- state changes usable from events and from the CLI -------------------------------------
 
@@ -306,11 +233,11 @@ class Groups:
             raise Rejected("error", f"this community's group id grammar {grammar!r} is not supported")
         if not valid(h):
             raise Rejected("invalid", f"group id must be {grammar}")
-        if conn.execute(SQL_GROUP, (origin, h)).fetchone() is not None:
+        if store_groups.group_exists(conn, origin, h):
             raise Rejected("duplicate", "group already exists")
-        conn.execute(SQL_CREATE, (origin, h, name, "", "", int(closed), int(private), int(time.time())))
+        store_groups.create_group(conn, origin, h, name=name, closed=closed, private=private, now=int(time.time()))
         if creator is not None:
-            conn.execute(SQL_PUT, (origin, h, creator, "admin"))
+            store_groups.put_member(conn, origin, h, creator, "admin")
         self.changed(conn, origin, h, ctx)
 
     def edit(self, conn: apsw.Connection, origin: int, h: str, ctx: dict, *, name: str | None = None,
@@ -319,9 +246,9 @@ class Groups:
         g = read_group(conn, origin, h)
         if g is None:
             raise Rejected("invalid", "group not found")
-        conn.execute(SQL_UPDATE, (g.name if name is None else name, g.about, g.picture,
-                                  int(g.closed if closed is None else closed),
-                                  int(g.private if private is None else private), origin, h))
+        store_groups.update_group(conn, origin, h, name=g.name if name is None else name, about=g.about,
+                                  picture=g.picture, closed=g.closed if closed is None else closed,
+                                  private=g.private if private is None else private)
         self.changed(conn, origin, h, ctx)
 
     def set_member(self, conn: apsw.Connection, origin: int, h: str, pubkey: str, role: str | None, ctx: dict) -> None:
@@ -334,9 +261,9 @@ class Groups:
         if role is None:
             if pubkey not in group.members:
                 raise Rejected("invalid", "not a member of this group")
-            conn.execute(SQL_REMOVE, (origin, h, pubkey))
+            store_groups.remove_member(conn, origin, h, pubkey)
         else:
-            conn.execute(SQL_PUT, (origin, h, pubkey, role))
+            store_groups.put_member(conn, origin, h, pubkey, role)
         self.changed(conn, origin, h, ctx)
 
     def changed(self, conn: apsw.Connection, origin: int, h: str, ctx: dict) -> None:
@@ -359,7 +286,7 @@ class Groups:
             members = [["d", h]] + [["p", pk] for pk in sorted(group.members)]
             specs = ((METADATA, meta), (ADMINS, admins), (MEMBERS, members))
         for kind, tags in specs:
-            previous = conn.execute(SQL_ADDRESS, (origin, pub, kind, h)).fetchall()
+            previous = address_rows(conn, origin, pub, kind, h)
             created_at = max([now] + [c + 1 for _r, _i, c in previous])
             if tags is None:  # group deleted: drop its snapshots
                 from appliance.store.events import delete_row

@@ -112,6 +112,11 @@ SQL_RECORD_DELETION = (
 SQL_EXPIRED_ROWS = "SELECT rowid FROM events WHERE expiration IS NOT NULL AND expiration <= ? LIMIT ?"
 
 
+def address_rows(conn: apsw.Connection, origin: int, pubkey: str, kind: int, d: str) -> list[tuple[int, str, int]]:
+    """(rowid, id, created_at) of what is stored at an addressable coordinate."""
+    return conn.execute(SQL_ADDRESS, (origin, pubkey, kind, d)).fetchall()
+
+
 def address_key(ev: Event) -> str | None:
     """The `d` column: '' for replaceable kinds, the d tag for addressable ones, else NULL."""
     if is_replaceable(ev.kind):

@@ -132,7 +132,7 @@ def test_hot_statements_use_their_index(conn, name, args, uses):
 
 
 def test_candidates_are_found_through_the_selector_index(conn):
-    from appliance.push.state import SQL_CANDIDATES
+    from appliance.store.leases import SQL_CANDIDATES
 
     plan = _plan(conn, SQL_CANDIDATES, ('[["p", "x"]]', 1, 0))
     assert "SEARCH s USING PRIMARY KEY (origin=? AND selector_type=? AND value=?)" in plan, plan

@@ -11,7 +11,7 @@ from starlette.requests import Request
 from starlette.routing import Route
 
 from appliance.origins import load_origins
-from appliance.push.state import LEASE_STATES, get_lease, lease_state, list_leases, revoke_lease
+from appliance.store.leases import LEASE_STATES, get_lease, lease_state, list_leases, revoke_lease
 
 PAGE_SIZE = 100
 EXPIRING_SOON = 86400

@@ -8,7 +8,7 @@ import time
 from starlette.requests import Request
 from starlette.routing import Route
 
-from appliance.push.state import lease_totals
+from appliance.store.leases import lease_totals
 
 from ..charts import line_chart
 

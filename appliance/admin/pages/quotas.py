@@ -10,7 +10,7 @@ from starlette.routing import Route
 
 from appliance.origins import load_origins
 from appliance.push.config import push_limits
-from appliance.push.state import top_lease_authors
+from appliance.store.leases import top_lease_authors
 from appliance.store.events import event_counts, top_authors
 
 from ..charts import line_chart
