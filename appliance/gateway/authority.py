@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import apsw
 
+from appliance.store import gateway as rows
 from appliance.store.keyfile import KeyFile
 
 from .grants import Grant, Keyring, new_key_id
@@ -29,27 +30,19 @@ class Outcome(enum.Enum):
 
 # -- challenges ----------------------------------------------------------------------------------
 
-SQL_PENDING_CHALLENGES = (
-    "SELECT count(*) FROM (SELECT 1 FROM gateway_challenges WHERE expires_at > ? LIMIT ?)"
-)
-SQL_PUT_CHALLENGE = "INSERT INTO gateway_challenges (id, digest, expires_at) VALUES (?, ?, ?)"
-SQL_CONSUME_CHALLENGE = "DELETE FROM gateway_challenges WHERE id = ? AND digest = ? AND expires_at > ?"
-
 
 def put_challenge(conn: apsw.Connection, challenge_id: str, value: bytes, expires_at: int, now: int,
                   max_pending: int) -> Outcome:
     """Store a new challenge unless `max_pending` unexpired ones already wait (unauthenticated route)."""
-    (pending,) = conn.execute(SQL_PENDING_CHALLENGES, (now, max_pending)).fetchone()
-    if pending >= max_pending:
+    if rows.pending_challenges(conn, now, max_pending) >= max_pending:
         return Outcome.UNAVAILABLE
-    conn.execute(SQL_PUT_CHALLENGE, (challenge_id, hashlib.sha256(value).digest(), expires_at))
+    rows.put_challenge(conn, challenge_id, hashlib.sha256(value).digest(), expires_at)
     return Outcome.OK
 
 
 def consume_challenge(conn: apsw.Connection, challenge_id: str, value: bytes, now: int) -> bool:
     """Single use: True (and gone) if that id holds that value and has not expired."""
-    conn.execute(SQL_CONSUME_CHALLENGE, (challenge_id, hashlib.sha256(value).digest(), now))
-    return conn.changes() == 1
+    return rows.consume_challenge(conn, challenge_id, hashlib.sha256(value).digest(), now)
 
 
 # -- installations -------------------------------------------------------------------------------
@@ -71,33 +64,6 @@ class Installation:
         return self.revoked_at is None and now <= self.expires_at
 
 
-SQL_INSTALLATION = (
-    "SELECT handle, app_profile, public_key, sign_count, endpoint_epoch, token, token_sha256, expires_at, "
-    "revoked_at FROM gateway_installations WHERE handle = ?"
-)
-SQL_KEY_ID_TAKEN = "SELECT 1 FROM gateway_installations WHERE key_id = ?"
-SQL_TOKEN_OWNER = (
-    "SELECT handle, expires_at FROM gateway_installations WHERE app_profile = ? AND token_sha256 = ?"
-)
-SQL_INSERT_INSTALLATION = (
-    "INSERT INTO gateway_installations (handle, app_profile, key_id, public_key, sign_count, endpoint_epoch, "
-    "token, token_sha256, expires_at, created_at) VALUES (?, ?, ?, ?, 0, ?, ?, ?, ?, ?)"
-)
-SQL_DELETE_INSTALLATION = "DELETE FROM gateway_installations WHERE handle = ?"
-SQL_ADVANCE_COUNTER = "UPDATE gateway_installations SET sign_count = ? WHERE handle = ? AND sign_count < ?"
-SQL_ROTATE = (
-    "UPDATE gateway_installations SET endpoint_epoch = ?, token = ?, token_sha256 = ? "
-    "WHERE handle = ? AND endpoint_epoch = ? AND revoked_at IS NULL"
-)
-SQL_REVOKE_INSTALLATION = (
-    "UPDATE gateway_installations SET endpoint_epoch = ?, revoked_at = ?, token = NULL, token_sha256 = NULL "
-    "WHERE handle = ? AND endpoint_epoch = ? AND revoked_at IS NULL"
-)
-SQL_REVOKE_ALL_DELEGATIONS = (
-    "UPDATE gateway_delegations SET revoked_at = ? WHERE handle = ? AND revoked_at IS NULL"
-)
-
-
 def token_label(handle: str, epoch: int) -> str:
     """Associated data binding a wrapped APNs token to its installation and endpoint epoch."""
     return f"gateway-token:{handle}:{epoch}"
@@ -108,17 +74,17 @@ def token_digest(token: bytes) -> bytes:
 
 
 def installation(conn: apsw.Connection, handle: str) -> Installation | None:
-    row = conn.execute(SQL_INSTALLATION, (handle,)).fetchone()
+    row = rows.installation_row(conn, handle)
     return Installation(*row) if row else None
 
 
 def _token_free(conn: apsw.Connection, profile: str, digest: bytes, now: int, owner: str | None) -> bool:
     """Whether (profile, SHA-256(token)) is free for `owner`; an expired holder is removed first."""
-    row = conn.execute(SQL_TOKEN_OWNER, (profile, digest)).fetchone()
+    row = rows.token_owner(conn, profile, digest)
     if row is None or row[0] == owner:
         return True
     if now > row[1]:  # expired: its custody ends, and so does its claim on the token
-        conn.execute(SQL_DELETE_INSTALLATION, (row[0],))
+        rows.delete_installation(conn, row[0])
         return True
     return False
 
@@ -129,11 +95,11 @@ def enroll(conn: apsw.Connection, *, handle: str, challenge_id: str, challenge: 
     if not consume_challenge(conn, challenge_id, challenge, now):
         return Outcome.NOT_AUTHORIZED
     digest = token_digest(token)
-    if conn.execute(SQL_KEY_ID_TAKEN, (key_id,)).fetchone() or not _token_free(conn, profile, digest, now, None):
+    if rows.key_id_taken(conn, key_id) or not _token_free(conn, profile, digest, now, None):
         return Outcome.NOT_AUTHORIZED
-    conn.execute(SQL_INSERT_INSTALLATION, (handle, profile, key_id, public_key, 1,
-                                           keyfile.wrap(token, label=token_label(handle, 1)), digest,
-                                           expires_at, now))
+    rows.insert_installation(conn, handle=handle, profile=profile, key_id=key_id, public_key=public_key, epoch=1,
+                             wrapped_token=keyfile.wrap(token, label=token_label(handle, 1)), digest=digest,
+                             expires_at=expires_at, now=now)
     return Outcome.OK
 
 
@@ -141,8 +107,7 @@ def begin_asserted(conn: apsw.Connection, *, handle: str, challenge_id: str, cha
                    now: int) -> Outcome:
     """The common start of every assertion route, after the signature verified: the counter must still
     be above the stored one (strictly increasing, atomically), then the challenge is consumed."""
-    conn.execute(SQL_ADVANCE_COUNTER, (counter, handle, counter))
-    if conn.changes() != 1:
+    if not rows.advance_counter(conn, handle, counter):
         return Outcome.INVALID_ATTESTATION
     if not consume_challenge(conn, challenge_id, challenge, now):
         return Outcome.NOT_AUTHORIZED
@@ -154,18 +119,16 @@ def rotate_endpoint(conn: apsw.Connection, inst: Installation, *, epoch: int, ne
     digest = token_digest(token)
     if not _token_free(conn, inst.app_profile, digest, now, inst.handle):
         return Outcome.NOT_AUTHORIZED
-    conn.execute(SQL_ROTATE, (new_epoch, keyfile.wrap(token, label=token_label(inst.handle, new_epoch)), digest,
-                              inst.handle, epoch))
-    return Outcome.OK if conn.changes() == 1 else Outcome.NOT_AUTHORIZED
+    rotated = rows.rotate_token(conn, inst.handle, epoch, new_epoch,
+                                keyfile.wrap(token, label=token_label(inst.handle, new_epoch)), digest)
+    return Outcome.OK if rotated else Outcome.NOT_AUTHORIZED
 
 
 def revoke_installation(conn: apsw.Connection, inst: Installation, *, epoch: int, new_epoch: int,
                         now: int) -> Outcome:
     """Invalidate the installation and every delegation at once; the token custody is erased.
     Repeating a revocation that already took effect (same epochs) succeeds again."""
-    conn.execute(SQL_REVOKE_INSTALLATION, (new_epoch, now, inst.handle, epoch))
-    if conn.changes() == 1:
-        conn.execute(SQL_REVOKE_ALL_DELEGATIONS, (now, inst.handle))
+    if rows.revoke_installation(conn, inst.handle, epoch, new_epoch, now):
         return Outcome.OK
     if inst.revoked_at is not None and inst.endpoint_epoch == new_epoch:
         return Outcome.OK
@@ -174,25 +137,6 @@ def revoke_installation(conn: apsw.Connection, inst: Installation, *, epoch: int
 
 # -- delegations ---------------------------------------------------------------------------------
 
-SQL_DELEGATION = (
-    "SELECT endpoint_epoch, generation, not_before, expires_at, revoked_at FROM gateway_delegations "
-    "WHERE handle = ? AND relay_pubkey = ?"
-)
-SQL_UPSERT_DELEGATION = (
-    "INSERT INTO gateway_delegations (handle, relay_pubkey, endpoint_epoch, generation, not_before, expires_at) "
-    "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (handle, relay_pubkey) DO UPDATE SET "
-    "endpoint_epoch = excluded.endpoint_epoch, generation = excluded.generation, "
-    "not_before = excluded.not_before, expires_at = excluded.expires_at, revoked_at = NULL "
-    "WHERE excluded.generation > gateway_delegations.generation"
-)
-SQL_REVOKE_DELEGATION = (
-    "UPDATE gateway_delegations SET revoked_at = ? WHERE handle = ? AND relay_pubkey = ? AND generation = ? "
-    "AND revoked_at IS NULL"
-)
-SQL_RAISE_KEY_EXPIRY = (
-    "UPDATE gateway_grant_keys SET max_expires_at = max(max_expires_at, ?) WHERE key_id = ?"
-)
-
 
 def delegate(conn: apsw.Connection, inst: Installation, *, relay_pubkey: str, epoch: int, generation: int,
              not_before: int, expires_at: int, grant_key_id: str) -> Outcome:
@@ -200,38 +144,24 @@ def delegate(conn: apsw.Connection, inst: Installation, *, relay_pubkey: str, ep
     and raises the (installation, relay) generation; the sealing key remembers the grant's expiry."""
     if epoch != inst.endpoint_epoch or expires_at > inst.expires_at:
         return Outcome.NOT_AUTHORIZED
-    conn.execute(SQL_UPSERT_DELEGATION, (inst.handle, relay_pubkey, epoch, generation, not_before, expires_at))
-    if conn.changes() != 1:
+    if not rows.upsert_delegation(conn, inst.handle, relay_pubkey, epoch, generation, not_before, expires_at):
         return Outcome.NOT_AUTHORIZED  # generation not above the last one for this relay
-    conn.execute(SQL_RAISE_KEY_EXPIRY, (expires_at, grant_key_id))
+    rows.raise_key_expiry(conn, grant_key_id, expires_at)
     return Outcome.OK
 
 
 def revoke_delegation(conn: apsw.Connection, inst: Installation, *, relay_pubkey: str, generation: int,
                       now: int) -> Outcome:
     """Revoke the current delegation generation; repeating it succeeds again."""
-    conn.execute(SQL_REVOKE_DELEGATION, (now, inst.handle, relay_pubkey, generation))
-    if conn.changes() == 1:
+    if rows.revoke_delegation(conn, inst.handle, relay_pubkey, generation, now):
         return Outcome.OK
-    row = conn.execute(SQL_DELEGATION, (inst.handle, relay_pubkey)).fetchone()
+    row = rows.delegation_row(conn, inst.handle, relay_pubkey)
     if row is not None and row[1] == generation and row[4] is not None:
         return Outcome.OK
     return Outcome.NOT_AUTHORIZED
 
 
 # -- delivery fences -----------------------------------------------------------------------------
-
-SQL_BURN_EVENT = "INSERT INTO gateway_auth_events (event_id, expires_at) VALUES (?, ?) ON CONFLICT DO NOTHING"
-SQL_RESERVE = (
-    "INSERT INTO gateway_reservations (relay_pubkey, request_id, expires_at) VALUES (?, ?, ?) ON CONFLICT DO NOTHING"
-)
-SQL_QUOTA = "SELECT window_start, admitted FROM gateway_endpoint_quota WHERE app_profile = ? AND token_sha256 = ?"
-SQL_QUOTA_SET = (
-    "INSERT INTO gateway_endpoint_quota (app_profile, token_sha256, window_start, admitted) VALUES (?, ?, ?, ?) "
-    "ON CONFLICT (app_profile, token_sha256) DO UPDATE SET window_start = excluded.window_start, "
-    "admitted = excluded.admitted"
-)
-SQL_RELEASE = "DELETE FROM gateway_reservations WHERE relay_pubkey = ? AND request_id = ?"
 
 
 @dataclass(frozen=True)
@@ -240,12 +170,6 @@ class Admission:
     handle: str = ""
     epoch: int = 0
     token: bytes | None = None  # wrapped
-
-
-def burn_event(conn: apsw.Connection, event_id: str, expires_at: int) -> bool:
-    """Burn a NIP-98 event id; False if it was burned before (a replay)."""
-    conn.execute(SQL_BURN_EVENT, (event_id, expires_at))
-    return conn.changes() == 1
 
 
 def admit_delivery(conn: apsw.Connection, *, event_id: str, event_expires_at: int, signer: str,
@@ -257,7 +181,7 @@ def admit_delivery(conn: apsw.Connection, *, event_id: str, event_expires_at: in
     grant's authority (signer, installation, epoch, delegation generation, times, profile), the
     (relay, request_id) reservation and the endpoint quota: all or nothing beyond the burn.
     """
-    if not burn_event(conn, event_id, event_expires_at) or grant is None:
+    if not rows.burn_event(conn, event_id, event_expires_at) or grant is None:
         return Admission(Outcome.INVALID_GRANT)
     if (grant.relay_pubkey != signer or not grant.not_before <= now <= grant.expires_at
             or not now <= request_expires_at <= grant.expires_at or grant.app_profile not in enabled):
@@ -266,7 +190,7 @@ def admit_delivery(conn: apsw.Connection, *, event_id: str, event_expires_at: in
     if (inst is None or not inst.active(now) or inst.endpoint_epoch != grant.endpoint_epoch
             or inst.app_profile != grant.app_profile or inst.token is None):
         return Admission(Outcome.INVALID_GRANT)
-    d = conn.execute(SQL_DELEGATION, (inst.handle, signer)).fetchone()
+    d = rows.delegation_row(conn, inst.handle, signer)
     if d is None:
         return Admission(Outcome.INVALID_GRANT)
     d_epoch, d_generation, d_not_before, d_expires_at, d_revoked_at = d
@@ -274,14 +198,13 @@ def admit_delivery(conn: apsw.Connection, *, event_id: str, event_expires_at: in
             or not d_not_before <= now <= d_expires_at):
         return Admission(Outcome.INVALID_GRANT)
     # Quota before the reservation insert: a refusal must leave no reservation behind.
-    row = conn.execute(SQL_QUOTA, (inst.app_profile, inst.token_sha256)).fetchone()
+    row = rows.quota(conn, inst.app_profile, inst.token_sha256)
     start, admitted = (now, 0) if row is None or now - row[0] >= quota_window else row
     if admitted >= quota_max:
         return Admission(Outcome.INVALID_GRANT)
-    conn.execute(SQL_RESERVE, (signer, request_id, request_expires_at))
-    if conn.changes() != 1:
+    if not rows.reserve(conn, signer, request_id, request_expires_at):
         return Admission(Outcome.INVALID_GRANT)  # that request id is in flight or finished
-    conn.execute(SQL_QUOTA_SET, (inst.app_profile, inst.token_sha256, start, admitted + 1))
+    rows.set_quota(conn, inst.app_profile, inst.token_sha256, start, admitted + 1)
     return Admission(Outcome.OK, inst.handle, inst.endpoint_epoch, inst.token)
 
 
@@ -289,21 +212,10 @@ def release_reservation(conn: apsw.Connection, signer: str, request_id: str) -> 
     """A transient or configuration outcome releases the reservation after provider processing, so a
     fresh NIP-98 event may retry the job. A terminal outcome keeps the row committed at send-begin
     as it is: no write at all."""
-    conn.execute(SQL_RELEASE, (signer, request_id))
+    rows.release(conn, signer, request_id)
 
 
 # -- grant keys ----------------------------------------------------------------------------------
-
-SQL_GRANT_KEYS = (
-    "SELECT key_id, wrapped, state, created_at, retired_at, max_expires_at FROM gateway_grant_keys "
-    "ORDER BY created_at, key_id"
-)
-SQL_INSERT_GRANT_KEY = "INSERT INTO gateway_grant_keys (key_id, wrapped, state, created_at) VALUES (?, ?, 'current', ?)"
-SQL_RETIRE_GRANT_KEY = "UPDATE gateway_grant_keys SET state = 'retired', retired_at = ? WHERE state = 'current'"
-SQL_ERASE_GRANT_KEYS = (
-    "UPDATE gateway_grant_keys SET wrapped = NULL WHERE state = 'retired' AND wrapped IS NOT NULL "
-    "AND max_expires_at < ?"
-)
 
 
 @dataclass(frozen=True)
@@ -327,7 +239,7 @@ def _grant_label(key_id: str) -> str:
 
 def grant_keys(conn: apsw.Connection) -> list[GrantKeyRow]:
     return [GrantKeyRow(kid, state, created, retired, max_exp, wrapped is not None)
-            for kid, wrapped, state, created, retired, max_exp in conn.execute(SQL_GRANT_KEYS)]
+            for kid, wrapped, state, created, retired, max_exp in rows.grant_key_rows(conn)]
 
 
 def ensure_grant_key(conn: apsw.Connection, keyfile: KeyFile, now: int) -> None:
@@ -339,20 +251,20 @@ def _new_grant_key(conn: apsw.Connection, keyfile: KeyFile, now: int) -> str:
     import secrets
 
     kid = new_key_id(now)
-    conn.execute(SQL_INSERT_GRANT_KEY, (kid, keyfile.wrap(secrets.token_bytes(32), label=_grant_label(kid)), now))
+    rows.insert_grant_key(conn, kid, keyfile.wrap(secrets.token_bytes(32), label=_grant_label(kid)), now)
     return kid
 
 
 def rotate_grant_key(conn: apsw.Connection, keyfile: KeyFile, now: int) -> str:
     """A new current sealing key; the old one keeps opening the grants it sealed until they expire."""
-    conn.execute(SQL_RETIRE_GRANT_KEY, (now,))
+    rows.retire_grant_key(conn, now)
     return _new_grant_key(conn, keyfile, now)
 
 
 def load_keyring(conn: apsw.Connection, keyfile: KeyFile, now: int) -> Keyring:
     current: tuple[str, bytes] | None = None
     older: dict[str, bytes] = {}
-    for kid, wrapped, state, _created, _retired, max_exp in conn.execute(SQL_GRANT_KEYS):
+    for kid, wrapped, state, _created, _retired, max_exp in rows.grant_key_rows(conn):
         if wrapped is None:
             continue
         if state == "current":
@@ -366,22 +278,7 @@ def load_keyring(conn: apsw.Connection, keyfile: KeyFile, now: int) -> Keyring:
 
 # -- retention -----------------------------------------------------------------------------------
 
-SQL_PURGE = (
-    "DELETE FROM gateway_challenges WHERE expires_at <= ?",
-    "DELETE FROM gateway_auth_events WHERE expires_at < ?",
-    "DELETE FROM gateway_reservations WHERE expires_at < ?",
-    # Expired installations go with their delegations (ON DELETE CASCADE); revoked ones stay as
-    # tombstones (their handle and key id stay taken) until their own expiry.
-    "DELETE FROM gateway_installations WHERE expires_at < ?",
-)
-SQL_PURGE_QUOTA = "DELETE FROM gateway_endpoint_quota WHERE window_start <= ?"
-
-
 def maintain(conn: apsw.Connection, now: int, quota_window: int) -> int:
     """Drop what no rule needs any more; erase grant keys whose grants have all expired.
     Returns how many key secrets were erased (the caller scrubs the WAL then)."""
-    for sql in SQL_PURGE:
-        conn.execute(sql, (now,))
-    conn.execute(SQL_PURGE_QUOTA, (now - quota_window,))
-    conn.execute(SQL_ERASE_GRANT_KEYS, (now,))
-    return conn.changes()
+    return rows.maintain(conn, now, quota_window)

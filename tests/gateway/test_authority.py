@@ -10,6 +10,7 @@ import pytest
 
 from appliance.gateway import authority as auth
 from appliance.gateway.grants import Grant
+from appliance.store import gateway as gateway_rows
 from appliance.store.keyfile import KeyFile
 from appliance.store.sqlite import SqliteStore
 
@@ -161,7 +162,7 @@ def test_request_id_reservation_terminal_and_released(store, keyfile):
     store.write_sync(lambda c: auth.delegate(c, inst, relay_pubkey=other, epoch=1, generation=1,
                                              not_before=NOW - 10, expires_at=NOW + 3600, grant_key_id="k"))
     assert admit(store, _grant(handle, relay_pubkey=other), signer=other, request_id=rid).outcome is auth.Outcome.OK
-    from appliance.gateway import overview
+    from appliance.store import gateway as overview
 
     rows = store.read_sync(lambda c: overview.reservations(c, NOW))
     assert sorted((pk, n, live) for pk, n, live, _exp in rows) == [(RELAY, 1, 1), (other, 1, 1)]
@@ -214,7 +215,7 @@ def test_grant_keys_rotate_and_erase(store, keyfile):
     store.write_sync(lambda c: auth.ensure_grant_key(c, keyfile, NOW))
     ring1 = store.read_sync(lambda c: auth.load_keyring(c, keyfile, NOW))
     sealed = ring1.seal(_grant(str(uuid.uuid4())))
-    store.write_sync(lambda c: c.execute(auth.SQL_RAISE_KEY_EXPIRY, (NOW + 3600, ring1.current_id)))
+    store.write_sync(lambda c: gateway_rows.raise_key_expiry(c, ring1.current_id, NOW + 3600))
     new = store.write_sync(lambda c: auth.rotate_grant_key(c, keyfile, NOW + 10))
     ring2 = store.read_sync(lambda c: auth.load_keyring(c, keyfile, NOW + 10))
     assert ring2.current_id == new != ring1.current_id

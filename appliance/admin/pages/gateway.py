@@ -12,7 +12,8 @@ from starlette.requests import Request
 from starlette.routing import Route
 
 from appliance.commands.gateway import rotate_grant_key
-from appliance.gateway import authority, overview
+from appliance.gateway import authority
+from appliance.store import gateway as overview
 
 PAGE_SIZE = 100
 
