@@ -25,6 +25,7 @@ from appliance.errors import ApplianceError
 from appliance.push.config import check_push_config, check_push_fits_relay
 from appliance.relay import nip11, peers
 from appliance.relay.groups import DEFAULT_H_GRAMMAR, Groups, GroupState, RelayKeys
+from appliance.store import meta, origin_rows
 from appliance.store.meta import config_generation
 
 from appliance.origins import Origin, OriginRegistry, UnknownOrigin, load_origins, save_origin, sync_origins
@@ -75,10 +76,6 @@ DEFAULT_ORIGIN_SETTINGS = {
 }
 # Always the configuration's: the default origin's URL and routing follow public_url.
 DEFAULT_ORIGIN_FIXED = frozenset({"origin", "hosts", "path"})
-SQL_DECLARED = "SELECT value FROM meta WHERE name = ?"
-SQL_SAVE_DECLARED = (
-    "INSERT INTO meta (name, value) VALUES (?, ?) ON CONFLICT (name) DO UPDATE SET value = excluded.value"
-)
 
 
 def declared_fields(settings: Settings) -> dict[str, frozenset[str]]:
@@ -116,17 +113,17 @@ def _merge(current: Origin, declared: Origin, now: frozenset[str], before: froze
 
 
 def _declared_before(conn, key: str) -> frozenset[str]:
-    row = conn.execute(SQL_DECLARED, (f"declared:{key}",)).fetchone()
-    return frozenset(json.loads(row[0])) if row else frozenset()
+    value = meta.meta_value(conn, f"declared:{key}")
+    return frozenset(json.loads(value)) if value is not None else frozenset()
 
 
 def _record_declared(conn, key: str, names: frozenset[str]) -> None:
-    conn.execute(SQL_SAVE_DECLARED, (f"declared:{key}", json.dumps(sorted(names))))
+    meta.set_meta(conn, f"declared:{key}", json.dumps(sorted(names)))
 
 
 def default_origin_id(conn) -> int | None:
-    row = conn.execute("SELECT value FROM meta WHERE name = ?", (DEFAULT_ORIGIN_KEY,)).fetchone()
-    return int(row[0]) if row else None
+    value = meta.meta_value(conn, DEFAULT_ORIGIN_KEY)
+    return int(value) if value is not None else None
 
 
 def config_owned(conn, settings: Settings) -> dict[int, frozenset[str]]:
@@ -168,14 +165,13 @@ def prepare_origins(store: SqliteStore, settings: Settings, *, serving: bool = T
         if default_id is None:
             save_origin(conn, base)
             oid = next(o.id for o in load_origins(conn) if o.origin == base.origin)
-            conn.execute("INSERT INTO meta (name, value) VALUES (?, ?)", (DEFAULT_ORIGIN_KEY, str(oid)))
+            meta.set_meta(conn, DEFAULT_ORIGIN_KEY, str(oid))
             _record_declared(conn, "default", declared_keys["default"])
         elif serving:
             current = next((o for o in stored.values() if o.id == default_id), None)
             merged = base if current is None else _merge(
                 current, base, declared_keys["default"], _declared_before(conn, "default"))
-            conn.execute("UPDATE origins SET origin = ?, config = ? WHERE id = ?",
-                         (merged.origin, merged.config_json(), default_id))
+            origin_rows.rewrite_origin(conn, default_id, merged.origin, merged.config_json())
             _record_declared(conn, "default", declared_keys["default"])
         for origin in declared:
             now = declared_keys[origin.origin]

@@ -11,15 +11,9 @@ from urllib.parse import urlsplit
 import apsw
 
 from appliance.errors import ConfigError
+from appliance.store import origin_rows
 
 POLICIES = ("public", "members")
-
-SQL_ALL = "SELECT id, origin, config FROM origins ORDER BY id"
-SQL_UPSERT = (
-    "INSERT INTO origins (origin, config) VALUES (?, ?) "
-    "ON CONFLICT (origin) DO UPDATE SET config = excluded.config RETURNING id"
-)
-SQL_DELETE = "DELETE FROM origins WHERE origin = ?"
 
 _HEX = frozenset("0123456789abcdef")
 
@@ -230,13 +224,13 @@ def _path_under(path: str, prefix: str) -> bool:
 def load_origins(conn: apsw.Connection) -> list[Origin]:
     return [
         Origin.from_mapping({"origin": origin, **json.loads(config)}, id=oid, where=f"origins[{origin}]")
-        for oid, origin, config in conn.execute(SQL_ALL)
+        for oid, origin, config in origin_rows.origin_rows(conn)
     ]
 
 
 def save_origin(conn: apsw.Connection, origin: Origin) -> Origin:
     """Insert or update an origin row (inside a write transaction); return it with its id."""
-    (oid,) = conn.execute(SQL_UPSERT, (origin.origin, origin.config_json())).fetchone()
+    oid = origin_rows.upsert_origin(conn, origin.origin, origin.config_json())
     return replace(origin, id=oid)
 
 

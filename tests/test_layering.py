@@ -7,6 +7,7 @@ protocol package imports nothing else of ours. A new import that breaks this fai
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -85,3 +86,30 @@ def test_module_respects_layers(path):
     assert part in ALLOWED, f"new top-level part {part!r}: add it to ALLOWED with its permitted imports"
     illegal = imported_parts(path) - ALLOWED[part] - {part}
     assert not illegal, f"{path.relative_to(PACKAGE)} ({part}) imports {sorted(illegal)}"
+
+
+# SQL lives behind the store interface (appliance/store/), so a second backend has one place to
+# answer for. Outside it, only tools that judge a SQLite *file* as such may speak SQL to it.
+SQL_START = re.compile(r"\s*(SELECT|INSERT|UPDATE|DELETE|CREATE|PRAGMA|REPLACE|WITH|DROP|ALTER|BEGIN|COMMIT|"
+                       r"SAVEPOINT|RELEASE|ROLLBACK)\s")
+FILE_TOOLS = {
+    # The crash-loop bench checks the file it killed the appliance over, independently of the store.
+    "bench/crashloop.py",
+}
+
+
+def sql_literals(path: Path) -> list[tuple[int, str]]:
+    return [(node.lineno, node.value[:60]) for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and SQL_START.match(node.value)]
+
+
+def test_sql_stays_in_the_store():
+    outside = [(str(p.relative_to(PACKAGE)), *hit) for p in MODULES
+               if part_of(p) != "store" and str(p.relative_to(PACKAGE)) not in FILE_TOOLS for hit in sql_literals(p)]
+    assert outside == []
+
+
+def test_the_sql_check_sees_sql():
+    """The check above would catch a statement written outside the store."""
+    assert sql_literals(PACKAGE / "store" / "leases.py")
+    assert sql_literals(PACKAGE / "bench" / "crashloop.py")

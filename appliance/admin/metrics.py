@@ -23,6 +23,7 @@ from starlette.routing import Route
 
 from appliance import __version__
 from appliance.errors import PREFIXES
+from appliance.store import meta
 from appliance.store.meta import health_probe
 
 # Seconds the health check waits for the database before it answers 503.
@@ -53,7 +54,7 @@ class Machines:
     async def health(self, request: Request) -> Response:
         checks: dict[str, str] = {}
         try:
-            await asyncio.wait_for(self.app.store.read(lambda conn: conn.execute("SELECT 1").fetchone()),
+            await asyncio.wait_for(self.app.store.read(meta.read_probe),
                                    HEALTH_TIMEOUT)
             checks["database_read"] = "ok"
         except Exception as exc:  # the check's whole point is to report it

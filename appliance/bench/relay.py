@@ -122,12 +122,14 @@ def stored_already(data_dir: Path) -> int:
     """Events a kept data directory (--data-dir) already holds."""
     import apsw
 
+    from appliance.store.events import event_counts
+
     path = data_dir / "appliance.sqlite3"
     if not path.exists():
         return 0
     conn = apsw.Connection(str(path), flags=apsw.SQLITE_OPEN_READONLY)
     try:
-        return conn.execute("SELECT count(*) FROM events").fetchone()[0]
+        return sum(event_counts(conn).values())
     except apsw.Error:
         return 0
     finally:

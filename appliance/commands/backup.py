@@ -29,7 +29,7 @@ from appliance.settings import Settings
 from appliance.store.instance import InstanceLock
 from appliance.store.keyfile import KEYFILE_NAME, KeyFile, holds_wrapped_keys, wrapped_inventory
 from appliance.store.schema import SCHEMA_VERSION
-from appliance.store.sqlite import DB_FILENAME, backup_database
+from appliance.store.sqlite import DB_FILENAME, backup_database, open_checked
 
 
 def add_parser(backup: argparse.ArgumentParser, restore: argparse.ArgumentParser, add_setting_flags: Callable) -> None:
@@ -95,9 +95,7 @@ def _open_copy(path: Path) -> apsw.Connection:
     if not path.is_file():
         raise StoreError(f"there is no database copy at {path}")
     try:
-        conn = apsw.Connection(str(path), flags=apsw.SQLITE_OPEN_READONLY)
-        result = [r[0] for r in conn.execute("PRAGMA quick_check")]
-        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        conn, result, version = open_checked(path)
     except apsw.Error as exc:
         raise StoreError(f"{path} is not a usable SQLite database ({exc})") from None
     if result != ["ok"]:

@@ -31,7 +31,7 @@ from appliance.store.events import newest_created_at
 from appliance.store.instance import running_pid
 from appliance.store.keyfile import KEYFILE_NAME, KeyFile
 from appliance.store.schema import SCHEMA_VERSION
-from appliance.store.sqlite import DB_FILENAME
+from appliance.store.sqlite import DB_FILENAME, open_checked
 
 PASS, FAIL, SKIP = "PASS", "FAIL", "SKIP"
 # No clock this program runs on can honestly be earlier than this (the year it was written).
@@ -223,10 +223,7 @@ def _open_database(settings: Settings) -> tuple[apsw.Connection | None, Check]:
     if not present:
         return None, Check(SKIP, "database", f"no database yet at {path} (created at first start)")
     try:
-        conn = apsw.Connection(str(path), flags=apsw.SQLITE_OPEN_READONLY)
-        conn.set_busy_timeout(5000)
-        result = [r[0] for r in conn.execute("PRAGMA quick_check")]
-        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        conn, result, version = open_checked(path, busy_timeout_ms=5000)
     except apsw.Error as exc:
         return None, Check(FAIL, "database", f"{path} cannot be read as SQLite: {exc}")
     if result != ["ok"]:

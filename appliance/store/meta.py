@@ -9,6 +9,26 @@ SQL_BUMP_GENERATION = "UPDATE meta SET value = CAST(value AS INTEGER) + 1 WHERE 
 SQL_GENERATION = "SELECT value FROM meta WHERE name = 'config_generation'"
 SQL_HEALTH_PROBE = ("INSERT INTO meta (name, value) VALUES ('health_probe', ?) "
                     "ON CONFLICT (name) DO UPDATE SET value = excluded.value")
+SQL_META = "SELECT value FROM meta WHERE name = ?"
+SQL_SET_META = "INSERT INTO meta (name, value) VALUES (?, ?) ON CONFLICT (name) DO UPDATE SET value = excluded.value"
+
+
+def meta_value(conn: apsw.Connection, name: str) -> str | None:
+    """A value of the `meta` table (None: not set)."""
+    row = conn.execute(SQL_META, (name,)).fetchone()
+    return row[0] if row else None
+
+
+def set_meta(conn: apsw.Connection, name: str, value: str) -> None:
+    conn.execute(SQL_SET_META, (name, value))
+
+
+SQL_READ_PROBE = "SELECT 1"
+
+
+def read_probe(conn: apsw.Connection) -> None:
+    """The cheapest real read: the health check's proof that a reader answers."""
+    conn.execute(SQL_READ_PROBE).fetchone()
 
 
 def bump_generation(conn: apsw.Connection) -> None:

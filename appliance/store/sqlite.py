@@ -511,6 +511,22 @@ def _settle(fut: asyncio.Future, result: Any, exc: BaseException | None) -> None
         fut.set_result(result)
 
 
+def open_checked(path: Path, *, busy_timeout_ms: int = 0) -> tuple[apsw.Connection, list[str], int]:
+    """A read-only connection to a database file, with SQLite's quick_check result and the file's
+    schema version (what `doctor` and `restore` judge a file by). Raises apsw.Error if the file
+    cannot be read as SQLite at all."""
+    conn = apsw.Connection(str(path), flags=apsw.SQLITE_OPEN_READONLY)
+    try:
+        if busy_timeout_ms:
+            conn.set_busy_timeout(busy_timeout_ms)
+        result = [r[0] for r in conn.execute("PRAGMA quick_check")]
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+    except BaseException:
+        conn.close()
+        raise
+    return conn, result, version
+
+
 def backup_database(source: Path, dest: Path) -> int:
     """Write a consistent copy of the database `source` to `dest` while an appliance may be
     serving it, with SQLite's online backup API (a file copy could catch a commit half-written,
