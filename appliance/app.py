@@ -212,6 +212,9 @@ class Appliance:
     # Lines added to the start banner, after the relay's.
     banner: list = field(default_factory=list)
     instance_lock: Any = None  # appliance.store.instance.InstanceLock, held while serving
+    # The other nodes over the same database (appliance.store.notify): a LocalBus when alone.
+    bus: Any = None
+    fanout: Any = None  # appliance.relay.nodes.NodeFanout, when the bus reaches other nodes
 
     # Seconds between checks for origin/group edits made by the CLI while the server runs.
     RELOAD_INTERVAL = 1.0
@@ -323,7 +326,31 @@ def build(settings: Settings) -> Appliance:
     app.nip11_extensions.append(lambda origin, doc: _nip29_self(app, origin, doc))
     _wire_push(app, origins)
     _wire_gateway(app)
+    _wire_nodes(app)
     return app
+
+
+def make_bus(store):
+    """The node bus for this store: LISTEN/NOTIFY on PostgreSQL (every node over one database
+    hears the others), nothing on SQLite (one node by construction)."""
+    from appliance.store.notify import LocalBus, PgBus
+
+    if getattr(store, "backend", "sqlite") == "postgresql":
+        return PgBus(store.dsn)
+    return LocalBus()
+
+
+def _wire_nodes(app: "Appliance") -> None:
+    """Several nodes over one database: stored events, group changes and ephemeral events are
+    announced to the other nodes, and theirs replayed to this node's subscribers."""
+    from appliance.relay.nodes import NodeFanout
+
+    app.bus = make_bus(app.store)
+    if not app.bus.multi_node:
+        return
+    app.fanout = NodeFanout(app.bus, app.relay, app.groups.state, app.reload_if_changed)
+    app.relay.store_hooks.add_stored(app.fanout.stored)
+    app.relay.on_ephemeral.append(app.fanout.ephemeral)
 
 
 def gateway_config(settings: Settings):
@@ -503,6 +530,8 @@ def asgi(app: Appliance):
             await start()
         if app.push is not None:
             app.background.append(asyncio.create_task(app.push.delivery.run()))
+        if app.fanout is not None:
+            app.background.append(asyncio.create_task(app.fanout.run()))
         try:
             yield
         finally:
@@ -518,6 +547,8 @@ def asgi(app: Appliance):
             for task in app.background:
                 task.cancel()
             await asyncio.gather(*app.background, return_exceptions=True)
+            if app.fanout is not None:
+                await app.fanout.aclose()
             if app.gateway is not None:
                 await app.gateway.drain()
             if app.push is not None:

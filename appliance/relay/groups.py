@@ -272,6 +272,8 @@ class Groups:
         snapshots = self._snapshots(conn, origin, h, group)
         ctx.setdefault("broadcast", []).extend(snapshots)
         ctx.setdefault("after_commit", []).append(lambda: self.state.put(origin, h, group))
+        # Other nodes over the same database reload this group (appliance.relay.nodes).
+        ctx.setdefault("groups_changed", []).append((origin, h))
 
     def _snapshots(self, conn: apsw.Connection, origin: int, h: str, group: Group | None) -> list[Event]:
         secret, pub = self.keys.get(conn, origin)

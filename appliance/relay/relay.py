@@ -13,6 +13,8 @@ plug in from `app.py` without the relay importing them.
   ephemeral event, which never reaches the store and so never meets its in-transaction checks
   (groups: only members may post into a group, stored or not).
 - `on_stored`: async callbacks after commit, with (origin, event).
+- `on_ephemeral`: `(origin, event) -> None` callables after an ephemeral event was broadcast here
+  (other nodes replay it: appliance.relay.nodes).
 """
 
 from __future__ import annotations
@@ -88,6 +90,7 @@ class Relay:
     store_hooks: WriteHooks = field(default_factory=WriteHooks)
     on_stored: list[StoredCallback] = field(default_factory=list)
     ephemeral_checks: list[EphemeralCheck] = field(default_factory=list)
+    on_ephemeral: list[EphemeralCheck] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.verifier = Verifier()
@@ -215,6 +218,8 @@ class Relay:
             for check in self.ephemeral_checks:
                 check(origin, ev)
             self.broadcast(origin, ev, ev.to_json())
+            for announce in self.on_ephemeral:
+                announce(origin, ev)
             return ""
         raw = ev.to_json()
         pending = PendingEvent(origin.id, ev, raw, expiration, now, self.store_hooks, context)

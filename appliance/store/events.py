@@ -691,3 +691,12 @@ SQL_NEWEST_CREATED_AT = (
 def newest_created_at(conn) -> int | None:
     """The latest created_at stored (None when empty): a clock that reads earlier went back."""
     return conn.execute(SQL_NEWEST_CREATED_AT).fetchone()[0]
+
+
+SQL_EVENT_RAW = "SELECT raw FROM events WHERE origin = ? AND id = ?"
+
+
+def event_raw(conn, origin: int, event_id: str) -> str | None:
+    """One stored event as served, or None (never stored, deleted or replaced)."""
+    row = conn.execute(SQL_EVENT_RAW, (origin, event_id)).fetchone()
+    return None if row is None else row[0]
