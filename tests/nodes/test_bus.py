@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import asyncio
 
-import psycopg
 import pytest
+
+psycopg = pytest.importorskip("psycopg", reason="several nodes need PostgreSQL: psycopg is not installed")
 
 from appliance.store.notify import MAX_PAYLOAD, LocalBus, PgBus, fits
 
