@@ -209,6 +209,9 @@ class Appliance:
     on_startup: list = field(default_factory=list)
     on_shutdown: list = field(default_factory=list)
     relay_post: Any = None
+    # Called (no arguments) after a reload applied a configuration edit made elsewhere (the CLI,
+    # another node): parts that copied settings at start take the edited values.
+    on_reload: list = field(default_factory=list)
     # Lines added to the start banner, after the relay's.
     banner: list = field(default_factory=list)
     instance_lock: Any = None  # appliance.store.instance.InstanceLock, held while serving
@@ -252,6 +255,7 @@ class Appliance:
                 log.error("configuration edit not applied, still serving the previous one: %s", exc)
                 return False
         await self.store.read(self.groups.state.load)
+        await self._reload_stored_settings()
         self.relay.origins.origins = origins
         self.relay.origins_changed()
         await asyncio.to_thread(ensure_relay_keys, self.store, self.groups, origins)
@@ -261,6 +265,21 @@ class Appliance:
         self.wal_scrub_pending = True  # an edit may have erased key material (`appliance keys erase`)
         log.info("reloaded origins and groups generation=%d", generation)
         return True
+
+    async def _reload_stored_settings(self) -> None:
+        """Settings saved from the dashboard (of this node or another over the same database)."""
+        from appliance.store.admin import stored_settings
+
+        stored = await self.store.read(stored_settings)
+        for name, source in list(self.settings.sources.items()):
+            if source == "dashboard" and name not in stored:
+                self.settings.clear_stored(name)
+        self.settings.apply_stored(stored)
+        for hook in self.on_reload:
+            try:
+                hook()
+            except Exception:
+                log.exception("applying reloaded settings failed")
 
     async def purge_loop(self) -> None:
         while True:

@@ -37,6 +37,10 @@ def install(app, *, fetch_assets: bool = True) -> Admin | None:
     management = Management(app)
     app.relay_post = management.handle
     app.nip11_extensions.append(management.nip11)
+    # Settings another node's dashboard saved reach this one's running parts too.
+    from .pages.settings import refresh_runtime
+
+    app.on_reload.append(lambda: refresh_runtime(app))
     admin = Admin(app)
     if admin.base_url is None:
         return None

@@ -18,6 +18,7 @@ from appliance.nostr.keys import generate_secret, public_key
 from appliance.store import executor_keys as rows
 from appliance.store.executor_keys import KeyRow, dependent_leases, list_keys
 from appliance.store.keyfile import KeyFile
+from appliance.store.meta import node_lock
 
 from .descriptor import ExecutorKey, Limits
 
@@ -42,13 +43,16 @@ def create_current(conn: apsw.Connection, keyfile: KeyFile, origin: int, now: in
 
 
 def ensure_current(conn: apsw.Connection, keyfile: KeyFile, origin: int, now: int) -> None:
-    """Generate the first executor key of a push-enabled origin (inside a write transaction)."""
+    """Generate the first executor key of a push-enabled origin (inside a write transaction).
+    Several nodes reloading a new origin at once: one makes the key, the others then see it."""
+    node_lock(conn, f"executor-keys:{origin}")
     if not any(k.state == "current" for k in list_keys(conn, origin)):
         create_current(conn, keyfile, origin, now)
 
 
 def rotate(conn: apsw.Connection, keyfile: KeyFile, origin: int, limits: Limits, now: int) -> KeyRow:
     """Make a new current key; the old one retires for max_lease_ttl + allowed_skew."""
+    node_lock(conn, f"executor-keys:{origin}")
     rows.retire_current(conn, origin, now, now + limits.max_lease_ttl + limits.allowed_skew)
     return create_current(conn, keyfile, origin, now)
 

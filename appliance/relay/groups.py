@@ -21,6 +21,7 @@ from appliance.store import groups as store_groups
 from appliance.store.events import address_rows, group_of, store_event
 from appliance.store.groups import Group, read_group
 from appliance.store.keyfile import KeyFile
+from appliance.store.meta import node_lock
 
 PUT_USER, REMOVE_USER, EDIT_METADATA, DELETE_EVENT, CREATE_GROUP, DELETE_GROUP = 9000, 9001, 9002, 9005, 9007, 9008
 JOIN_REQUEST, LEAVE_REQUEST = 9021, 9022
@@ -104,6 +105,7 @@ class RelayKeys:
         cached = self._cache.get(origin)
         if cached is not None:
             return cached
+        node_lock(conn, f"relay-key:{origin}")  # several nodes: one makes it, the others read it
         row = store_groups.relay_key(conn, origin)
         label = f"relay-key:{origin}"
         if row is None:

@@ -7,6 +7,8 @@ import apsw
 
 SQL_BUMP_GENERATION = "UPDATE meta SET value = CAST(value AS INTEGER) + 1 WHERE name = 'config_generation'"
 SQL_GENERATION = "SELECT value FROM meta WHERE name = 'config_generation'"
+# Several nodes over PostgreSQL: a transaction-scoped lock on a name (its 64-bit hash).
+SQL_NODE_LOCK = "SELECT pg_advisory_xact_lock(hashtextextended(?, 0))"
 SQL_HEALTH_PROBE = ("INSERT INTO meta (name, value) VALUES ('health_probe', ?) "
                     "ON CONFLICT (name) DO UPDATE SET value = excluded.value")
 SQL_META = "SELECT value FROM meta WHERE name = ?"
@@ -34,6 +36,16 @@ def read_probe(conn: apsw.Connection) -> None:
 def bump_generation(conn: apsw.Connection) -> None:
     """Tell a running appliance that origins, groups or keys changed outside it (the CLI)."""
     conn.execute(SQL_BUMP_GENERATION)
+
+
+def node_lock(conn, *names: str) -> None:
+    """Serialize the rest of this write transaction with every other node's transactions that
+    lock one of `names`, until commit (PostgreSQL advisory locks, taken in sorted order). Nothing to
+    do on SQLite: its one writer serializes every write already."""
+    if isinstance(conn, apsw.Connection):
+        return
+    for name in sorted(set(names)):
+        conn.execute(SQL_NODE_LOCK, (name,))
 
 
 def config_generation(conn: apsw.Connection) -> int:

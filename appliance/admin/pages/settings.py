@@ -16,6 +16,7 @@ from starlette.routing import Route
 from appliance.errors import ConfigError
 from appliance.settings import BY_NAME, SETTINGS
 from appliance.store import admin as stored
+from appliance.store.meta import bump_generation
 
 from .. import auth
 
@@ -71,7 +72,7 @@ def routes(admin) -> list[Route]:
             return await page(request, f"{name} is set by the configuration ({settings.sources[name]}): change it "
                                        "there.", 400)
         if form.get("reset") == "1":
-            await admin.app.store.write(lambda conn: stored.drop_setting(conn, name))
+            await admin.app.store.write(lambda conn: (stored.drop_setting(conn, name), bump_generation(conn)))
             settings.clear_stored(name)
             refresh_runtime(admin.app)
             return admin.redirect("/settings", f"{name} is back to its default.")
@@ -80,7 +81,8 @@ def routes(admin) -> list[Route]:
             value = setting.coerce(raw)
         except ConfigError as exc:
             return await page(request, str(exc), 400)
-        await admin.app.store.write(lambda conn: stored.save_setting(conn, name, raw))
+        # The generation bump: every other node over the same database applies it too.
+        await admin.app.store.write(lambda conn: (stored.save_setting(conn, name, raw), bump_generation(conn)))
         settings.apply_stored({name: raw})
         del value
         refresh_runtime(admin.app)
