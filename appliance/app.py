@@ -234,6 +234,9 @@ class Appliance:
             await asyncio.sleep(self.RELOAD_INTERVAL)
             try:
                 await self.reload_if_changed()
+                if self.fanout is not None and not self.fanout.listening:
+                    # Not hearing the other nodes: their group changes arrive by polling meanwhile.
+                    await self.store.read(self.groups.state.load)
             except Exception:
                 log.exception("reloading origins and groups failed")
 
@@ -368,6 +371,7 @@ def _wire_nodes(app: "Appliance") -> None:
     if not app.bus.multi_node:
         return
     app.fanout = NodeFanout(app.bus, app.relay, app.groups.state, app.reload_if_changed)
+    app.relay.other_nodes = True
     app.relay.store_hooks.add_stored(app.fanout.stored)
     app.relay.on_ephemeral.append(app.fanout.ephemeral)
 

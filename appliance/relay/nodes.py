@@ -33,7 +33,7 @@ import orjson
 
 from appliance.nostr.event import Event, InvalidEvent, parse_event
 from appliance.origins import UnknownOrigin
-from appliance.relay.groups import GroupState, read_group
+from appliance.relay.groups import Group, GroupState, read_group
 from appliance.relay.relay import Relay
 from appliance.store.events import event_raw
 from appliance.store.notify import fits
@@ -52,6 +52,7 @@ class NodeFanout:
         self.node_id = bus.node_id
         self._prefix = '{"n":' + orjson.dumps(self.node_id).decode() + ',"o":'
         self._sends: set[asyncio.Task] = set()
+        self._stale = False  # a group message could not be applied: reload every group
         self.stats = {"announced": 0, "heard": 0, "replayed": 0, "read_back": 0}
 
     # -- announcing (inside the writer transaction) ------------------------------------------------
@@ -91,9 +92,22 @@ class NodeFanout:
         if node == self.node_id:
             return
         self.stats["heard"] += 1
+        if self._stale:  # a group could not be read back earlier: read them all now
+            try:
+                await self.relay.store.read(self.groups.load)
+                self._stale = False
+            except Exception:
+                log.exception("node bus: reloading the groups failed")
         if "g" in msg:
             h = msg["g"]
-            group = await self.relay.store.read(lambda conn: read_group(conn, origin_id, h))
+            try:
+                group = await self.relay.store.read(lambda conn: read_group(conn, origin_id, h))
+            except Exception:
+                # Fail closed: until it is read again, the group is private with no members here
+                # (its events reach no one on this node), rather than readable as it was before.
+                log.exception("node bus: reloading group %s failed; hiding it until the next reload", h)
+                group = Group(h, private=True)
+                self._stale = True
             self.groups.put(origin_id, h, group)
             return
         try:
@@ -118,8 +132,19 @@ class NodeFanout:
 
     async def connected(self) -> None:
         """After the listening connection (re)opened: catch up on what it may have missed."""
-        await self.relay.store.read(self.groups.load)
+        try:
+            await self.relay.store.read(self.groups.load)
+            self._stale = False
+        except Exception:
+            self._stale = True
+            raise
         await self.catch_up()
+
+    @property
+    def listening(self) -> bool:
+        """Whether other nodes' notifications reach this node now (else its mirror of the groups
+        may lag: Appliance.reload_loop then reloads it every second)."""
+        return self.bus.listening.is_set()
 
     async def run(self) -> None:
         await self.bus.run(self.heard, self.connected)

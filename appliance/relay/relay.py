@@ -103,6 +103,8 @@ class Relay:
         # it (Subscription.skip), so the broadcast does not send it to that REQ a second time.
         self.unbroadcast: dict[str, int] = {}
         self.stopping = False  # set by shutdown: new EVENT/REQ/COUNT are refused
+        # Other nodes over the same database replay their events here (appliance.relay.nodes).
+        self.other_nodes = False
         # Called for every refused EVENT with (origin, event, refusal): counters, the dashboard.
         self.on_rejected: list[Callable[[Origin, Event, Rejected], None]] = []
 

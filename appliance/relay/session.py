@@ -6,6 +6,7 @@ import asyncio
 import logging
 import secrets
 import time
+from itertools import islice
 
 import orjson
 from starlette.websockets import WebSocket, WebSocketDisconnect
@@ -52,6 +53,11 @@ DEFAULT_MAX_REFUSALS = 1000
 REFUSAL_WINDOW_SECONDS = 60.0
 # Queued messages written together (one system call): a REQ's stored events, a burst of OKs.
 SEND_BATCH = 256
+# Several nodes: an event another node committed can be in a REQ's stored answer before its
+# notification reaches this node; the newest this many ids of each answer are not sent again when
+# it does, for this many seconds (far longer than a notification takes).
+REMOTE_SKIP_ROWS = 64
+REMOTE_SKIP_SECONDS = 5.0
 
 
 STOPPING_MESSAGE = "error: the relay is restarting; try again in a moment"
@@ -219,11 +225,14 @@ class Session:
         (NIP-01: what precedes EOSE is the stored answer, newest first, within its limits)."""
         if sub.held is None:
             skip = sub.skip
-            if skip is not None and event_id in skip:
-                skip.discard(event_id)  # the stored answer carried it (see _answer_ready)
-                if not skip:
+            if skip is not None:
+                if event_id in skip:
+                    skip.discard(event_id)  # the stored answer carried it (see _answer_ready)
+                    if not skip:
+                        sub.skip = None
+                    return
+                if sub.skip_until and time.monotonic() > sub.skip_until:
                     sub.skip = None
-                return
             self.send_event(sub.sub_id, raw)
             return
         self.held_bytes += len(raw)
@@ -568,7 +577,8 @@ class Session:
                 self.send(text)
         held = self._release_held(sub)
         unbroadcast = self.relay.unbroadcast
-        if held or unbroadcast:
+        remote = self.relay.other_nodes
+        if held or unbroadcast or remote:
             # Held events the stored answer already carried are not sent twice; nor are events it
             # carried whose publishers have not broadcast them yet (committed, seen by the read,
             # their broadcast still to come on this loop).
@@ -578,6 +588,9 @@ class Session:
                     self.send_event(sub_id, raw)
             if answered:
                 skip = {eid for eid in list(unbroadcast) if eid in answered}
+                if remote:
+                    skip.update(eid for eid, _raw in islice(rows, REMOTE_SKIP_ROWS))
+                    sub.skip_until = time.monotonic() + REMOTE_SKIP_SECONDS
                 sub.skip = skip or None
 
     def end_subscription(self, sub_id: str) -> None:
