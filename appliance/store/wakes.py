@@ -25,6 +25,8 @@ from typing import Any
 import apsw
 import orjson
 
+from appliance.store.meta import node_lock
+
 __all__ = [
     "JOB_STATES",
     "FINISHED_STATES",
@@ -92,6 +94,17 @@ _CHECK_COLUMNS = (
 )
 SQL_DUE_CHECKED = _CHECK_COLUMNS.format(indexed="INDEXED BY wake_jobs_due") + (
     "WHERE j.state IN ('pending', 'claimed') AND j.due_at <= ? ORDER BY j.due_at LIMIT ?")
+# PostgreSQL, where several nodes claim from one table: each takes the due wakes no other node's
+# open claim holds, without waiting, and keeps them locked until its claim commits (a row another
+# node held meanwhile is re-checked against the WHERE by PostgreSQL once free, or skipped).
+SQL_DUE_CHECKED_PG = _CHECK_COLUMNS.format(indexed="") + (
+    "WHERE j.state IN ('pending', 'claimed') AND j.due_at <= ? ORDER BY j.due_at LIMIT ? "
+    "FOR UPDATE OF j SKIP LOCKED")
+# Several nodes over PostgreSQL: the decisions about one endpoint (coalesce into its pending
+# wake, or a new wake due under the rate cap; claim it and note the send) are serialized by a
+# transaction-scoped advisory lock on its key (meta.node_lock), taken before the first of them and
+# held to the commit. On SQLite the one writer serializes them already. (docs/scaling.md, "Wakes
+# across nodes", says why this lock rather than a row lock or a unique index.)
 # (Finished coalesced jobs stay until retention: look them up by wake, never by state.)
 SQL_MEMBERS_CHECKED = _CHECK_COLUMNS.format(indexed="INDEXED BY wake_jobs_wake") + (
     "WHERE j.wake_id IN (SELECT value FROM json_each(?)) AND j.state = 'coalesced'"
@@ -211,6 +224,7 @@ def insert_job(conn: apsw.Connection, *, job_id: str, origin: int, app_profile: 
     the commit (state `claimed`), saving the claim transaction on the way to the provider.
     """
     key = (origin, app_profile, transport, endpoint_hash)
+    lock_endpoints(conn, [key])
     pending = conn.execute(SQL_PENDING_WAKE, key).fetchone()
     if pending is not None:
         state, wake_id, due = "coalesced", pending[0], now
@@ -228,6 +242,15 @@ def insert_job(conn: apsw.Connection, *, job_id: str, origin: int, app_profile: 
     if state == "claimed":
         conn.execute(SQL_NOTE_SENT, (*key, now))
     return state
+
+
+def lock_endpoints(conn, keys) -> None:
+    """Serialize this transaction's decisions about these endpoints with every other node's
+    (PostgreSQL; nothing to do on SQLite's single writer). One call takes its locks in one order,
+    so two claims never wait on each other in a cycle; two batched transactions whose events match
+    endpoints in opposite orders can, and PostgreSQL then fails one of those writes (its client
+    gets `error:` and may send it again; docs/scaling.md)."""
+    node_lock(conn, *(f"wake-endpoint:{o}:{p}:{t}:{h}" for o, p, t, h in keys))
 
 
 def due_wakes(conn: apsw.Connection, now: float, limit: int) -> list[WakeJob]:
@@ -248,7 +271,13 @@ def _checked(row: tuple) -> tuple[WakeJob, tuple | None, str | None, int | None]
 def due_wakes_checked(conn: apsw.Connection, now: float, limit: int) -> list[tuple]:
     """`due_wakes`, each with its lease row (generation, active, expiration, invalidated_at,
     app_profile, transport, endpoint, endpoint_hash) and its event (raw, expiration)."""
-    return [_checked(r) for r in conn.execute(SQL_DUE_CHECKED, (now, limit))]
+    if isinstance(conn, apsw.Connection):
+        return [_checked(r) for r in conn.execute(SQL_DUE_CHECKED, (now, limit))]
+    due = [_checked(r) for r in conn.execute(SQL_DUE_CHECKED_PG, (now, limit))]
+    # Other nodes: wait for any transaction still deciding about these endpoints (a match joining
+    # one of these wakes right now), so the members read next include what it committed.
+    lock_endpoints(conn, [item[0].endpoint_key for item in due])
+    return due
 
 
 def members_checked(conn: apsw.Connection, wake_ids: list[str]) -> dict[str, list[tuple]]:
@@ -480,6 +509,7 @@ def retry_dead(conn: apsw.Connection, job_id: str, now: float, useful_age: float
     if row is None:
         return False
     job = _job(row)
+    lock_endpoints(conn, [job.endpoint_key])
     pending = conn.execute(SQL_PENDING_WAKE, (job.origin, job.app_profile, job.transport, job.endpoint_hash)).fetchone()
     state, wake_id = ("coalesced", pending[0]) if pending else ("pending", None)
     conn.execute(SQL_RETRY_DEAD, (state, wake_id, now, now + useful_age, job_id))
