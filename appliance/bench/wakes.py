@@ -225,7 +225,7 @@ def preload(data_dir: Path, config: Path, *, users: int, devices: int, channels:
                 if u < jobs_for:
                     mention = Event(hashlib.sha256(f"m{eid}".encode()).hexdigest(), _fake_pubkey(rng), now, 9,
                                     [["p", pub]], "bench", "00" * 64)
-                    job = dict(job_id=str(uuid.uuid4()), origin=origin.id, app_profile=PROFILE, transport="apns",
+                    job = dict(job_id=wakes.new_job_id(), origin=origin.id, app_profile=PROFILE, transport="apns",
                                endpoint_hash=lease.endpoint_hash, event_id=mention.id, lease_pubkey=pub, lease_d=d,
                                generation=1, cls="time_sensitive")
                     batch.append((mention, mention.to_json(), None, job))

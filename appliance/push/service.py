@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import time
-import uuid
 from collections import OrderedDict
 from dataclasses import dataclass, replace
 from typing import Any, Awaitable, Callable
@@ -221,7 +220,7 @@ class Push:
         created = False
         fresh: list = []
         for m in self.matcher.match(conn, origin, op.descriptor, op.push_kinds, ev, int(now)):
-            job_id = str(uuid.uuid4())
+            job_id = wakes.new_job_id()
             # A wake due at once goes straight to a worker after the commit (already claimed, so a
             # crash before it is sent leaves a claim that lapses and is retried).
             fast = self.delivery.has_room()

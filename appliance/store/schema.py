@@ -384,6 +384,14 @@ MIGRATIONS: tuple[str, ...] = (
     UPDATE tags SET kind = (SELECT kind FROM events WHERE events.rowid = tags.event);
     CREATE INDEX tags_lookup ON tags(origin, name, value, created_at, kind, event);
     """,
+    # 11: the wake outbox's lease index covers every job, not only undelivered ones. A partial
+    # index on `state` is rewritten whenever a job's state changes, and a claim and an outcome
+    # each change it: one random page of this index per wake. Kept whole, it changes only when a
+    # job is written or purged; cancelling a lease's jobs reads its finished ones too (rare).
+    """
+    DROP INDEX wake_jobs_lease;
+    CREATE INDEX wake_jobs_lease ON wake_jobs(origin, lease_pubkey, lease_d);
+    """,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -19,6 +19,9 @@ Times are Unix seconds (REAL). Endpoint tokens and event contents are never writ
 from __future__ import annotations
 
 import hashlib
+import os
+import threading
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +35,7 @@ __all__ = [
     "FINISHED_STATES",
     "WakeJob",
     "redact_lease",
+    "new_job_id",
     "insert_job",
     "due_wakes",
     "wake_members",
@@ -132,7 +136,7 @@ SQL_EXTEND_CLAIMS = (
 SQL_RESCHEDULE = "UPDATE wake_jobs SET state = 'pending', due_at = ?, last_error = ? WHERE id = ?"
 SQL_SHIFT_DUE = "UPDATE wake_jobs SET due_at = due_at - ? WHERE state IN ('pending', 'claimed') AND due_at > ?"
 SQL_CANCEL_LEASE = (
-    "UPDATE wake_jobs SET state = 'cancelled', finished_at = ?, last_error = ? "
+    "UPDATE wake_jobs INDEXED BY wake_jobs_lease SET state = 'cancelled', finished_at = ?, last_error = ? "
     "WHERE origin = ? AND lease_pubkey = ? AND lease_d = ? AND state IN ('pending', 'coalesced') RETURNING id"
 )
 # Jobs of other leases that had joined a cancelled wake become wakes of their own.
@@ -207,6 +211,36 @@ def redact_lease(pubkey: str, d: str) -> str:
     """A lease address an operator can tell apart and correlate, without the full pubkey or d:
     `30350:<first 12 hex of the pubkey>…:<first 8 hex of SHA-256(d)>`."""
     return f"30350:{pubkey[:12]}…:{hashlib.sha256(d.encode()).hexdigest()[:8]}"
+
+
+# -- job ids ------------------------------------------------------------------------------------------
+
+_id_lock = threading.Lock()
+_id_last = [0, 0]  # (unix ms, counter) of the last id made
+
+
+def new_job_id() -> str:
+    """A fresh job id: a canonical UUID, version 7 (RFC 9562 5.7), the wake's `apns-id`.
+
+    Why version 7: ids made later sort later (48-bit Unix milliseconds, then a 12-bit counter
+    within the millisecond, then 62 random bits), so the outbox's primary key, and the delivery
+    log's job index, grow at their right edge. A claim or an outcome then rewrites B-tree pages
+    its neighbours in time share, instead of a random page per wake (a random version 4 key cost
+    about a quarter of the writer's work per wake at peak). APNs sees the send time anyway.
+    """
+    ms = time.time_ns() // 1_000_000
+    with _id_lock:
+        last_ms, counter = _id_last
+        if ms <= last_ms:  # the same millisecond (or the clock went back): keep counting up
+            ms, counter = last_ms, counter + 1
+            if counter > 0xFFF:
+                ms, counter = ms + 1, 0
+        else:
+            counter = 0
+        _id_last[:] = (ms, counter)
+    rand = int.from_bytes(os.urandom(8), "big") & ((1 << 62) - 1)
+    h = f"{(ms & ((1 << 48) - 1)) << 80 | 0x7 << 76 | counter << 64 | 0b10 << 62 | rand:032x}"
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
 
 # -- writes (inside the writer transaction) -------------------------------------------------------

@@ -106,7 +106,7 @@ async def test_headers_are_exactly_the_fixed_set(server, apns, users):
     assert set(headers) == {"authorization", "apns-push-type", "apns-priority", "apns-topic", "apns-id",
                             "apns-expiration", "content-length"}
     assert (headers["apns-push-type"], headers["apns-priority"], headers["apns-topic"]) == ("alert", "10", TOPIC)
-    assert headers["apns-id"] == job["id"] and uuid.UUID(job["id"]).version == 4
+    assert headers["apns-id"] == job["id"] and uuid.UUID(job["id"]).version == 7  # time-ordered (store/wakes.py)
     # apns-expiration: the job's useful age (an hour by default), nothing from the lease.
     assert 3500 < int(headers["apns-expiration"]) - time.time() <= 3600
     assert rec.path == f"/3/device/{tok}" and rec.body == APNS_BODY
