@@ -214,7 +214,9 @@ class ApnsTransport:
         self.profile = profile
         self.token = token or ProviderToken(profile.key)
         self.timeout = timeout
-        self._client = Http2Client(profile.base_url, profile.ssl_context())
+        # The path (device token), apns-id and expiry change on every request: never indexed.
+        self._client = Http2Client(profile.base_url, profile.ssl_context(),
+                                   volatile=frozenset({":path", "apns-id", "apns-expiration"}))
         self._static = [
             ("apns-push-type", "alert"),
             ("apns-priority", "10"),

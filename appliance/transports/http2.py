@@ -10,8 +10,8 @@ request on one long-lived connection. So this client speaks exactly that part of
 with bytes and `struct`: TLS with ALPN `h2` mandatory, SETTINGS (acknowledged and applied), PING
 answered, concurrency bounded by the server's MAX_CONCURRENT_STREAMS, flow control respected in
 both directions, header blocks split into CONTINUATION frames as needed, RST_STREAM, GOAWAY
-(reason kept), and reconnection after GOAWAY or a dropped connection. Answers are decoded by
-`hpack` (dynamic table, Huffman); requests are encoded here (literal fields, never indexed).
+(reason kept), and reconnection after GOAWAY or a dropped connection. HPACK both ways is ours too
+(`_Encoder` below, `hpack_decode.py`), each checked against the `hpack` library in the tests.
 Whatever the server sends that the protocol forbids ends the connection (GOAWAY with the error),
 failing its requests with Http2Error.
 """
@@ -25,8 +25,7 @@ import struct
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-import hpack
-import hpack.exceptions
+from .hpack_decode import DecodeError, Decoder
 
 __all__ = ["Http2Client", "Response", "Http2Error", "ConnectFailed", "StreamRefused"]
 
@@ -112,45 +111,88 @@ def _hpack_str(data: bytes) -> bytes:
     return _hpack_int(len(data), 7) + data  # H = 0: no Huffman coding
 
 
-class _PlainEncoder:
-    """HPACK for a client whose header values change on every request (path, apns-id, expiry).
+class _Encoder:
+    """HPACK for a client whose requests repeat most fields (method, scheme, authority, provider
+    token, topic, ...) and change a few on every request (path, apns-id, expiry).
 
-    Every field is a literal without indexing (RFC 7541 6.2.2) with no Huffman coding: the
-    dynamic table stays empty, so a few more bytes on the wire for a fraction of the CPU. Fields
-    seen before (the method, scheme, authority, provider token, topic, ...: most of a request's
-    fields repeat) keep their encoding. When the server sets SETTINGS_HEADER_TABLE_SIZE, the next
-    block starts with a dynamic table size update to it (RFC 7541 4.2, 6.3).
+    A repeating field is sent once as a literal with incremental indexing (RFC 7541 6.2.1) and
+    afterwards as one or two bytes naming its dynamic table entry (6.1): the server decodes an
+    index instead of the provider token's 200-odd bytes. Fields named in `volatile` are literals
+    without indexing (6.2.2), so they never churn the table. No Huffman coding: a few more bytes
+    for the literals, a fraction of the CPU. This encoder is the only writer of its table, so it
+    mirrors it exactly: entries of name + value + 32 octets, evicted oldest first (4.4), within the
+    size the server allows (SETTINGS_HEADER_TABLE_SIZE, at most the 4096 default; a change is
+    signalled at the start of the next block, 4.2, 6.3). Nothing here is secret from the server;
+    no party but the server sees the compressed sizes.
     """
 
-    # Bounded by starting afresh when full.
+    # Literal blocks kept (fields seen before); bounded by starting afresh when full.
     CACHE_MAX = 256
 
-    def __init__(self):
-        self._fields: dict[tuple, bytes] = {}
-        self._table_size: int | None = None  # a size update owed to the peer's decoder
+    def __init__(self, volatile: frozenset[str] = frozenset()):
+        self.volatile = volatile
+        self._literals: dict[tuple, bytes] = {}
+        self.max_size = 4096
+        self._size = 0
+        self._entries: list[tuple[tuple, int]] = []  # (field, size), oldest first
+        self._seq: dict[tuple, int] = {}  # field -> its insertion number
+        self._inserted = 0  # insertions so far; the newest entry is number _inserted - 1
+        self._updates: list[int] = []  # table size updates owed to the server's decoder
 
-    def table_size_changed(self, size: int) -> None:
-        self._table_size = size
+    def table_size_changed(self, allowed: int) -> None:
+        """The server's SETTINGS_HEADER_TABLE_SIZE: our table shrinks to fit (never beyond 4096)."""
+        size = min(allowed, 4096)
+        if size != self.max_size or self._updates:
+            # RFC 7541 4.2: the smallest size since the last block first, then the final one.
+            smallest = min([size, *self._updates])
+            self._updates = [smallest] if smallest == size else [smallest, size]
+            self.max_size = size
+            self._evict(0)
+
+    def _evict(self, room: int) -> None:
+        while self._entries and self._size + room > self.max_size:
+            field, size = self._entries.pop(0)
+            self._size -= size
+            if self._seq.get(field) == self._inserted - len(self._entries) - 1:
+                del self._seq[field]
+
+    @staticmethod
+    def _octets(text) -> bytes:
+        return text if type(text) is bytes else str(text).encode()
 
     def encode(self, headers) -> bytes:
         out = bytearray()
-        if self._table_size is not None:
-            out += _hpack_int(self._table_size, 5, 0x20)
-            self._table_size = None
-        fields = self._fields
-        for header in headers:
-            block = fields.get(header)
-            if block is None:
-                name, value = header[0], header[1]
-                if type(name) is not bytes:
-                    name = str(name).encode()
-                if type(value) is not bytes:
-                    value = str(value).encode()
-                block = b"\x00" + _hpack_str(name) + _hpack_str(value)
-                if len(fields) >= self.CACHE_MAX:
-                    fields.clear()
-                fields[header] = block
-            out += block
+        if self._updates:
+            for size in self._updates:
+                out += _hpack_int(size, 5, 0x20)
+            self._updates = []
+        seq, volatile = self._seq, self.volatile
+        for field in headers:
+            n = seq.get(field)
+            if n is not None:  # in the table: its index (the newest entry is 62)
+                out += _hpack_int(62 + self._inserted - 1 - n, 7, 0x80)
+                continue
+            name = field[0]
+            if name in volatile:
+                block = self._literals.get(field)
+                if block is None:
+                    block = b"\x00" + _hpack_str(self._octets(name)) + _hpack_str(self._octets(field[1]))
+                    if len(self._literals) >= self.CACHE_MAX:
+                        self._literals.clear()
+                    self._literals[field] = block
+                out += block
+                continue
+            name_b, value_b = self._octets(name), self._octets(field[1])
+            out += b"\x40" + _hpack_str(name_b) + _hpack_str(value_b)
+            size = len(name_b) + len(value_b) + 32
+            if size > self.max_size:  # larger than the table: the table empties (4.4)
+                self._evict(self.max_size + 1)
+                continue
+            self._evict(size)
+            self._entries.append((field, size))
+            self._size += size
+            seq[field] = self._inserted
+            self._inserted += 1
         return bytes(out)
 
 
@@ -169,8 +211,8 @@ class _Stream:
 class _Connection(asyncio.Protocol):
     def __init__(self, client: "Http2Client"):
         self.client = client
-        self.encoder = _PlainEncoder()
-        self.decoder = hpack.Decoder(max_header_list_size=MAX_HEADER_LIST)
+        self.encoder = _Encoder(client.volatile)
+        self.decoder = Decoder(max_header_list_size=MAX_HEADER_LIST)
         self._out = bytearray()
         self._flush_scheduled = False
         self.transport: asyncio.Transport | None = None
@@ -338,7 +380,7 @@ class _Connection(asyncio.Protocol):
         # Every block is decoded, even for a stream we gave up on: it may change the HPACK table.
         try:
             fields = self.decoder.decode(block)
-        except (hpack.exceptions.HPACKError, UnicodeDecodeError) as exc:
+        except DecodeError as exc:
             raise _ConnectionError(COMPRESSION_ERROR, f"cannot decode a header block: {exc}") from None
         stream = self.streams.get(stream_id)
         if stream is None:
@@ -550,7 +592,9 @@ class _Connection(asyncio.Protocol):
 class Http2Client:
     """Requests to one https:// origin over one long-lived HTTP/2 connection, made on first use."""
 
-    def __init__(self, base_url: str, ssl_context: ssl.SSLContext, *, connect_timeout: float = 10.0):
+    def __init__(self, base_url: str, ssl_context: ssl.SSLContext, *, connect_timeout: float = 10.0,
+                 volatile: frozenset[str] = frozenset({":path"})):
+        """`volatile`: header names whose values change from request to request (never indexed)."""
         parts = urlsplit(base_url)
         if parts.scheme != "https" or not parts.hostname:
             raise ValueError("an https:// URL is required")
@@ -560,6 +604,7 @@ class Http2Client:
         self.ssl_context = ssl_context
         self.ssl_context.set_alpn_protocols(["h2"])
         self.connect_timeout = connect_timeout
+        self.volatile = volatile
         self._conn: _Connection | None = None
         self._connecting: asyncio.Lock | None = None
         self.connections_made = 0

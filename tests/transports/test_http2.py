@@ -178,3 +178,36 @@ async def test_a_protocol_error_ends_the_connection(scripted, bad):
         assert seen[-1][0] == 7  # we said GOAWAY
     finally:
         await c.close()
+
+
+def test_the_encoder_mirrors_its_dynamic_table_for_any_decoder():
+    """Random requests through our encoder, decoded by hpack's decoder (an independent HPACK
+    implementation), with the server shrinking and growing the table between them."""
+    import random
+
+    from appliance.transports.http2 import _Encoder
+
+    rng = random.Random(1)
+    for _trial in range(200):
+        enc, dec = _Encoder(frozenset({":path", "apns-id"})), hpack.Decoder()
+        pool = [(f"h{i}", "v" * rng.randrange(0, 300)) for i in range(12)] + [("authorization", "b" * 250)]
+        for _step in range(40):
+            if rng.random() < 0.1:
+                size = rng.choice([0, 50, 300, 1000, 4096, 10000])
+                enc.table_size_changed(size)
+                dec.max_allowed_table_size = min(size, 4096)
+            fields = rng.sample(pool, rng.randrange(1, 8)) + [(":path", f"/3/device/{rng.random()}"),
+                                                              ("apns-id", str(rng.random()))]
+            block = enc.encode(fields)
+            assert dec.decode(block) == fields
+        assert not {name for (name, _v), _size in enc._entries} & {":path", "apns-id"}
+
+
+def test_repeated_fields_are_sent_as_indexes():
+    from appliance.transports.http2 import _Encoder
+
+    enc = _Encoder(frozenset({":path"}))
+    fields = [(":method", "POST"), ("authorization", "bearer " + "t" * 200), (":path", "/3/device/ab")]
+    first, second = enc.encode(fields), enc.encode(fields)
+    assert len(first) > 200 and len(second) == 2 + 1 + (1 + 5) + (1 + 12)  # two indexes, the path literal
+    assert hpack.Decoder().decode(first) == fields
