@@ -515,7 +515,12 @@ class _Connection(asyncio.Protocol):
 
     def __init__(self, emulator: ApnsEmulator):
         self.emulator = emulator
-        self.h2 = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False, header_encoding="utf-8"))
+        # Requests are validated as Apple's front end would (inbound checks on); our own answers are
+        # a fixed, well-formed set, so h2 need not check them again on the way out.
+        self.h2 = h2.connection.H2Connection(h2.config.H2Configuration(
+            client_side=False, header_encoding="utf-8", validate_outbound_headers=False,
+            normalize_outbound_headers=False))
+        self._flush_scheduled = False
         self.streams: dict[int, tuple[list[tuple[str, str]], bytearray]] = {}
         emulator._connections += 1
         self.binding: dict = {"id": emulator._connections}
@@ -608,8 +613,17 @@ class _Connection(asyncio.Protocol):
                 self.h2.send_data(stream_id, answer.body, end_stream=True)
         except (h2.exceptions.StreamClosedError, h2.exceptions.ProtocolError):
             return  # the client gave up on the stream; it was never answered
-        self.transport.write(self.h2.data_to_send())
+        # Answers made in one loop iteration go out in one write (after data_received, or soon).
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
         self.emulator._recorded(record)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        data = self.h2.data_to_send()
+        if data and self.transport is not None and not self.transport.is_closing():
+            self.transport.write(data)
 
 
 def main(argv: list[str] | None = None) -> int:
