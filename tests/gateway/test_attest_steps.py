@@ -20,6 +20,14 @@ APP = "TEAM123456.com.example.app"
 NOW = int(time.time())
 
 
+@pytest.fixture(autouse=True)
+def _now():
+    """NOW is when each test runs: a fresh credential certificate is backdated only 5 minutes, and
+    a slow suite can reach these tests longer than that after importing the module."""
+    global NOW
+    NOW = int(time.time())
+
+
 @pytest.fixture(scope="module")
 def ca():
     return TestCA()
