@@ -392,6 +392,31 @@ MIGRATIONS: tuple[str, ...] = (
     DROP INDEX wake_jobs_lease;
     CREATE INDEX wake_jobs_lease ON wake_jobs(origin, lease_pubkey, lease_d);
     """,
+    # 12: an endpoint's pending wake (the one later matches join) is kept as a hint in its
+    # wake_endpoints row, checked by primary key before use, instead of a partial index of
+    # wake_jobs by endpoint: that index lost an entry at every claim, a random page per wake.
+    # last_sent_at becomes nullable: a row may name a pending wake before anything was sent.
+    """
+    CREATE TABLE wake_endpoints_v12 (
+        origin      INTEGER NOT NULL,
+        app_profile TEXT NOT NULL,
+        transport   TEXT NOT NULL,
+        endpoint_hash TEXT NOT NULL,
+        last_sent_at REAL,                    -- when the last wake went to it (NULL: none yet)
+        pending_wake TEXT,                    -- a pending wake of it (a hint: checked before use)
+        PRIMARY KEY (origin, app_profile, transport, endpoint_hash)
+    ) WITHOUT ROWID;
+    INSERT INTO wake_endpoints_v12 (origin, app_profile, transport, endpoint_hash, last_sent_at)
+        SELECT origin, app_profile, transport, endpoint_hash, last_sent_at FROM wake_endpoints;
+    INSERT INTO wake_endpoints_v12 (origin, app_profile, transport, endpoint_hash, pending_wake)
+        SELECT origin, app_profile, transport, endpoint_hash, max(id) FROM wake_jobs WHERE state = 'pending'
+        GROUP BY origin, app_profile, transport, endpoint_hash
+        ON CONFLICT (origin, app_profile, transport, endpoint_hash) DO UPDATE SET pending_wake = excluded.pending_wake;
+    DROP TABLE wake_endpoints;
+    ALTER TABLE wake_endpoints_v12 RENAME TO wake_endpoints;
+    CREATE INDEX wake_endpoints_sent ON wake_endpoints(last_sent_at);
+    DROP INDEX wake_jobs_endpoint;
+    """,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -67,17 +67,21 @@ SQL_INSERT_JOB = (
     "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
     "ON CONFLICT (origin, app_profile, transport, endpoint_hash, event_id) DO NOTHING"
 )
-SQL_PENDING_WAKE = (
-    "SELECT id FROM wake_jobs WHERE origin = ? AND app_profile = ? AND transport = ? AND endpoint_hash = ? "
-    "AND state = 'pending' LIMIT 1"
-)
-SQL_LAST_SENT = (
-    "SELECT last_sent_at FROM wake_endpoints WHERE origin = ? AND app_profile = ? AND transport = ? "
+# The endpoint's row: when a wake last went to it, and its pending wake (a hint, see SQL_IS_PENDING).
+SQL_ENDPOINT = (
+    "SELECT last_sent_at, pending_wake FROM wake_endpoints WHERE origin = ? AND app_profile = ? AND transport = ? "
     "AND endpoint_hash = ?"
 )
+SQL_IS_PENDING = "SELECT 1 FROM wake_jobs WHERE id = ? AND state = 'pending'"
+SQL_NOTE_PENDING = (
+    "INSERT INTO wake_endpoints (origin, app_profile, transport, endpoint_hash, pending_wake) VALUES (?, ?, ?, ?, ?) "
+    "ON CONFLICT (origin, app_profile, transport, endpoint_hash) DO UPDATE SET pending_wake = excluded.pending_wake"
+)
+# A wake sent (claimed): noted for the rate cap; if it was the endpoint's pending wake, it no longer is.
 SQL_NOTE_SENT = (
     "INSERT INTO wake_endpoints (origin, app_profile, transport, endpoint_hash, last_sent_at) VALUES (?, ?, ?, ?, ?) "
-    "ON CONFLICT (origin, app_profile, transport, endpoint_hash) DO UPDATE SET last_sent_at = excluded.last_sent_at"
+    "ON CONFLICT (origin, app_profile, transport, endpoint_hash) DO UPDATE SET last_sent_at = excluded.last_sent_at, "
+    "pending_wake = CASE WHEN pending_wake = ? THEN NULL ELSE pending_wake END"
 )
 # Pending wakes that are due, and claims that lapsed (the process died while sending).
 # INDEXED BY: without statistics the planner would rather walk every pending job by state and
@@ -128,19 +132,25 @@ SQL_FINISH_MEMBERS = (
 )
 SQL_RELEASE = (
     "UPDATE wake_jobs SET state = 'pending', due_at = ? WHERE id IN (SELECT value FROM json_each(?)) "
-    "AND state = 'claimed'"
+    "AND state = 'claimed' RETURNING origin, app_profile, transport, endpoint_hash, id"
 )
 SQL_EXTEND_CLAIMS = (
     "UPDATE wake_jobs SET due_at = ? WHERE id IN (SELECT value FROM json_each(?)) AND state = 'claimed'"
 )
-SQL_RESCHEDULE = "UPDATE wake_jobs SET state = 'pending', due_at = ?, last_error = ? WHERE id = ?"
+SQL_RESCHEDULE = (
+    "UPDATE wake_jobs SET state = 'pending', due_at = ?, last_error = ? WHERE id = ? "
+    "RETURNING origin, app_profile, transport, endpoint_hash, id"
+)
 SQL_SHIFT_DUE = "UPDATE wake_jobs SET due_at = due_at - ? WHERE state IN ('pending', 'claimed') AND due_at > ?"
 SQL_CANCEL_LEASE = (
     "UPDATE wake_jobs INDEXED BY wake_jobs_lease SET state = 'cancelled', finished_at = ?, last_error = ? "
     "WHERE origin = ? AND lease_pubkey = ? AND lease_d = ? AND state IN ('pending', 'coalesced') RETURNING id"
 )
 # Jobs of other leases that had joined a cancelled wake become wakes of their own.
-SQL_ORPHANS = "UPDATE wake_jobs SET state = 'pending', wake_id = NULL WHERE wake_id = ? AND state = 'coalesced'"
+SQL_ORPHANS = (
+    "UPDATE wake_jobs SET state = 'pending', wake_id = NULL WHERE wake_id = ? AND state = 'coalesced' "
+    "RETURNING origin, app_profile, transport, endpoint_hash, id"
+)
 SQL_LOG = (
     "INSERT INTO delivery_log (at, origin, lease, app_profile, transport, class, job_id, attempt, outcome, status, "
     "reason, latency_ms, detail) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
@@ -157,6 +167,11 @@ SQL_CLEAR_ALERTS = "UPDATE push_alerts SET cleared_at = ? WHERE origin = ? AND a
 SQL_PURGE_JOBS = "DELETE FROM wake_jobs WHERE finished_at IS NOT NULL AND finished_at < ?"
 SQL_PURGE_LOG = "DELETE FROM delivery_log WHERE at < ?"
 SQL_PURGE_ENDPOINTS = "DELETE FROM wake_endpoints WHERE last_sent_at < ?"
+# Rows that only named a pending wake, once it is gone (never sent to: no rate state to keep).
+SQL_PURGE_HINTS = (
+    "DELETE FROM wake_endpoints INDEXED BY wake_endpoints_sent WHERE last_sent_at IS NULL "
+    "AND NOT EXISTS (SELECT 1 FROM wake_jobs WHERE id = pending_wake AND state = 'pending')"
+)
 SQL_PURGE_ALERTS = "DELETE FROM push_alerts WHERE cleared_at IS NOT NULL AND cleared_at < ?"
 SQL_NEXT_DUE = "SELECT min(due_at) FROM wake_jobs INDEXED BY wake_jobs_due WHERE state IN ('pending', 'claimed')"
 
@@ -259,14 +274,14 @@ def insert_job(conn: apsw.Connection, *, job_id: str, origin: int, app_profile: 
     """
     key = (origin, app_profile, transport, endpoint_hash)
     lock_endpoints(conn, [key])
-    pending = conn.execute(SQL_PENDING_WAKE, key).fetchone()
+    last_sent, pending = _endpoint(conn, key)
     if pending is not None:
-        state, wake_id, due = "coalesced", pending[0], now
+        state, wake_id, due = "coalesced", pending, now
     else:
-        row = conn.execute(SQL_LAST_SENT, key).fetchone()
         # A last send "in the future" means the wall clock went back since: count it as sent now,
         # so the cap spaces wakes by `min_interval` and never holds one for the size of the jump.
-        state, wake_id, due = "pending", None, now if row is None else max(now, min(row[0], now) + min_interval)
+        state, wake_id = "pending", None
+        due = now if last_sent is None else max(now, min(last_sent, now) + min_interval)
         if claim_for is not None and due <= now:
             state, due = "claimed", now + claim_for
     conn.execute(SQL_INSERT_JOB, (job_id, origin, app_profile, transport, endpoint_hash, event_id, lease_pubkey,
@@ -274,7 +289,9 @@ def insert_job(conn: apsw.Connection, *, job_id: str, origin: int, app_profile: 
     if conn.changes() == 0:
         return None  # the same event matched this endpoint before: one job, not two
     if state == "claimed":
-        conn.execute(SQL_NOTE_SENT, (*key, now))
+        conn.execute(SQL_NOTE_SENT, (*key, now, job_id))
+    elif state == "pending":
+        conn.execute(SQL_NOTE_PENDING, (*key, job_id))
     return state
 
 
@@ -285,6 +302,26 @@ def lock_endpoints(conn, keys) -> None:
     endpoints in opposite orders can, and PostgreSQL then fails one of those writes (its client
     gets `error:` and may send it again; docs/scaling.md)."""
     node_lock(conn, *(f"wake-endpoint:{o}:{p}:{t}:{h}" for o, p, t, h in keys))
+
+
+def _endpoint(conn: apsw.Connection, key: tuple) -> tuple[float | None, str | None]:
+    """(when the last wake went to the endpoint, its pending wake) - the pending wake only if the
+    hint still names a pending job. (A stale hint - the wake was sent, dropped, dead-lettered -
+    only means a new match starts a new wake, under the rate cap, instead of joining one.)"""
+    row = conn.execute(SQL_ENDPOINT, key).fetchone()
+    if row is None:
+        return None, None
+    last_sent, pending = row
+    if pending is not None and conn.execute(SQL_IS_PENDING, (pending,)).fetchone() is None:
+        pending = None
+    return last_sent, pending
+
+
+def _note_pending(conn: apsw.Connection, rows: list[tuple]) -> None:
+    """These jobs (origin, app_profile, transport, endpoint_hash, id) are pending again (a retry, a
+    released claim, orphans of a cancelled wake): later matches for their endpoints join them."""
+    if rows:
+        conn.executemany(SQL_NOTE_PENDING, rows)
 
 
 def due_wakes(conn: apsw.Connection, now: float, limit: int) -> list[WakeJob]:
@@ -332,7 +369,7 @@ def job_checked(conn: apsw.Connection, job_id: str) -> tuple | None:
 def claim_wakes(conn: apsw.Connection, jobs: list[WakeJob], now: float, visibility: float) -> None:
     """`claim_wake` for many at once."""
     conn.executemany(SQL_CLAIM, [(now + visibility, job.id) for job in jobs])
-    conn.executemany(SQL_NOTE_SENT, [(*job.endpoint_key, now) for job in jobs])
+    conn.executemany(SQL_NOTE_SENT, [(*job.endpoint_key, now, job.id) for job in jobs])
 
 
 def wake_members(conn: apsw.Connection, wake_id: str) -> list[WakeJob]:
@@ -345,7 +382,7 @@ def claim_wake(conn: apsw.Connection, job: WakeJob, now: float, visibility: floa
     (The wake's class is not written: each job keeps its own match's class, and a wake's class is
     the highest among the jobs that pass the re-check before each attempt.)"""
     conn.execute(SQL_CLAIM, (now + visibility, job.id))
-    conn.execute(SQL_NOTE_SENT, (*job.endpoint_key, now))
+    conn.execute(SQL_NOTE_SENT, (*job.endpoint_key, now, job.id))
 
 
 def set_state(conn: apsw.Connection, job_id: str, state: str, now: float, error: str | None = None) -> None:
@@ -358,8 +395,9 @@ def release(conn: apsw.Connection, job_ids: list[str], now: float) -> int:
     """Give back claims of wakes never sent, or whose sends were abandoned (a graceful stop):
     pending again, due at `now` (the same job ids, so the same apns-id). A job whose outcome was
     recorded meanwhile is no longer claimed and keeps it."""
-    conn.execute(SQL_RELEASE, (now, orjson.dumps(job_ids).decode()))
-    return conn.changes()
+    released = conn.execute(SQL_RELEASE, (now, orjson.dumps(job_ids).decode())).fetchall()
+    _note_pending(conn, released)
+    return len(released)
 
 
 def extend_claims(conn: apsw.Connection, job_ids: list[str], until: float) -> None:
@@ -381,14 +419,14 @@ def shift_due(conn: apsw.Connection, seconds: float, now: float) -> int:
 
 def reschedule(conn: apsw.Connection, job_id: str, due_at: float, error: str | None) -> None:
     """Back to pending, due at `due_at` (a retry keeps the job's id: the same apns-id)."""
-    conn.execute(SQL_RESCHEDULE, (due_at, error, job_id))
+    _note_pending(conn, conn.execute(SQL_RESCHEDULE, (due_at, error, job_id)).fetchall())
 
 
 def cancel_lease_jobs(conn: apsw.Connection, origin: int, pubkey: str, d: str, now: float, why: str) -> int:
     """Cancel the undelivered jobs of a lease address (revoked or replaced)."""
     cancelled = [r[0] for r in conn.execute(SQL_CANCEL_LEASE, (now, why, origin, pubkey, d))]
     for job_id in cancelled:
-        conn.execute(SQL_ORPHANS, (job_id,))
+        _note_pending(conn, conn.execute(SQL_ORPHANS, (job_id,)).fetchall())
     return len(cancelled)
 
 
@@ -431,6 +469,7 @@ def purge(conn: apsw.Connection, now: float, retention: float) -> int:
     for sql in (SQL_PURGE_JOBS, SQL_PURGE_LOG, SQL_PURGE_ENDPOINTS, SQL_PURGE_ALERTS):
         conn.execute(sql, (cutoff,))
         n += conn.changes()
+    conn.execute(SQL_PURGE_HINTS)
     return n
 
 
@@ -544,9 +583,11 @@ def retry_dead(conn: apsw.Connection, job_id: str, now: float, useful_age: float
         return False
     job = _job(row)
     lock_endpoints(conn, [job.endpoint_key])
-    pending = conn.execute(SQL_PENDING_WAKE, (job.origin, job.app_profile, job.transport, job.endpoint_hash)).fetchone()
-    state, wake_id = ("coalesced", pending[0]) if pending else ("pending", None)
+    _last_sent, pending = _endpoint(conn, job.endpoint_key)
+    state, wake_id = ("coalesced", pending) if pending else ("pending", None)
     conn.execute(SQL_RETRY_DEAD, (state, wake_id, now, now + useful_age, job_id))
+    if state == "pending":
+        _note_pending(conn, [(*job.endpoint_key, job_id)])
     return True
 
 

@@ -120,9 +120,10 @@ def _plan(conn, sql, args):
     ("SQL_DUE_CHECKED", (0.0, 10), "USING INDEX wake_jobs_due"),
     ("SQL_MEMBERS_CHECKED", ('["a"]',), "USING INDEX wake_jobs_wake"),
     ("SQL_NEXT_DUE", (), "USING INDEX wake_jobs_due"),
-    ("SQL_PENDING_WAKE", (1, "ios", "apns", "h"), "INDEX wake_jobs_endpoint"),  # covering
+    ("SQL_ENDPOINT", (1, "ios", "apns", "h"), "USING PRIMARY KEY"),
+    ("SQL_IS_PENDING", ("j",), "USING PRIMARY KEY"),
+    ("SQL_PURGE_HINTS", (), "USING INDEX wake_endpoints_sent"),
     ("SQL_CANCEL_LEASE", (0.0, "", 1, "p", "d"), "USING INDEX wake_jobs_lease"),
-    ("SQL_LAST_SENT", (1, "ios", "apns", "h"), "USING PRIMARY KEY"),
 ])
 def test_hot_statements_use_their_index(conn, name, args, uses):
     """The claim, the match and the lease hooks never walk every job (finished coalesced jobs, a
@@ -137,3 +138,67 @@ def test_candidates_are_found_through_the_selector_index(conn):
     plan = _plan(conn, SQL_CANDIDATES, ('[["p", "x"]]', 1, 0))
     assert "SEARCH s USING PRIMARY KEY (origin=? AND selector_type=? AND value=?)" in plan, plan
     assert "SCAN s" not in plan and "SCAN l" not in plan
+
+
+def test_a_retried_or_released_wake_is_joined_by_later_matches(conn):
+    """The endpoint's pending wake is a hint in wake_endpoints (no index of jobs by endpoint):
+    every way a job becomes pending again names it there."""
+    add(conn, "j1", "e1")
+    (wake,) = wakes.due_wakes(conn, T0, 10)
+    wakes.claim_wake(conn, wake, T0, visibility=60)
+    assert add(conn, "j2", "e2", now=T0 + 0.1) == "pending"  # j1 is being sent: a new wake
+    wakes.claim_wake(conn, wakes.jobs_by_id(conn, ["j2"])["j2"], T0 + 3, visibility=60)
+    wakes.reschedule(conn, "j1", T0 + 10, "503")  # j1 failed: pending again
+    assert add(conn, "j3", "e3", now=T0 + 4) == "coalesced"
+    assert [m.id for m in wakes.wake_members(conn, "j1")] == ["j3"]
+    assert wakes.release(conn, ["j2"], T0 + 5) == 1  # a graceful stop gives j2 back
+    assert add(conn, "j4", "e4", now=T0 + 6) == "coalesced"
+    assert {m.id for m in wakes.wake_members(conn, "j2")} == {"j4"}
+
+
+def test_a_stale_hint_starts_a_new_wake(conn):
+    add(conn, "j1", "e1")
+    wakes.set_state(conn, "j1", "dropped", T0, "lease gone")  # no longer pending
+    assert add(conn, "j2", "e2") == "pending"
+    assert add(conn, "j3", "e3") == "coalesced"
+    assert [m.id for m in wakes.wake_members(conn, "j2")] == ["j3"]
+
+
+def test_orphans_of_a_cancelled_wake_and_a_retried_dead_job_are_joined(conn):
+    add(conn, "j1", "e1", pubkey="a" * 64)
+    add(conn, "j2", "e2", pubkey="b" * 64)  # another lease's match joined j1's wake
+    assert wakes.cancel_lease_jobs(conn, 1, "a" * 64, "dd", T0, "lease revoked") == 1
+    assert add(conn, "j3", "e3", pubkey="b" * 64) == "coalesced"
+    assert [m.id for m in wakes.wake_members(conn, "j2")] == ["j3"]
+    add(conn, "k1", "e1", endpoint="h9")
+    wakes.set_state(conn, "k1", "dead", T0, "gave up")
+    assert wakes.retry_dead(conn, "k1", T0 + 1, 3600)
+    assert add(conn, "k2", "e2", endpoint="h9", now=T0 + 2) == "coalesced"
+
+
+def test_hint_rows_of_endpoints_never_sent_to_are_purged_once_stale(conn):
+    add(conn, "j1", "e1")
+    count = "SELECT count(*) FROM wake_endpoints"
+    wakes.purge(conn, T0, retention=1000)
+    assert conn.execute(count).fetchone()[0] == 1  # j1 still pending: kept
+    wakes.set_state(conn, "j1", "dropped", T0, "lease gone")
+    wakes.purge(conn, T0, retention=1000)
+    assert conn.execute(count).fetchone()[0] == 0
+
+
+def test_migration_12_names_the_pending_wakes_of_an_existing_outbox():
+    c = apsw.Connection(":memory:")
+    for m in MIGRATIONS[:11]:
+        c.execute(m)
+    c.execute("INSERT INTO wake_jobs (id, origin, app_profile, transport, endpoint_hash, event_id, lease_pubkey, "
+              "lease_d, generation, class, state, created_at, due_at, expires_at) VALUES "
+              "('p1', 1, 'ios', 'apns', 'h1', 'e1', 'a', 'd', 1, 'default', 'pending', 0, 0, 9e9), "
+              "('s1', 1, 'ios', 'apns', 'h2', 'e1', 'a', 'd', 1, 'default', 'claimed', 0, 0, 9e9)")
+    c.execute("INSERT INTO wake_endpoints VALUES (1, 'ios', 'apns', 'h2', 5.0)")
+    for m in MIGRATIONS[11:]:
+        c.execute(m)
+    rows = c.execute("SELECT endpoint_hash, last_sent_at, pending_wake FROM wake_endpoints ORDER BY 1").fetchall()
+    assert rows == [("h1", None, "p1"), ("h2", 5.0, None)]
+    assert wakes.insert_job(c, job_id="p2", origin=1, app_profile="ios", transport="apns", endpoint_hash="h1",
+                            event_id="e2", lease_pubkey="a", lease_d="d", generation=1, cls="default", now=1.0,
+                            useful_age=3600, min_interval=2) == "coalesced"
