@@ -35,6 +35,7 @@ from appliance.relay.session import Session
 from appliance.settings import Settings
 from appliance.store.events import purge_expired
 from appliance.store.keyfile import KeyFile
+from appliance.store.backend import store_for
 from appliance.store.sqlite import SqliteStore
 
 log = logging.getLogger("appliance")
@@ -313,12 +314,7 @@ class Appliance:
 
 def build(settings: Settings) -> Appliance:
     """Open the store and wire the relay; the caller serves `asgi(appliance)`."""
-    store = SqliteStore(
-        settings.data_path,
-        sync_mode=settings.sync_mode,
-        write_batch=settings.write_batch,
-        reader_threads=settings.reader_threads,
-    ).open()
+    store = store_for(settings).open()
     try:
         from appliance.store.admin import stored_settings
 

@@ -148,7 +148,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return 0
             settings = _settings(args)
             for s in SETTINGS:
-                print(f"{s.name} = {json.dumps(settings.values[s.name])}    # from {settings.sources[s.name]}")
+                value = settings.values[s.name]
+                if s.name == "storage":
+                    from appliance.store.dsn import redact
+
+                    value = redact(value)
+                print(f"{s.name} = {json.dumps(value)}    # from {settings.sources[s.name]}")
             return 0
         if args.command == "origins":
             from appliance.commands import origins as origins_cli

@@ -63,6 +63,14 @@ def _str(value: Any) -> str:
     return str(value)
 
 
+def _storage(value: Any) -> str:
+    text = _str(value).strip()
+    if text == "sqlite" or text.startswith(("postgresql://", "postgres://")):
+        return text
+    # The value may be a mistyped URL with a password in it: the message does not repeat it.
+    raise ValueError("must be 'sqlite' or a postgresql:// URL")
+
+
 def _ws_url(value: Any) -> str:
     text = _str(value).strip()
     if not text:
@@ -128,6 +136,8 @@ class Setting:
     #: may be changed from the dashboard while serving (read afresh on every use); the
     #: configuration still wins: flag > env > config file > dashboard > default
     editable: bool = False
+    #: its value is a secret (storage: a URL with a password): error messages do not repeat it
+    secret: bool = False
 
     @property
     def env(self) -> str:
@@ -142,7 +152,7 @@ class Setting:
         try:
             parsed = self.parse(value)
         except ValueError as exc:
-            raise ConfigError(self.name, value, str(exc)) from None
+            raise ConfigError(self.name, "(not shown: a secret)" if self.secret else value, str(exc)) from None
         if self.minimum is not None and parsed < self.minimum:
             raise ConfigError(self.name, value, f"must be at least {self.minimum}")
         if self.maximum is not None and parsed > self.maximum:
@@ -213,6 +223,13 @@ SETTINGS: tuple[Setting, ...] = (
     _s("req_burst", _int, 100, "Burst size of the per-connection REQ/COUNT token bucket.", minimum=1),
     _s("auth_window", _int, 600,
        "Seconds an AUTH event's created_at may differ from now (NIP-42 suggests about ten minutes).", minimum=1),
+    _s("storage", _storage, "sqlite",
+       "Where the appliance keeps its data: 'sqlite' (a database file in data_dir: the embedded default, "
+       "the fast path for one box) or a PostgreSQL URL, postgresql://USER:PASSWORD@HOST:PORT/DATABASE "
+       "(libpq's URL form; ?host=/run/postgresql for a Unix socket), for a community past one box. The "
+       "database must be empty or the appliance's own (`appliance migrate-to-postgres URL` copies a SQLite "
+       "data dir into an empty one). The key file stays in data_dir. The URL is a secret: never logged, "
+       "its password redacted wherever it is shown.", metavar="sqlite|URL", secret=True),
     _s("sync_mode", _str, "full",
        "SQLite durability: 'full' fsyncs every group commit (survives power loss), 'normal' survives "
        "process crashes only but is faster on slow disks.", choices=("full", "normal")),

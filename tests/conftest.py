@@ -24,12 +24,39 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def pytest_addoption(parser):
+    parser.addoption("--storage", choices=("sqlite", "postgresql"), default=None,
+                     help="the store backend the suite runs on (default sqlite, or $APPLIANCE_TEST_STORAGE); "
+                          "postgresql needs $APPLIANCE_TEST_PG, the URL of a cluster's maintenance database")
     parser.addoption("--fuzz-scale", type=float, default=None, metavar="N",
                      help="multiply every fuzz test's hypothesis example count by N (default 1, or $FUZZ_SCALE)")
 
 
 def pytest_configure(config):
-    from tests import fuzzing
+    from tests import fuzzing, pg
+
+    storage = config.getoption("--storage")
+    if storage is not None:
+        pg.STORAGE = storage
+        os.environ["APPLIANCE_TEST_STORAGE"] = storage
+
+
+def pytest_collection_modifyitems(config, items):
+    from tests import pg
+
+    if not pg.on_postgres():
+        return
+    for item in items:
+        marker = item.get_closest_marker("sqlite_only")
+        if marker is not None:
+            reason = marker.args[0] if marker.args else marker.kwargs.get("reason", "")
+            item.add_marker(pytest.mark.skip(reason=f"SQLite-only: {reason}"))
+
+
+def pytest_sessionfinish(session, exitstatus):
+    from tests import pg
+
+    if pg.on_postgres():
+        pg.drop_all()
 
     scale = config.getoption("--fuzz-scale")
     if scale is not None:
@@ -77,6 +104,9 @@ class Server:
             cfg.write_text(self.config)
             args += ["--config", str(cfg)]
         env = {k: v for k, v in os.environ.items() if not k.startswith("APPLIANCE_")}
+        from tests.pg import storage_env
+
+        env.update(storage_env(self.data_dir))
         env.update(self.env)
         self._log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)

@@ -35,7 +35,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
             print(f"{asset.spec}: fetched, verified ({asset.integrity}) and written to {path}")
         return 0
     from appliance.errors import ConfigError
-    from appliance.store.sqlite import SqliteStore
+    from appliance.store.backend import store_for
 
     from . import auth
     from .web import admin_base_url, setup_url
@@ -43,7 +43,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     base = admin_base_url(settings)
     if base is None:
         raise ConfigError("admin_listen", "off", "the dashboard is off; set admin_listen to use it")
-    with SqliteStore(settings.data_path, sync_mode=settings.sync_mode) as store:
+    with store_for(settings) as store:
         token = store.write_sync(lambda conn: auth.reset(conn, int(time.time())))
     print(f"  admin  {setup_url(base, token)}")
     print("appliance: the admin password was cleared and every session signed out; the URL above sets a new "

@@ -19,7 +19,9 @@ def open_data(settings: Settings) -> Iterator[tuple[SqliteStore, OriginRegistry]
     """The data directory's store and origins, for a command run beside (or without) the server."""
     from appliance.app import prepare_origins
 
-    with SqliteStore(settings.data_path, sync_mode=settings.sync_mode) as store:
+    from appliance.store.backend import store_for
+
+    with store_for(settings) as store:
         yield store, OriginRegistry(prepare_origins(store, settings, serving=False))
 
 

@@ -167,9 +167,9 @@ def origin_json(o: Origin) -> dict:
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
     from appliance.app import prepare_origins
-    from appliance.store.sqlite import SqliteStore
+    from appliance.store.backend import store_for
 
-    with SqliteStore(settings.data_path, sync_mode=settings.sync_mode) as store:
+    with store_for(settings) as store:
         prepare_origins(store, settings, serving=False)
         cmd = args.origins_command
         if cmd == "list":

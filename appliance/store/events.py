@@ -15,6 +15,7 @@ import orjson
 from appliance.errors import AlreadyStored, Rejected
 from appliance.nostr.event import Event, is_addressable, is_event_id, is_replaceable
 from appliance.nostr.filters import Filter
+from appliance.store.dialect import postgres_variant
 
 # NIP-PL, Lease and Key Lifecycle: "relays MUST ignore deletion requests targeting this kind".
 UNDELETABLE_KINDS = frozenset({30350})
@@ -263,10 +264,14 @@ def _apply_deletion(conn: apsw.Connection, origin: int, ev: Event) -> list[str]:
 
 SQL_EXISTING_IDS = "SELECT id FROM events WHERE origin = ? AND id IN (SELECT value FROM json_each(?))"
 SQL_DELETED_IDS = "SELECT target, pubkey FROM deletions WHERE origin = ? AND target IN (SELECT value FROM json_each(?))"
-SQL_INSERT_EVENTS = (
+SQL_INSERT_EVENTS = postgres_variant(
     "INSERT INTO events (origin, id, pubkey, created_at, kind, d, grp, expiration, raw) "
     "SELECT ?, j.value ->> 0, j.value ->> 1, j.value ->> 2, j.value ->> 3, NULL, NULL, j.value ->> 4, j.value ->> 5 "
-    "FROM json_each(?) j"
+    "FROM json_each(?) j",
+    # PostgreSQL: ->> gives text, cast to the integer columns
+    "INSERT INTO events (origin, id, pubkey, created_at, kind, d, grp, expiration, raw) "
+    "SELECT ?, j.value ->> 0, j.value ->> 1, (j.value ->> 2)::bigint, (j.value ->> 3)::bigint, NULL, NULL, "
+    "(j.value ->> 4)::bigint, j.value ->> 5 FROM json_each(?) j",
 )
 SQL_INSERT_TAGS = (
     "INSERT INTO tags (event, origin, name, value, created_at, kind) "
@@ -463,7 +468,7 @@ def build_query(origin: int, f: Filter, scope: ReadScope | None, now: int, limit
     if condition:  # the filter as a condition on `events e` past its origin (None: it drives from tags)
         if drive_tag is not None:
             return None, None
-        return " AND ".join(where[1:]) or "1", params[1:]
+        return " AND ".join(where[1:]) or "TRUE", params[1:]
     if scope is not None:
         scope_sql, scope_needs_row = _scope_sql(scope, now, params, kinds=f.kinds, kind_col=kind_col,
                                                 rowid_col=rowid_col)

@@ -16,6 +16,7 @@ from pathlib import Path
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from appliance.errors import StoreError
+from appliance.store.dialect import postgres_variant
 
 log = logging.getLogger("appliance.store")
 
@@ -118,7 +119,10 @@ def holds_wrapped_keys(conn) -> bool:
 
 
 # What a key file must unwrap, by owner (each owner knows its own labels; see commands.backup).
-SQL_TABLES = "SELECT name FROM sqlite_schema WHERE type = 'table'"
+SQL_TABLES = postgres_variant(
+    "SELECT name FROM sqlite_schema WHERE type = 'table'",
+    "SELECT table_name FROM information_schema.tables WHERE table_schema = current_schema() "
+    "AND table_type = 'BASE TABLE'")
 SQL_RELAY_KEY_ORIGINS = "SELECT origin FROM relay_keys ORDER BY origin"
 SQL_EXECUTOR_KEY_ORIGINS = "SELECT DISTINCT origin FROM executor_keys WHERE wrapped IS NOT NULL ORDER BY origin"
 SQL_GATEWAY_GRANT_KEYS = "SELECT count(*) FROM gateway_grant_keys WHERE wrapped IS NOT NULL"

@@ -28,6 +28,7 @@ from typing import Any
 import apsw
 import orjson
 
+from appliance.store.dialect import postgres_variant
 from appliance.store.meta import node_lock
 
 __all__ = [
@@ -563,9 +564,12 @@ SQL_QUEUE_SUMMARY = (
 SQL_OUTCOME_COUNTS = "SELECT outcome, count(*) FROM delivery_log WHERE at >= ? GROUP BY outcome"
 SQL_OUTCOME_COUNTS_ORIGIN = "SELECT outcome, count(*) FROM delivery_log WHERE at >= ? AND origin = ? GROUP BY outcome"
 # Per-minute attempts, mean and slowest latency (delivery_log_at index range).
-SQL_LATENCY_MINUTES = (
+SQL_LATENCY_MINUTES = postgres_variant(
     "SELECT CAST(at / 60 AS INTEGER) * 60, count(*), avg(latency_ms), max(latency_ms) FROM delivery_log "
-    "WHERE at >= ? AND latency_ms IS NOT NULL GROUP BY 1 ORDER BY 1"
+    "WHERE at >= ? AND latency_ms IS NOT NULL GROUP BY 1 ORDER BY 1",
+    # PostgreSQL rounds a cast to an integer; SQLite truncates
+    "SELECT CAST(floor(at / 60) AS BIGINT) * 60, count(*), avg(latency_ms), max(latency_ms) FROM delivery_log "
+    "WHERE at >= ? AND latency_ms IS NOT NULL GROUP BY 1 ORDER BY 1",
 )
 # The latest attempt of each (origin, app profile): how its transport last answered.
 SQL_LAST_OUTCOMES = (

@@ -29,7 +29,14 @@ class Writer:
     operations that carry the same `run_batch` function are handed to it together (see
     `_run_together`): that is how plain events are written a batch at a time. Futures resolve only
     after COMMIT returned: an `OK true` sent on that signal is durable.
+
+    The connection is apsw's or one with its surface (postgres.PgConnection); a backend names its
+    own BEGIN and error classes (class attributes below).
     """
+
+    BEGIN = "BEGIN IMMEDIATE"
+    ERRORS: tuple[type[BaseException], ...] = (apsw.Error,)
+    FULL_ERRORS: tuple[type[BaseException], ...] = (apsw.FullError,)
 
     def __init__(self, conn: apsw.Connection, batch_max: int = 500):
         self._conn = conn
@@ -113,7 +120,7 @@ class Writer:
         if self._conn.in_transaction:
             try:
                 self._conn.execute("ROLLBACK")
-            except apsw.Error:
+            except self.ERRORS:
                 pass
         self._deliver([(fut, loop, None, exc) for _op, fut, loop in batch])
 
@@ -121,8 +128,10 @@ class Writer:
         conn = self._conn
         outcomes: list[tuple[Any, Any, Any, BaseException | None]] = []
         try:
-            conn.execute("BEGIN IMMEDIATE")
-        except apsw.Error as exc:  # the database is unusable: fail every waiter loudly
+            self.before_batch()
+            conn = self._conn
+            conn.execute(self.BEGIN)
+        except self.ERRORS as exc:  # the database is unusable: fail every waiter loudly
             log.error("writer could not begin a transaction: %s", exc)
             self._deliver([(fut, loop, None, exc) for _op, fut, loop in batch])
             return
@@ -141,12 +150,12 @@ class Writer:
             i = j
         try:
             conn.execute("COMMIT")
-        except apsw.Error as exc:
+        except self.ERRORS as exc:
             log.error("commit failed, %d writes rolled back: %s", len(batch), exc)
             if conn.in_transaction:  # SQLite may have rolled it back already (disk full)
                 try:
                     conn.execute("ROLLBACK")
-                except apsw.Error:
+                except self.ERRORS:
                     pass
             outcomes = [(fut, loop, None, exc) for fut, loop, _r, _e in outcomes]
         else:
@@ -163,20 +172,21 @@ class Writer:
             except Exception:  # housekeeping must never stop the writer
                 log.exception("after-commit housekeeping failed")
 
-    @staticmethod
-    def _run_one(conn: apsw.Connection, op: WriteOp, fut, loop, outcomes: list) -> None:
+    def before_batch(self) -> None:
+        """Writer thread, before each transaction: a backend may reconnect here."""
+
+    def _run_one(self, conn: apsw.Connection, op: WriteOp, fut, loop, outcomes: list) -> None:
         conn.execute("SAVEPOINT op")
         try:
             result = op(conn)
         except BaseException as exc:  # noqa: BLE001 - handed to the waiter, not swallowed
-            _undo(conn, "op", exc)
+            _undo(conn, "op", exc, self.ERRORS)
             outcomes.append((fut, loop, None, exc))
         else:
             conn.execute("RELEASE op")
             outcomes.append((fut, loop, result, None))
 
-    @staticmethod
-    def _run_together(conn: apsw.Connection, run_fn, run: list, outcomes: list) -> bool:
+    def _run_together(self, conn: apsw.Connection, run_fn, run: list, outcomes: list) -> bool:
         """Run consecutive ops sharing a `run_batch` function in one go.
 
         `run_batch(conn, ops)` returns one result or exception per op and must leave the database
@@ -187,7 +197,7 @@ class Writer:
         try:
             results = run_fn(conn, [op for op, _f, _l in run])
         except Exception as exc:
-            _undo(conn, "together", exc)
+            _undo(conn, "together", exc, self.ERRORS)
             return False
         conn.execute("RELEASE together")
         for (op, fut, loop), result in zip(run, results):
@@ -200,7 +210,7 @@ class Writer:
     def _deliver(self, outcomes: list) -> None:
         by_loop: dict[Any, list] = {}
         for fut, loop, result, exc in outcomes:
-            if isinstance(exc, apsw.FullError):  # one error the callers can name to their clients
+            if isinstance(exc, self.FULL_ERRORS):  # one error the callers can name to their clients
                 self.full_since = self.full_since or time.time()
                 full = StorageFull(exc)
                 full.__cause__ = exc
@@ -235,10 +245,11 @@ class TransactionLost(Exception):
         self.cause = cause
 
 
-def _undo(conn: apsw.Connection, savepoint: str, cause: BaseException) -> None:
+def _undo(conn: apsw.Connection, savepoint: str, cause: BaseException,
+          errors: tuple[type[BaseException], ...] = (apsw.Error,)) -> None:
     """Roll back to `savepoint` and release it; TransactionLost if SQLite dropped the transaction."""
     try:
         conn.execute(f"ROLLBACK TO {savepoint}")
         conn.execute(f"RELEASE {savepoint}")
-    except apsw.Error:
+    except errors:
         raise TransactionLost(cause) from cause

@@ -13,9 +13,11 @@ import pytest
 from appliance.errors import StorageFull, StoreError
 from appliance.store.meta import health_probe
 from appliance.store.sqlite import SqliteStore
+from tests.pg import make_store
 from tests.conftest import ROOT
 
 
+@pytest.mark.sqlite_only("SQLite itself rolling a transaction back (disk full) mid-batch")
 def test_writer_survives_a_transaction_sqlite_rolled_back(tmp_path):
     with SqliteStore(tmp_path / "data") as store:
         store.write_sync(lambda conn: conn.execute("CREATE TABLE t (x)"))
@@ -43,6 +45,7 @@ def run(*args: str, cwd=ROOT) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.parametrize("case", ["garbage", "foreign", "file-as-dir"])
+@pytest.mark.sqlite_only("a damaged or foreign database file")
 def test_unusable_data_gives_a_message(tmp_path, case):
     data = tmp_path / "data"
     if case == "file-as-dir":
@@ -103,7 +106,7 @@ def test_read_past_its_time_budget_is_abandoned(tmp_path):
     from appliance.store.sqlite import QueryTimeout
 
     endless = "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n) SELECT count(*) FROM n"
-    with SqliteStore(tmp_path / "data") as store:
+    with make_store(tmp_path / "data") as store:
         with pytest.raises(QueryTimeout):
             store.read_sync(lambda conn: conn.execute(endless).fetchone(), timeout=0.05)
         # The reader connection is fine afterwards, with and without a budget.

@@ -14,6 +14,8 @@ from appliance.relay.authz import AUTHOR_ONLY_KINDS, GATED_KINDS
 from appliance.store.events import ReadScope, build_query
 from appliance.store.sqlite import SqliteStore
 
+pytestmark = pytest.mark.sqlite_only("reads SQLite's query plan (EXPLAIN QUERY PLAN)")
+
 A, B = "a" * 64, "b" * 64
 SCOPE = ReadScope(None, GATED_KINDS, AUTHOR_ONLY_KINDS)
 

@@ -14,7 +14,8 @@ import pytest
 
 from appliance.store.sqlite import QueryTimeout, ReadPool, SqliteStore
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.sqlite_only(
+    "time slices and inline reads; a PostgreSQL read runs whole, bounded by statement_timeout")]
 
 LONG = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < 3000000) SELECT count(*) FROM c"
 

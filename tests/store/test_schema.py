@@ -1,14 +1,17 @@
 """The migration ladder: every database, whatever version it started from, ends with one schema."""
 
 import apsw
+import pytest
 
 from appliance.store.schema import MIGRATIONS, SCHEMA_VERSION, migrate
+from tests import pg
 
 
 def schema_of(conn: apsw.Connection) -> list[tuple]:
     return conn.execute("SELECT type, name, sql FROM sqlite_schema ORDER BY type, name").fetchall()
 
 
+@pytest.mark.sqlite_only("SQLite's own migration ladder (PostgreSQL's: test_postgres_schema_matches)")
 def test_old_endpoint_index_dropped_and_schemas_converge(tmp_path):
     fresh = apsw.Connection(str(tmp_path / "fresh.sqlite3"))
     assert migrate(fresh) == 0
@@ -26,6 +29,7 @@ def test_old_endpoint_index_dropped_and_schemas_converge(tmp_path):
     assert schema_of(old) == schema_of(fresh)
 
 
+@pytest.mark.sqlite_only("SQLite's own migration ladder (PostgreSQL's: test_postgres_schema_matches)")
 def test_tag_index_backfill_gives_every_tag_row_its_event_kind(tmp_path):
     """Migration 10 fills `tags.kind` from the events already stored (an upgrade, not a fresh
     start) and leaves the schema a fresh database gets; new rows are written with their kind."""
@@ -65,3 +69,36 @@ def test_tag_index_backfill_gives_every_tag_row_its_event_kind(tmp_path):
     plan = old.execute("EXPLAIN QUERY PLAN SELECT count(*) FROM tags t WHERE t.origin = 1 AND t.name = 'p' "
                        "AND t.value = ? AND t.kind = 1 AND t.event > 0", ("a" * 64,)).fetchall()
     assert any("COVERING INDEX tags_lookup" in row[3] for row in plan), plan
+
+
+@pytest.mark.skipif(not pg.on_postgres(), reason="the PostgreSQL schema (runs under --storage=postgresql)")
+def test_postgres_schema_matches(tmp_path):
+    """PostgreSQL's migration 1 has SQLite's tables and columns, in the same order, and a second
+    start finds it current; a database holding tables of something else is refused."""
+    import psycopg
+
+    from appliance.errors import StoreError
+    from appliance.store.pg_schema import SCHEMA_VERSION as PG_VERSION, SQLITE_SCHEMA_VERSION
+    from appliance.store.postgres import PostgresStore
+
+    assert SQLITE_SCHEMA_VERSION == SCHEMA_VERSION, "a SQLite migration needs its PostgreSQL step"
+    lite = apsw.Connection(":memory:")
+    migrate(lite)
+    want = {t: [r[1] for r in lite.execute(f"PRAGMA table_info({t})")]
+            for (t,) in lite.execute("SELECT name FROM sqlite_schema WHERE type = 'table'")}
+    url = pg.empty_database()
+    store = PostgresStore(url, tmp_path)
+    assert store.create_schema() == 0
+    assert store.create_schema() == PG_VERSION  # found current: nothing to do
+    with psycopg.connect(url) as c:
+        got: dict = {}
+        for t, col in c.execute("SELECT table_name, column_name FROM information_schema.columns "
+                                "WHERE table_schema = 'public' ORDER BY table_name, ordinal_position"):
+            got.setdefault(t, []).append(col)
+    assert got.pop("schema_version") == ["version"]
+    assert got == want
+    foreign = pg.empty_database()
+    with psycopg.connect(foreign) as c:
+        c.execute("CREATE TABLE something (x int)")
+    with pytest.raises(StoreError, match="tables this appliance did not create"):
+        PostgresStore(foreign, tmp_path).open()

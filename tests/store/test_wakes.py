@@ -8,16 +8,31 @@ import pytest
 
 from appliance.store import wakes
 from appliance.store.schema import MIGRATIONS
+from tests import pg
 
 T0 = 1_800_000_000.0
 
 
 @pytest.fixture
-def conn():
+def conn(tmp_path):
+    """A connection to a fresh database, each statement its own transaction."""
+    if pg.on_postgres():
+        import psycopg
+
+        from appliance.store.pg_schema import load_tables
+        from appliance.store.postgres import PgConnection, _configure
+
+        raw = psycopg.connect(pg.database_for(tmp_path), autocommit=True)
+        _configure(raw)
+        load_tables(raw)
+        c = PgConnection(raw)
+        yield c
+        c.close()
+        return
     c = apsw.Connection(":memory:")
     for m in MIGRATIONS:
         c.execute(m)
-    return c
+    yield c
 
 
 def add(conn, job_id, event_id, *, endpoint="h1", cls="default", now=T0, interval=2.0, origin=1, pubkey="a" * 64):
@@ -115,6 +130,7 @@ def _plan(conn, sql, args):
     return " | ".join(r[3] for r in conn.execute("EXPLAIN QUERY PLAN " + sql, args))
 
 
+@pytest.mark.sqlite_only("reads SQLite's query plan (EXPLAIN QUERY PLAN)")
 @pytest.mark.parametrize("name,args,uses", [
     ("SQL_DUE", (0.0, 10), "USING INDEX wake_jobs_due"),
     ("SQL_DUE_CHECKED", (0.0, 10), "USING INDEX wake_jobs_due"),
@@ -132,6 +148,7 @@ def test_hot_statements_use_their_index(conn, name, args, uses):
     assert uses in plan and "TEMP B-TREE FOR ORDER BY" not in plan, plan
 
 
+@pytest.mark.sqlite_only("reads SQLite's query plan (EXPLAIN QUERY PLAN)")
 def test_candidates_are_found_through_the_selector_index(conn):
     from appliance.store.leases import SQL_CANDIDATES
 

@@ -12,13 +12,14 @@ from appliance.nostr.event import sign_event
 from appliance.nostr.keys import generate_secret
 from appliance.store.events import PendingEvent, WriteHooks, batchable, store_event
 from appliance.store.sqlite import SqliteStore
+from tests.pg import make_store
 
 SECRET = generate_secret()
 
 
 @pytest.fixture
 def store(tmp_path):
-    s = SqliteStore(tmp_path, sync_mode="normal").open()
+    s = make_store(tmp_path, sync_mode="normal").open()
     s.write_sync(lambda conn: conn.execute("INSERT INTO origins (id, origin) VALUES (1, 'ws://a.test')"))
     yield s
     s.close()
@@ -57,7 +58,7 @@ def test_batch_matches_one_by_one(store, tmp_path):
     assert sum(not isinstance(r, Exception) for r in results) == 49
     batched = rows(store)
 
-    other = SqliteStore(tmp_path / "other", sync_mode="normal").open()
+    other = make_store(tmp_path / "other", sync_mode="normal").open()
     other.write_sync(lambda c: c.execute("INSERT INTO origins (id, origin) VALUES (1, 'ws://a.test')"))
     other.write_sync(lambda c: c.execute("INSERT INTO deletions VALUES (1, ?, ?, ?)", (deleted.id, deleted.pubkey, now)))
     for ev in evs:

@@ -39,7 +39,11 @@ def routes(admin) -> list[Route]:
         out = []
         for s in SETTINGS:
             value = settings.values[s.name]
-            if s.name in SECRET_SETTINGS:
+            if s.name == "storage":
+                from appliance.store.dsn import redact
+
+                shown = redact(value)
+            elif s.name in SECRET_SETTINGS:
                 shown = "(set)" if value else "(empty)"
             elif s.name in PUBKEY_SETTINGS:
                 values = value if isinstance(value, (list, tuple)) else ([value] if value else [])

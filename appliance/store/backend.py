@@ -1,0 +1,28 @@
+"""The store the `storage` setting names: SqliteStore (the default) or PostgresStore."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from appliance.store.dsn import is_postgres
+
+
+def make_store(storage: str, data_dir: Path, *, sync_mode: str = "full", write_batch: int = 500,
+               reader_threads: int = 4):
+    """An unopened store for `storage` ('sqlite' or a postgresql:// URL); data_dir keeps the key
+    file (and, for SQLite, the database)."""
+    if is_postgres(storage):
+        from appliance.store.postgres import PostgresStore  # psycopg only when asked for
+
+        return PostgresStore(storage, data_dir, sync_mode=sync_mode, write_batch=write_batch,
+                             reader_threads=reader_threads)
+    from appliance.store.sqlite import SqliteStore
+
+    return SqliteStore(data_dir, sync_mode=sync_mode, write_batch=write_batch, reader_threads=reader_threads)
+
+
+def store_for(settings) -> object:
+    """make_store from a Settings object."""
+    v = settings.values
+    return make_store(v["storage"], settings.data_path, sync_mode=v["sync_mode"], write_batch=v["write_batch"],
+                      reader_threads=v["reader_threads"])

@@ -1,0 +1,127 @@
+"""The suite's storage backend: SQLite (default) or PostgreSQL (`--storage=postgresql` or
+APPLIANCE_TEST_STORAGE=postgresql, with APPLIANCE_TEST_PG naming the cluster's maintenance
+database, e.g. postgresql://postgres@/postgres?host=/tmp/pg/sock).
+
+On PostgreSQL every data directory a test uses gets a database of its own, created from a
+migrated template (CREATE DATABASE ... TEMPLATE: a file copy, a few milliseconds), so a server
+restarted on the same data directory finds its data again, and no two tests share a database."""
+
+from __future__ import annotations
+
+import os
+import threading
+import uuid
+from pathlib import Path
+
+STORAGE = os.environ.get("APPLIANCE_TEST_STORAGE", "sqlite")
+ADMIN_URL = os.environ.get("APPLIANCE_TEST_PG", "postgresql://postgres@/postgres?host=/tmp/pgstore-pg/sock")
+TEMPLATE = "appliance_test_template"
+
+_lock = threading.Lock()
+_by_dir: dict[str, str] = {}
+_created: list[str] = []
+_template_ready = False
+
+
+def on_postgres() -> bool:
+    return STORAGE == "postgresql"
+
+
+def _url(database: str) -> str:
+    head, _, query = ADMIN_URL.partition("?")
+    base = head.rsplit("/", 1)[0]
+    return f"{base}/{database}" + (f"?{query}" if query else "")
+
+
+def _admin():
+    import psycopg
+
+    return psycopg.connect(ADMIN_URL, autocommit=True)
+
+
+def _ensure_template(admin) -> None:
+    global _template_ready
+    if _template_ready:
+        return
+    from appliance.store.postgres import PostgresStore
+    from appliance.store.pg_schema import SCHEMA_VERSION
+
+    exists = admin.execute("SELECT 1 FROM pg_database WHERE datname = %s", (TEMPLATE,)).fetchone()
+    if exists:  # a template of an older schema (another checkout's run) is made again
+        import psycopg
+
+        with psycopg.connect(_url(TEMPLATE)) as c:
+            try:
+                version = c.execute("SELECT version FROM schema_version").fetchone()[0]
+            except psycopg.Error:
+                version = -1
+        if version != SCHEMA_VERSION:
+            admin.execute(f'DROP DATABASE "{TEMPLATE}" WITH (FORCE)')
+            exists = None
+    if not exists:
+        admin.execute(f"CREATE DATABASE \"{TEMPLATE}\" ENCODING 'UTF8' LC_COLLATE 'C' LC_CTYPE 'C' "
+                      "TEMPLATE template0")
+        PostgresStore(_url(TEMPLATE), Path("/nonexistent-appliance-template")).create_schema()
+    _template_ready = True
+
+
+def new_database() -> str:
+    """The URL of a fresh, migrated, empty database."""
+    name = "appliance_test_" + uuid.uuid4().hex[:16]
+    with _lock:
+        with _admin() as admin:
+            _ensure_template(admin)
+            admin.execute(f'CREATE DATABASE "{name}" TEMPLATE "{TEMPLATE}"')
+        _created.append(name)
+    return _url(name)
+
+
+def empty_database() -> str:
+    """The URL of a fresh database with no tables at all."""
+    name = "appliance_test_" + uuid.uuid4().hex[:16]
+    with _lock:
+        with _admin() as admin:
+            admin.execute(f"CREATE DATABASE \"{name}\" ENCODING 'UTF8' LC_COLLATE 'C' LC_CTYPE 'C' "
+                          "TEMPLATE template0")
+        _created.append(name)
+    return _url(name)
+
+
+def database_for(data_dir: Path) -> str:
+    """The database of one data directory (created on first use)."""
+    key = str(Path(data_dir).resolve())
+    with _lock:
+        url = _by_dir.get(key)
+    if url is None:
+        url = new_database()
+        with _lock:
+            url = _by_dir.setdefault(key, url)
+    return url
+
+
+def storage_env(data_dir: Path) -> dict:
+    """The environment a server or CLI process on `data_dir` needs for the suite's backend."""
+    return {"APPLIANCE_STORAGE": database_for(data_dir)} if on_postgres() else {}
+
+
+def make_store(data_dir: Path, **kw):
+    """An unopened store on `data_dir` for the suite's backend."""
+    if on_postgres():
+        from appliance.store.postgres import PostgresStore
+
+        return PostgresStore(database_for(data_dir), data_dir, **kw)
+    from appliance.store.sqlite import SqliteStore
+
+    return SqliteStore(data_dir, **kw)
+
+
+def drop_all() -> None:
+    if not _created:
+        return
+    with _admin() as admin:
+        for name in _created:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    _created.clear()
+    _by_dir.clear()
+
+
