@@ -4,6 +4,8 @@
 #
 #   make run  [ARGS="--port 8080"]       serve (appliance with no command = appliance serve)
 #   make test [ARGS="-x tests/ops"]      pytest, after the interop tools the suite can use
+#   make test-postgres [ARGS=...]        the same suite on the PostgreSQL store, in a throwaway
+#                                        cluster (Debian's postgresql package; tests/pg_cluster.sh)
 #   make dist                            the standalone executable dist/appliance (PyInstaller)
 #   make smoke [APPLIANCE_BINARY=PATH]   the executable's smoke test, with its figures
 
@@ -16,13 +18,16 @@ HTMX := static/vendor/htmx.min.js
 INTEROP := tests/marmot/interop
 MDK_SCRIPT := ../shared/tools/install-mdk-python.sh
 
-.PHONY: run test dist smoke clean
+.PHONY: run test test-postgres dist smoke clean
 
 run: $(STAMP)
 	$(BIN)/appliance $(ARGS)
 
 test: $(STAMP) $(HTMX) $(VENV)/.mdk $(INTEROP)/node_modules/.installed
 	$(BIN)/pytest -q $(ARGS)
+
+test-postgres: $(STAMP) $(HTMX) $(VENV)/.mdk $(INTEROP)/node_modules/.installed
+	tests/pg_cluster.sh $(BIN)/pytest -q --storage=postgresql $(ARGS)
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)

@@ -102,6 +102,14 @@ def build_parser() -> argparse.ArgumentParser:
                             "clock, key file and APNs credentials without changing anything.")
     doctor_cli.add_parser(doctor, _add_setting_flags)
 
+    migrate = sub.add_parser("migrate-to-postgres", help="Copy the SQLite store into an empty PostgreSQL database.",
+                             description="Copy this data directory's SQLite store into an empty PostgreSQL "
+                             "database, keys included, verify the row counts per table and print them. Refused "
+                             "while an appliance serves the data directory, and for a target that is not empty.")
+    from appliance.commands import migrate as migrate_cli
+
+    migrate_cli.add_parser(migrate, _add_setting_flags)
+
     bench = sub.add_parser("bench", help="Measure this machine: relay ingest and query speed.",
                            description="Benchmarks that start a relay on a temporary data dir.")
     from appliance import bench as bench_mod
@@ -193,6 +201,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             # The doctor resolves the settings itself: a configuration error is one of its findings.
             flags = {s.name: getattr(args, s.name, None) for s in SETTINGS}
             return doctor_cli.run(args, flags, getattr(args, "config", None))
+        if args.command == "migrate-to-postgres":
+            from appliance.commands import migrate as migrate_cli
+
+            return migrate_cli.run(args, _settings(args))
         if args.command == "bench":
             from appliance import bench as bench_mod
 

@@ -125,3 +125,44 @@ def drop_all() -> None:
     _by_dir.clear()
 
 
+
+
+def db_rows(data_dir: Path, sql: str, args=()) -> list[tuple]:
+    """Rows of one SQLite-dialect query on the database of `data_dir`, read beside a running
+    server (read-only on SQLite; translated as the store translates it on PostgreSQL)."""
+    if on_postgres():
+        import psycopg
+
+        from appliance.store.dialect import translate
+        from appliance.store.postgres import _configure
+
+        with psycopg.connect(database_for(data_dir), autocommit=True) as conn:
+            _configure(conn)
+            text, _ = translate(sql, bool(args))
+            return [tuple(r) for r in conn.execute(text, tuple(args) if args else None).fetchall()]
+    import sqlite3
+
+    conn = sqlite3.connect(f"file:{Path(data_dir) / 'appliance.sqlite3'}?mode=ro", uri=True, timeout=10)
+    try:
+        return conn.execute(sql, args).fetchall()
+    finally:
+        conn.close()
+
+
+def cli_env(args) -> dict:
+    """storage_env for a command line naming `--data-dir DIR` (nothing when it names none)."""
+    args = [str(a) for a in args]
+    for i, a in enumerate(args):
+        if a == "--data-dir" and i + 1 < len(args):
+            return storage_env(Path(args[i + 1]))
+        if a.startswith("--data-dir="):
+            return storage_env(Path(a.split("=", 1)[1]))
+    return {}
+
+
+def db_rows_at(url: str, sql: str, args=()) -> list[tuple]:
+    """Rows of one PostgreSQL query on the database at `url`."""
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        return [tuple(r) for r in conn.execute(sql, tuple(args) if args else None).fetchall()]

@@ -38,8 +38,10 @@ class Dashboard:
         if config is not None:
             cfg = data_dir.parent / f"{data_dir.name}.toml"
             cfg.write_text(config)
+        from tests.pg import storage_env
+
         self.settings = load(flags={"data_dir": str(data_dir), **{k: str(v) for k, v in flags.items()}},
-                             environ={}, config_path=cfg)
+                             environ=storage_env(data_dir), config_path=cfg)
         self.app = build(self.settings)
         self.admin = install(self.app, fetch_assets=False)
         self.client = httpx.AsyncClient(transport=httpx.ASGITransport(app=asgi(self.app)),

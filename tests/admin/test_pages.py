@@ -9,6 +9,7 @@ import sqlite3
 import pytest
 
 from appliance.errors import Rejected
+from tests.pg import db_rows
 from tests.push.e2e_helpers import Installation, active, current_key, lease
 
 from .helpers import PASSWORD, csrf_of, enable_push, nip11, publish
@@ -125,10 +126,9 @@ async def test_a_lease_appears_redacted_and_can_be_revoked(signed_in):
     r = await d.post_form(f"/admin/leases/{ref}/revoke", {"confirm": "yes"}, page=f"/admin/leases/{ref}")
     assert r.status_code == 303
     assert "revoked by the operator" in (await d.get(f"/admin/leases/{ref}")).text
-    conn = sqlite3.connect(d.settings.data_path / "appliance.sqlite3")
-    assert conn.execute("SELECT active, endpoint, revoked_at IS NOT NULL FROM leases").fetchall() == [(0, None, 1)]
-    assert conn.execute("SELECT count(*) FROM lease_selectors").fetchone() == (0,)
-    conn.close()
+    assert [(a, e, bool(r)) for a, e, r in db_rows(d.settings.data_path, "SELECT active, endpoint, "
+            "revoked_at IS NOT NULL FROM leases")] == [(0, None, True)]
+    assert db_rows(d.settings.data_path, "SELECT count(*) FROM lease_selectors") == [(0,)]
     # A forged reference is refused.
     assert (await d.get("/admin/leases/AAAA")).status_code == 404
 
@@ -244,6 +244,7 @@ async def test_quotas_overview_and_charts(signed_in):
     assert stats.status_code == 200 and 'id="connections"' in stats.text and "<html" not in stats.text
 
 
+@pytest.mark.sqlite_only("the dashboard's backup downloads the SQLite database file")
 async def test_settings_password_change_and_backup(signed_in):
     d = signed_in
     r = await d.post_form("/admin/settings/password", {"current": "wrong one!", "password": "a new long password",

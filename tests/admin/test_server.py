@@ -40,7 +40,10 @@ def set_password(client: httpx.Client, url: str, password: str = PASSWORD) -> ht
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
+    from tests.pg import cli_env
+
     env = {k: v for k, v in os.environ.items() if not k.startswith("APPLIANCE_")}
+    env.update(cli_env(args))
     return subprocess.run([sys.executable, "-m", "appliance", *args], capture_output=True, text=True, env=env,
                           cwd=ROOT, timeout=60)
 

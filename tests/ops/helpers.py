@@ -17,7 +17,10 @@ push_kinds = [9, 1059, 7]
 
 
 def cli(*args: str, timeout: float = 60, env: dict | None = None) -> subprocess.CompletedProcess:
+    from tests.pg import cli_env
+
     base = {k: v for k, v in os.environ.items() if not k.startswith("APPLIANCE_")}
+    base.update(cli_env(args))
     base.update(env or {})
     return subprocess.run([sys.executable, "-m", "appliance", *map(str, args)], capture_output=True, text=True,
                           env=base, cwd=ROOT, timeout=timeout)

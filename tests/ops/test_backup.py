@@ -8,9 +8,14 @@ import secrets
 
 import apsw
 
+import pytest
+
 from tests.conftest import Identity
 
 from .helpers import PUSH_CONFIG, cli, cli_as_stranger, snapshot
+
+pytestmark = pytest.mark.sqlite_only("`appliance backup` and `restore` copy the SQLite database file; a PostgreSQL "
+                                     "store is backed up with the database's own tools")
 
 
 async def test_backup_while_serving_then_restore_elsewhere(make_server, connect, tmp_path):

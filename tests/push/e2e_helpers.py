@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sqlite3
 import time
 from pathlib import Path
 
@@ -109,11 +108,9 @@ def current_key(nip11: dict) -> tuple[str, str]:
 
 
 def db_rows(data_dir: Path, sql: str, args=()) -> list[tuple]:
-    conn = sqlite3.connect(f"file:{data_dir / 'appliance.sqlite3'}?mode=ro", uri=True, timeout=10)
-    try:
-        return conn.execute(sql, args).fetchall()
-    finally:
-        conn.close()
+    from tests.pg import db_rows as rows
+
+    return rows(data_dir, sql, args)
 
 
 def lease_state(data_dir: Path, pubkey: str) -> tuple[list, list, list]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import json
 import subprocess
 import sys
@@ -11,6 +12,7 @@ import time
 import pytest
 
 from tests.conftest import ROOT, Client
+from tests.pg import storage_env
 from tests.push.e2e_helpers import (
     ORIGIN,
     Installation,
@@ -29,7 +31,7 @@ def cli(server, *args: str) -> str:
     cfg = server.data_dir.parent / f"config-{server.port}.toml"
     out = subprocess.run(
         [sys.executable, "-m", "appliance", *args, "--data-dir", str(server.data_dir), "--config", str(cfg)],
-        cwd=ROOT, capture_output=True, text=True, timeout=60,
+        cwd=ROOT, capture_output=True, text=True, timeout=60, env={**os.environ, **storage_env(server.data_dir)},
     )
     assert out.returncode == 0, out.stderr
     return out.stdout

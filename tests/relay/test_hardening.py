@@ -18,6 +18,7 @@ import websockets
 from appliance.relay.peers import PeerLimits, is_local_host, parse_networks
 from appliance.server import Guard, build_server, protocol_classes
 from tests.conftest import Client, free_port
+from tests.pg import db_rows
 
 pytestmark = pytest.mark.anyio
 
@@ -349,9 +350,7 @@ async def test_sigterm_sends_every_ok_and_closes_1001(make_server, alice, tmp_pa
     await asyncio.wait_for(task, 30)
     assert ws.close_code == 1001, (ws.close_code, closed_with)
     assert srv.proc.wait(30) in (0, -signal.SIGTERM)  # uvicorn re-raises the signal it caught
-    db = sqlite3.connect(srv.data_dir / "appliance.sqlite3")
-    stored = {row[0] for row in db.execute("SELECT id FROM events")}
-    db.close()
+    stored = {row[0] for row in db_rows(srv.data_dir, "SELECT id FROM events")}
     assert acked, "nothing was acknowledged before the stop"
     # Everything acknowledged is stored, and everything stored was acknowledged.
     assert stored == acked
@@ -359,6 +358,7 @@ async def test_sigterm_sends_every_ok_and_closes_1001(make_server, alice, tmp_pa
 
 
 @pytest.mark.slow
+@pytest.mark.sqlite_only("SQLite's WAL file")
 async def test_wal_stays_bounded_with_readers_present(make_server, alice, bob):
     """Writes with readers querying throughout: the WAL is restarted, not grown without bound
     (about 7 KB of WAL per event; under the previous checkpoint policy 15,000 events grew it to 122 MiB)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
 import sys
 import uuid
@@ -12,6 +13,7 @@ import pytest
 import websockets
 
 from tests.conftest import ROOT, Identity
+from tests.pg import cli_env
 
 pytestmark = pytest.mark.anyio
 
@@ -108,7 +110,8 @@ async def test_blocklist(make_server, connect, alice):
 
 
 def run_cli(*args: str) -> str:
-    out = subprocess.run([sys.executable, "-m", "appliance", *args], capture_output=True, text=True, cwd=ROOT)
+    out = subprocess.run([sys.executable, "-m", "appliance", *args], capture_output=True, text=True, cwd=ROOT,
+                         env={**os.environ, **cli_env(args)})
     assert out.returncode == 0, out.stderr
     return out.stdout
 
