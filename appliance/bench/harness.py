@@ -44,12 +44,14 @@ def info(message: str) -> None:
 class RelayProcess:
     """A relay subprocess on a loopback port, with its output in a log file."""
 
-    def __init__(self, name: str, args: list[str], port: int, log_path: Path, cwd: Path | None = None):
+    def __init__(self, name: str, args: list[str], port: int, log_path: Path, cwd: Path | None = None,
+                 env: dict | None = None):
         self.name = name
         self.args = args
         self.port = port
         self.log_path = log_path
         self.cwd = cwd
+        self.env = env or {}  # added to the process's environment (a secret stays out of its argv)
         self.proc: subprocess.Popen | None = None
 
     @property
@@ -58,6 +60,7 @@ class RelayProcess:
 
     def start(self, timeout: float = 120) -> "RelayProcess":
         env = {k: v for k, v in os.environ.items() if not k.startswith("APPLIANCE_")}
+        env.update(self.env)
         self._close_log()
         self._log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(self.args, stdout=self._log, stderr=subprocess.STDOUT, env=env, cwd=self.cwd)
@@ -101,10 +104,32 @@ def appliance_command() -> list[str]:
     return [sys.executable] if getattr(sys, "frozen", False) else [sys.executable, "-m", "appliance"]
 
 
-def appliance_process(data_dir: Path, port: int, log_path: Path, sync_mode: str, extra: list[str]) -> RelayProcess:
+def appliance_process(data_dir: Path, port: int, log_path: Path, sync_mode: str, extra: list[str],
+                      storage: str = "sqlite") -> RelayProcess:
     args = [*appliance_command(), "serve", "--data-dir", str(data_dir), "--port", str(port),
             "--event-rate", "0", "--req-rate", "0", "--log-level", "warning", "--sync-mode", sync_mode, *extra]
-    return RelayProcess("appliance", args, port, log_path)
+    return RelayProcess("appliance", args, port, log_path, env={"APPLIANCE_STORAGE": storage})
+
+
+def database_cpu_seconds(storage: str) -> float:
+    """CPU time the PostgreSQL server processes serving `storage`'s database have used so far (its
+    backends on this machine: a remote server's are not seen); 0.0 for SQLite (its work is the
+    appliance's own)."""
+    from appliance.store.dsn import is_postgres
+
+    if not is_postgres(storage):
+        return 0.0
+    import psycopg
+
+    with psycopg.connect(storage, autocommit=True) as conn:
+        pids = [r[0] for r in conn.execute(
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()")]
+    total = 0.0
+    for pid in pids:
+        c = cpu_seconds(pid)
+        if c == c:  # not NaN
+            total += c
+    return total
 
 
 # -- a process's resources (Linux /proc) ------------------------------------------------------

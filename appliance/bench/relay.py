@@ -24,8 +24,9 @@ from pathlib import Path
 
 import orjson
 
-from appliance.bench.harness import (RelayProcess, appliance_process, cpu_seconds, free_port, info,
-                                     percentile, rss_mb)
+from appliance.bench.harness import (RelayProcess, appliance_process, cpu_seconds, database_cpu_seconds, free_port,
+                                     info, percentile, rss_mb)
+from appliance.store.dsn import redact
 
 # -- event generation (in worker processes) ----------------------------------------------------
 
@@ -136,18 +137,19 @@ def stored_already(data_dir: Path) -> int:
         conn.close()
 
 
-def preload(data_dir: Path, factory: EventFactory, n: int, *, newest: int, spread: int) -> tuple[int, float]:
+def preload(data_dir: Path, factory: EventFactory, n: int, *, newest: int, spread: int,
+            storage: str = "sqlite") -> tuple[int, float]:
     """Store `n` signed events with `store_event`, 10k per transaction; (stored, seconds)."""
     from appliance.app import prepare_origins
     from appliance.nostr.event import Event
     from appliance.settings import load
     from appliance.store.events import store_event
-    from appliance.store.sqlite import SqliteStore
+    from appliance.store.backend import make_store
 
     settings = load(flags={"data_dir": str(data_dir)}, environ={})
     t0 = time.perf_counter()
     stored = 0
-    store = SqliteStore(data_dir, sync_mode="normal").open()
+    store = make_store(storage, data_dir, sync_mode="normal").open()
     try:
         origins = prepare_origins(store, settings)
         origin_id = next(o.id for o in origins if o.origin == settings.effective_public_url)
@@ -362,9 +364,14 @@ def measure(relay: RelayProcess, raws: list[bytes], factory: EventFactory, args:
         read_path.wal_peak_ingest = sampler.peak
         return r
 
-    c0 = cpu_seconds(relay.proc.pid)
+    storage = getattr(args, "storage", "sqlite") if relay.name == "appliance" else "sqlite"
+    c0, d0 = cpu_seconds(relay.proc.pid), database_cpu_seconds(storage)
     result = arun(run_ingest())
     result.cpu_per_event = (cpu_seconds(relay.proc.pid) - c0) / max(1, result.accepted)
+    if storage != "sqlite":
+        db_cpu = (database_cpu_seconds(storage) - d0) / max(1, result.accepted)
+        info(f"{relay.name}: PostgreSQL backends' CPU per event {db_cpu * 1000:.3f} ms "
+             f"(the appliance's: {result.cpu_per_event * 1000:.3f} ms)")
     rate = result.accepted / result.seconds if result.seconds else 0.0
     info(f"{relay.name}: {result.accepted:,} accepted in {result.seconds:.2f} s ({rate:,.0f} events/s)"
          + (f", rejected {result.reasons}" if result.rejected else ""))
@@ -870,6 +877,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
                    help="connections sending heavy 16-filter COUNTs for the abuse figure (default 10; 0 skips)")
     p.add_argument("--abuse-seconds", type=float, default=5.0, metavar="S",
                    help="how long the abuse figure's bystander measures (default 5)")
+    p.add_argument("--storage", default="sqlite", metavar="sqlite|URL",
+                   help="the store: sqlite (default) or the URL of an EMPTY PostgreSQL database "
+                   "(postgresql://...); the PostgreSQL backends' CPU is reported beside the appliance's")
     p.add_argument("--server-arg", action="append", default=[], metavar="ARG",
                    help="extra argument for `appliance serve` (repeatable), e.g. --server-arg=--write-batch=1000")
 
@@ -895,7 +905,8 @@ def run(args: argparse.Namespace) -> int:
         if args.preload > 0:
             info(f"preloading {args.preload:,} events (signed in {factory.workers} processes, "
                  "10k per transaction)...")
-            added, secs = preload(data_dir, factory, args.preload, newest=now - 3600, spread=30 * 86400)
+            added, secs = preload(data_dir, factory, args.preload, newest=now - 3600, spread=30 * 86400,
+                                  storage=args.storage)
             preloaded += added
             size = sum(f.stat().st_size for f in data_dir.iterdir() if f.is_file())
             info(f"preloaded {added:,} events in {secs:.1f} s ({added / secs:,.0f} events/s, "
@@ -909,7 +920,8 @@ def run(args: argparse.Namespace) -> int:
         info(f"pre-signed {len(signed):,} events in {time.perf_counter() - t0:.2f} s ({factory.workers} processes)")
         factory.close()
 
-        relay = appliance_process(data_dir, free_port(), work / "appliance.log", args.sync_mode, args.server_arg)
+        relay = appliance_process(data_dir, free_port(), work / "appliance.log", args.sync_mode, args.server_arg,
+                                  storage=args.storage)
         relay.start()
         read_path = ReadPathResult()
         try:
@@ -941,7 +953,7 @@ def run(args: argparse.Namespace) -> int:
             shutil.rmtree(work, ignore_errors=True)
 
     print(f"\nappliance bench relay: {args.events:,} events, {args.clients} clients x window {args.window}, "
-          f"preload {args.preload:,}, sync_mode {args.sync_mode}, "
+          f"preload {args.preload:,}, sync_mode {args.sync_mode}, storage {redact(args.storage)}, "
           f"{os.cpu_count()} CPUs, compression {'on' if args.compression else 'off'}; "
           f"load average {load_start} at the start, {load_average()} at the end")
     print(table(results, stored, args.queries))

@@ -25,7 +25,7 @@ import psycopg.errors
 from psycopg.adapt import Loader
 from psycopg_pool import ConnectionPool
 
-from appliance.errors import StoreError
+from appliance.errors import Rejected, StoreError
 from appliance.store import dialect, pg_schema
 from appliance.store.dsn import redact
 from appliance.store.sqlite import QueryTimeout, ReadPool
@@ -74,12 +74,21 @@ _EMPTY = _Empty()
 
 
 def _params(params):
-    """apsw's bindings as psycopg's: a sequence (bool as 0/1: the schema keeps SQLite's integers)."""
+    """apsw's bindings as psycopg's: a sequence (bool as 0/1: the schema keeps SQLite's integers).
+    PostgreSQL text cannot hold U+0000, which SQLite stores: such a value is refused as invalid."""
     if params is None:
         return ()
     if isinstance(params, dict):
         raise TypeError("named bindings are not supported on PostgreSQL")
-    return tuple(int(p) if p.__class__ is bool else p for p in params)
+    out = []
+    for p in params:
+        cls = p.__class__
+        if cls is bool:
+            p = int(p)
+        elif cls is str and "\x00" in p:
+            raise Rejected("invalid", "text with a NUL character (U+0000) cannot be stored")
+        out.append(p)
+    return out
 
 
 class PgConnection:
