@@ -119,11 +119,9 @@ def database_cpu_seconds(storage: str) -> float:
 
     if not is_postgres(storage):
         return 0.0
-    import psycopg
+    from appliance.store.postgres import backend_pids
 
-    with psycopg.connect(storage, autocommit=True) as conn:
-        pids = [r[0] for r in conn.execute(
-            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()")]
+    pids = backend_pids(storage)
     total = 0.0
     for pid in pids:
         c = cpu_seconds(pid)

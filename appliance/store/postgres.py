@@ -366,3 +366,13 @@ def _message(exc: BaseException, dsn: str) -> str:
     if password:
         text = text.replace(password, "***")
     return re.sub(r"password=\S+", "password=***", text)
+
+
+SQL_BACKEND_PIDS = ("SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+                    "AND pid <> pg_backend_pid()")
+
+
+def backend_pids(dsn: str) -> list[int]:
+    """The server processes connected to the database at `dsn` (but this query's own)."""
+    with psycopg.connect(dsn, autocommit=True) as raw:
+        return [r[0] for r in raw.execute(SQL_BACKEND_PIDS)]
