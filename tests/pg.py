@@ -166,3 +166,11 @@ def db_rows_at(url: str, sql: str, args=()) -> list[tuple]:
 
     with psycopg.connect(url, autocommit=True) as conn:
         return [tuple(r) for r in conn.execute(sql, tuple(args) if args else None).fetchall()]
+
+
+def table_names(data_dir: Path) -> list[str]:
+    """The tables of `data_dir`'s database (the store's own, on either backend)."""
+    if on_postgres():
+        return [t for (t,) in db_rows_at(database_for(data_dir), "SELECT table_name FROM information_schema.tables "
+                                         "WHERE table_schema = 'public' AND table_name <> 'schema_version'")]
+    return [t for (t,) in db_rows(data_dir, "SELECT name FROM sqlite_master WHERE type = 'table'")]

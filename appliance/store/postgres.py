@@ -249,6 +249,8 @@ class PostgresStore:
         self._writer = PgWriter(conn, self.write_batch, self._connect)
         self._writer.start()
         self._pool = ReadPool(self, self.reader_threads)
+        log.debug("PostgreSQL store open: schema version %d (found %d), %d reader threads",
+                  pg_schema.SCHEMA_VERSION, self.schema_version_found, self.reader_threads)
         return self
 
     def create_schema(self) -> int:

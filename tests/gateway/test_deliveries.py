@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sqlite3
+import os
 import subprocess
 import sys
 import time
@@ -17,6 +17,7 @@ from appliance.nostr.nip98 import make_http_auth
 from appliance.transports.apns import APNS_BODY
 from tests.conftest import ROOT
 from tests.gateway.conftest import QUOTA, Relay
+from tests.pg import db_rows, storage_env
 from tests.gateway.helpers import TOPIC, token
 
 pytestmark = pytest.mark.anyio
@@ -179,12 +180,10 @@ async def test_send_begin_orders_against_revocation(ctx):
     grant = inst.grants[relay.pubkey]
     rid = str(uuid.uuid4())
     delivery = asyncio.ensure_future(ctx.deliver(relay, grant, request_id=rid))
-    db = sqlite3.connect(ctx.server.data_dir / "appliance.sqlite3")
     deadline = time.monotonic() + 10
-    while not db.execute("SELECT 1 FROM gateway_reservations WHERE request_id = ?", (rid,)).fetchone():
+    while not db_rows(ctx.server.data_dir, "SELECT 1 FROM gateway_reservations WHERE request_id = ?", (rid,)):
         assert time.monotonic() < deadline  # wait for send-begin (the reservation's commit)
         await asyncio.sleep(0.02)
-    db.close()
     assert not delivery.done()
     assert (await inst.revoke()).status_code == 200  # commits while the admitted send is in flight
     assert not delivery.done()
@@ -267,7 +266,8 @@ async def test_grant_key_rotation_keeps_old_grants(ctx):
     inst = await ctx.installation(relay)
     old = inst.grants[relay.pubkey]
     p = subprocess.run([sys.executable, "-m", "appliance", "gateway", "keys", "rotate", "--data-dir",
-                        str(ctx.server.data_dir)], capture_output=True, text=True, cwd=ROOT, timeout=60)
+                        str(ctx.server.data_dir)], capture_output=True, text=True, cwd=ROOT, timeout=60,
+                       env={**os.environ, **storage_env(ctx.server.data_dir)})
     assert p.returncode == 0, p.stderr
     new_id = json.loads(p.stdout)["id"]
     deadline = time.monotonic() + 10
@@ -290,7 +290,8 @@ async def test_old_key_grant_still_opens_after_rotation(ctx, tmp_path):
     inst = await ctx.installation(relay)
     grant = inst.grants[relay.pubkey]
     p = subprocess.run([sys.executable, "-m", "appliance", "gateway", "keys", "rotate", "--data-dir",
-                        str(ctx.server.data_dir)], capture_output=True, text=True, cwd=ROOT, timeout=60)
+                        str(ctx.server.data_dir)], capture_output=True, text=True, cwd=ROOT, timeout=60,
+                       env={**os.environ, **storage_env(ctx.server.data_dir)})
     assert p.returncode == 0, p.stderr
     await asyncio.sleep(1.5)  # reload interval
     other = Relay()

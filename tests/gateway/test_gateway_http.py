@@ -296,12 +296,16 @@ def test_token_custody_is_encrypted_at_rest(gw):
             return inst
 
     inst = asyncio.run(run())
-    db = sqlite3.connect(server.data_dir / "appliance.sqlite3")
-    db.execute("PRAGMA wal_checkpoint(FULL)")
+    from tests.pg import db_rows, on_postgres
+
+    if not on_postgres():
+        db = sqlite3.connect(server.data_dir / "appliance.sqlite3")
+        db.execute("PRAGMA wal_checkpoint(FULL)")
+        db.close()
     raw = bytes.fromhex(inst.endpoint)
-    (wrapped, digest) = db.execute("SELECT token, token_sha256 FROM gateway_installations WHERE handle = ?",
-                                   (inst.handle,)).fetchone()
-    db.close()
+    (wrapped, digest), = db_rows(server.data_dir, "SELECT token, token_sha256 FROM gateway_installations "
+                                 "WHERE handle = ?", (inst.handle,))
+    wrapped, digest = bytes(wrapped), bytes(digest)
     import hashlib
 
     assert digest == hashlib.sha256(raw).digest() and raw not in wrapped

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import socket
 
+import pytest
+
 from appliance.testing.apns_emulator import ApnsEmulator
 from appliance.testing.tls import make_p8
 
@@ -24,6 +26,9 @@ key_file = "{p8}"
 {extra}
 """
 
+
+# doctor judges a SQLite data directory (file checks, quick_check); its PostgreSQL checks are not written yet.
+pytestmark = pytest.mark.sqlite_only("doctor checks the SQLite database file")
 
 def lines(out) -> dict[str, str]:
     """check name -> status, from the printed list."""

@@ -57,6 +57,8 @@ async def served(client, ids: list[str]) -> set[str]:
 
 
 @pytest.mark.slow
+@pytest.mark.sqlite_only("fills the data directory's filesystem, where SQLite keeps the database "
+                        "(a PostgreSQL store's data lives with its server)")
 async def test_a_full_disk_refuses_writes_clearly_and_recovers(small_disk, connect, tmp_path):
     server = Server(small_disk / "data")
     server.log_path = tmp_path / "server.log"  # not on the full disk

@@ -6,7 +6,6 @@ a client chose are rendered escaped on every page."""
 from __future__ import annotations
 
 import re
-import sqlite3
 from pathlib import Path
 
 import pytest
@@ -52,14 +51,11 @@ def concrete(path: str) -> str:
 
 
 def snapshot(data_dir: Path) -> dict:
-    db = sqlite3.connect(f"file:{data_dir / 'appliance.sqlite3'}?mode=ro", uri=True)
-    try:
-        tables = [t for (t,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
-        # Sign-in and rate-limit bookkeeping may move (a refused request is no session); nothing else.
-        return {t: db.execute(f"SELECT * FROM {t}").fetchall() for t in tables
-                if t not in ("admin_sessions",)}
-    finally:
-        db.close()
+    from tests.pg import db_rows, table_names
+
+    # Sign-in and rate-limit bookkeeping may move (a refused request is no session); nothing else.
+    return {t: sorted(db_rows(data_dir, f"SELECT * FROM {t}"), key=repr) for t in table_names(data_dir)
+            if t not in ("admin_sessions",)}
 
 
 async def test_every_state_changing_route_requires_csrf_and_changes_nothing(full):

@@ -12,7 +12,6 @@ import base64
 import json
 import os
 import socket
-import sqlite3
 import time
 
 import httpx
@@ -214,11 +213,9 @@ STATE_TABLES = ["gateway_installations", "gateway_delegations", "gateway_grant_k
 
 
 def gateway_state(server) -> dict:
-    db = sqlite3.connect(f"file:{server.data_dir / 'appliance.sqlite3'}?mode=ro", uri=True)
-    try:
-        return {t: db.execute(f"SELECT * FROM {t} ORDER BY 1").fetchall() for t in STATE_TABLES}
-    finally:
-        db.close()
+    from tests.pg import db_rows
+
+    return {t: db_rows(server.data_dir, f"SELECT * FROM {t} ORDER BY 1") for t in STATE_TABLES}
 
 
 def refused_cleanly(r: httpx.Response) -> None:
