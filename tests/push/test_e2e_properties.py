@@ -24,7 +24,17 @@ from appliance.push.errors import reason_message
 from tests.conftest import Server
 from tests.push.e2e_helpers import current_key, db_rows, lease_state
 from tests.push.helpers import AUTHOR, AUTHOR_HEX, DESCRIPTOR
-from tests.push.test_properties import ACTIVE_ONLY, ANY, active_lease, inactive_lease
+from tests.pg import on_postgres
+from tests.push.test_properties import ACTIVE_ONLY, ANY
+from tests.push.test_properties import active_lease as any_active_lease
+from tests.push.test_properties import inactive_lease
+
+
+def active_lease():
+    """test_properties' active leases; on PostgreSQL without U+0000 in the plaintext, which that
+    backend's text cannot hold (such a lease is refused there as invalid, see store/postgres.py)."""
+    leases = any_active_lease()
+    return leases.filter(lambda pt: "\\u0000" not in json.dumps(pt)) if on_postgres() else leases
 
 # The server advertises exactly the descriptor the pure tests validate against, with room for
 # every example's lease (each uses its own address and endpoint).
