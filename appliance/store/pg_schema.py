@@ -3,8 +3,8 @@
 The tables, columns and their meaning are SQLite's (schema.py); the types are PostgreSQL's
 (BIGINT for SQLite's 64-bit INTEGER, DOUBLE PRECISION, BYTEA) and text compares bytewise (COLLATE
 "C", as SQLite's BINARY), so ids, pubkeys and tag values order the same on both backends.
-Migration 1 is SQLite's schema version 10; later steps follow schema.py's, one for one where the
-tables change.
+Migration 1 is SQLite's schema version 10, migration 2 its 11 and 12; later steps follow
+schema.py's where the tables change.
 """
 
 from __future__ import annotations
@@ -315,12 +315,26 @@ MIGRATIONS: tuple[str, ...] = (
     INSERT INTO meta (name, value) VALUES ('config_generation', '0');
     INSERT INTO admin_auth (id, changed_at) VALUES (1, 0);
     """,
+    # 2: SQLite's 11 and 12: the lease index of wake jobs whole; an endpoint's pending wake is a hint
+    # in its wake_endpoints row (last_sent_at NULL until a wake went to it), no index of jobs by endpoint.
+    """
+    DROP INDEX wake_jobs_lease;
+    CREATE INDEX wake_jobs_lease ON wake_jobs(origin, lease_pubkey, lease_d);
+    ALTER TABLE wake_endpoints ALTER COLUMN last_sent_at DROP NOT NULL;
+    ALTER TABLE wake_endpoints ADD COLUMN pending_wake TEXT COLLATE "C";
+    INSERT INTO wake_endpoints (origin, app_profile, transport, endpoint_hash, pending_wake)
+        SELECT origin, app_profile, transport, endpoint_hash, max(id) FROM wake_jobs WHERE state = 'pending'
+        GROUP BY origin, app_profile, transport, endpoint_hash
+        ON CONFLICT (origin, app_profile, transport, endpoint_hash)
+        DO UPDATE SET pending_wake = EXCLUDED.pending_wake;
+    DROP INDEX wake_jobs_endpoint;
+    """,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)
 # The SQLite schema version whose tables migration SCHEMA_VERSION matches (migrate-to-postgres
 # copies only from a database at that version).
-SQLITE_SCHEMA_VERSION = 10
+SQLITE_SCHEMA_VERSION = 12
 
 # Serialises migrations between nodes starting at once (pg_advisory_xact_lock key).
 MIGRATION_LOCK = 0x6170706C69616E63
