@@ -16,6 +16,7 @@ from websockets.sync.client import connect as ws_connect
 
 from appliance.nostr.event import sign_event
 from appliance.transports.apns import APNS_BODY
+from tests.pg import on_postgres
 from tests.conftest import Server
 from tests.push.delivery_helpers import TOPIC, Apns, delivery_config, jobs
 from tests.push.e2e_helpers import IOS, ORIGIN, current_key
@@ -77,7 +78,9 @@ def lease_event(server: Server, user: User, plaintext: dict, d: str) -> dict:
     return json.loads(ev.as_json())
 
 
-texts = st.text(st.characters(blacklist_categories=("Cs",)), max_size=40)
+# (On PostgreSQL without U+0000, which its text cannot hold: such an event is refused as invalid there.)
+texts = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00" if on_postgres() else ""),
+                max_size=40)
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow,
