@@ -10,6 +10,8 @@
     marmot.py    `marmot-join`: the draft multi-device External Commit in a group of N
     mls.py       `mls`: the MLS core (add members, External Commit build and process)
     crashloop.py `crashloop`: SIGKILLs at random points under load; nothing acknowledged lost, wakes once
+    nodes.py     `nodes`: several nodes over one PostgreSQL: ingest and REQ beside SQLite, fan-out and
+                 wake latency across nodes
     soak.py      `soak`: N minutes of mixed load; memory, files, loop lag, latency, queue depth over time
 
 Each module offers `add_args(parser)` and `run(args) -> int`; `BENCHMARKS` names them and
@@ -23,7 +25,7 @@ import sys
 from dataclasses import dataclass
 from types import ModuleType
 
-from appliance.bench import crashloop, flood, gateway, leases, marmot, mls, relay, soak, wakes
+from appliance.bench import crashloop, flood, gateway, leases, marmot, mls, nodes, relay, soak, wakes
 
 
 @dataclass(frozen=True)
@@ -52,6 +54,8 @@ BENCHMARKS: dict[str, Benchmark] = {
     "soak": Benchmark("Mixed load (publish, REQ, live subscriptions, lease churn, wakes to an APNs emulator) for N "
                       "minutes; sample memory, open files, loop lag, latency and queue depth into a CSV and an SVG.",
                       soak),
+    "nodes": Benchmark("Several appliance nodes over one PostgreSQL: ingest and REQ (SQLite, 1 and 2 PostgreSQL "
+                       "nodes), cross-node fan-out latency and wake latency; print p50/p99.", nodes),
 }
 
 
