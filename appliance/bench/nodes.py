@@ -68,22 +68,16 @@ class Cluster:
         self.made: list[str] = []
 
     def database(self) -> str:
-        import psycopg
+        from appliance.store.scratch import create_scratch_database
 
-        name = "appliance_bench_" + uuid.uuid4().hex[:12]
-        with psycopg.connect(self.admin_url, autocommit=True) as admin:
-            admin.execute(f"CREATE DATABASE \"{name}\" ENCODING 'UTF8' LC_COLLATE 'C' LC_CTYPE 'C' "
-                          "TEMPLATE template0")
+        name, url = create_scratch_database(self.admin_url, "appliance_bench_")
         self.made.append(name)
-        head, _, query = self.admin_url.partition("?")
-        return f"{head.rsplit('/', 1)[0]}/{name}" + (f"?{query}" if query else "")
+        return url
 
     def drop(self) -> None:
-        import psycopg
+        from appliance.store.scratch import drop_databases
 
-        with psycopg.connect(self.admin_url, autocommit=True) as admin:
-            for name in self.made:
-                admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        drop_databases(self.admin_url, self.made)
         self.made.clear()
 
 
@@ -128,16 +122,12 @@ class Nodes:
 
 def database_cpu(url: str) -> float:
     """CPU seconds the PostgreSQL backends serving `url`'s database have used so far (when the
-    cluster runs on this host: /proc of their pids; NaN otherwise). Backends that came and went
-    between two readings are not counted: the nodes' connections are long-lived (pools)."""
-    import psycopg
+    cluster runs on this host); NaN for SQLite (no such process)."""
+    from appliance.bench.harness import database_cpu_seconds
 
     if not url.startswith(("postgresql://", "postgres://")):
         return float("nan")
-    with psycopg.connect(url, autocommit=True) as conn:
-        pids = [r[0] for r in conn.execute(
-            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()")]
-    return sum(cpu_seconds(pid) for pid in pids)
+    return database_cpu_seconds(url)
 
 
 def _per(seconds: float, n: int) -> str:
