@@ -350,6 +350,11 @@ def run(args: argparse.Namespace) -> int:
     if unknown:
         info(f"appliance bench nodes: unknown part {unknown[0]!r} (choose from {', '.join(PARTS)})")
         return 2
+    try:
+        import appliance.store.postgres  # noqa: F401
+    except ImportError:
+        info("appliance bench nodes: this build has no PostgreSQL store (appliance.store.postgres)")
+        return 2
     cluster = Cluster(args.postgres) if args.postgres else None
     if cluster is None and any(p != "ingest" for p in parts):
         info("appliance bench nodes: --postgres URL (a PostgreSQL cluster's maintenance database) is needed "
