@@ -333,12 +333,12 @@ def build(settings: Settings) -> Appliance:
         return registry.by_id(origin_id).push.get("h_grammar", DEFAULT_H_GRAMMAR)
 
     groups = Groups(state, RelayKeys(keyfile), h_grammar=h_grammar)
-    relay = Relay(settings=settings, store=store, origins=registry, groups=state)
+    client_peers = peers.PeerLimits(settings.max_connections_per_ip, peers.parse_networks(settings.trusted_proxies),
+                                    loopback_exempt=settings.loopback_exempt, max_backoff=settings.flood_backoff)
+    relay = Relay(settings=settings, store=store, origins=registry, groups=state, peers=client_peers)
     relay.store_hooks.add_check(groups.check, wants=groups.wants)
     relay.ephemeral_checks.append(groups.check_ephemeral)
-    app = Appliance(settings=settings, store=store, relay=relay, groups=groups, keyfile=keyfile,
-                    peers=peers.PeerLimits(settings.max_connections_per_ip,
-                                           peers.parse_networks(settings.trusted_proxies)))
+    app = Appliance(settings=settings, store=store, relay=relay, groups=groups, keyfile=keyfile, peers=client_peers)
     app.generation = store.read_sync(config_generation)
     ensure_relay_keys(store, groups, origins)
     app.nip11_extensions.append(lambda origin, doc: _nip29_self(app, origin, doc))
@@ -527,17 +527,32 @@ def asgi(app: Appliance):
             except RuntimeError:
                 await websocket.close(code=1008, reason="blocked")
             return
+        # An address closed for flooding waits before it connects again (the flood_backoff setting;
+        # the server refuses direct peers before their request is read, see appliance.server).
+        barred = app.peers.barred(address)
+        if barred:
+            await websocket.send_denial_response(PlainTextResponse(
+                "rate-limited: too many refused messages from your address; try again later\n",
+                status_code=429, headers={"Retry-After": str(max(1, round(barred)))}))
+            return
         session = Session(app.relay, websocket, origin)
         session.peer_ip = address
-        if forwarded is not None and not peers.is_loopback(forwarded):
-            if not app.peers.acquire(forwarded):
+        # The server counted direct peers that are not trusted proxies; here the address a proxy
+        # forwards, and a loopback client when loopback is not exempt.
+        slot = None
+        if forwarded is not None:
+            slot = None if app.peers.exempt(forwarded) else forwarded
+        elif address is not None and peers.is_loopback(address) and not app.peers.exempt(address):
+            slot = address
+        if slot is not None:
+            if not app.peers.acquire(slot):
                 await websocket.send_denial_response(
                     PlainTextResponse("too many connections from your address\n", status_code=429))
                 return
             try:
                 await session.run()
             finally:
-                app.peers.release(forwarded)
+                app.peers.release(slot)
             return
         await session.run()
 

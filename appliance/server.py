@@ -75,7 +75,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         peer = self.client[0] if self.client else ""
         peers = self.guard.peers
         if peer and not peers.is_trusted(peer):
-            if not peers.acquire(peer):
+            if peers.barred(peer) or not peers.acquire(peer):
                 self._refuse(429)
                 return
             self.ip_slot = peer

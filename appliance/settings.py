@@ -221,6 +221,35 @@ SETTINGS: tuple[Setting, ...] = (
     _s("req_rate", _int, 20,
        "Sustained REQ/COUNT messages per second allowed per connection. 0 disables.", minimum=0),
     _s("req_burst", _int, 100, "Burst size of the per-connection REQ/COUNT token bucket.", minimum=1),
+    _s("ip_event_rate", _int, 200,
+       "Sustained EVENT messages per second allowed per client address, all its connections together "
+       "(reconnecting or opening more connections buys no new budget). Twice the per-connection rate: "
+       "a second device behind the same NAT publishes freely. 0 disables.", minimum=0),
+    _s("ip_event_burst", _int, 2000, "Burst size of the per-address EVENT token bucket.", minimum=1),
+    _s("ip_req_rate", _int, 40,
+       "Sustained REQ/COUNT messages per second allowed per client address, all its connections "
+       "together. A client paging through history waits for each answer and is slowed to this pace, "
+       "never refused; one that pipelines past it gets CLOSED `rate-limited:`. 0 disables.", minimum=0),
+    _s("ip_req_burst", _int, 200, "Burst size of the per-address REQ/COUNT token bucket.", minimum=1),
+    _s("receive_rate", _int, 1024 * 1024,
+       "Bytes per second read from one connection, and from one client address (all its connections "
+       "together). A faster sender is read no faster (TCP backpressure): nothing is refused, a flood of "
+       "large frames just waits in its own socket. 1 MiB/s is thousands of ordinary events. 0 disables.",
+       minimum=0),
+    _s("receive_burst", _int, 16 * 1024 * 1024,
+       "Bytes read at full speed before receive_rate applies (per connection and per address): a "
+       "client uploading a backlog of events is not slowed until it has sent this much.", minimum=1),
+    _s("flood_backoff", _int, 300,
+       "Longest wait, in seconds, before an address whose connection was closed for flooding (too many "
+       "refused messages) may connect again: 2 s after the first close, doubling with each repeat "
+       "within the hour; meanwhile its connection attempts get HTTP 429 with Retry-After. 0 disables.",
+       minimum=0, maximum=86400),
+    _s("loopback_exempt", _bool, True,
+       "Spare loopback addresses (this machine, when no trusted proxy forwards a client address) "
+       "from the per-address limits: ip_* budgets, max_connections_per_ip and flood_backoff. On by "
+       "default so that a local proxy which forwards no X-Forwarded-For does not put every client "
+       "into one budget; turn it off when local users are not trusted. Per-connection limits apply "
+       "regardless."),
     _s("auth_window", _int, 600,
        "Seconds an AUTH event's created_at may differ from now (NIP-42 suggests about ten minutes).", minimum=1),
     _s("storage", _storage, "sqlite",
@@ -279,9 +308,9 @@ SETTINGS: tuple[Setting, ...] = (
        "Offer permessage-deflate to websocket clients. Saves bandwidth on metered links; costs CPU "
        "(about 2-3 ms per 50-event REQ on a small VM). Turn off on a CPU-bound box."),
     _s("max_connections_per_ip", _int, 64,
-       "Open connections allowed from one client address (loopback exempt; behind a trusted proxy, "
-       "the address it forwards). Enough for a household behind one NAT with several clients each; "
-       "low enough that one machine cannot hold every socket. 0 disables.", minimum=0, maximum=1_000_000),
+       "Open connections allowed from one client address (loopback exempt, see loopback_exempt; "
+       "behind a trusted proxy, the address it forwards). Enough for a household behind one NAT with "
+       "several clients each; low enough that one machine cannot hold every socket. 0 disables.", minimum=0, maximum=1_000_000),
     _s("trusted_proxies", _networks, "",
        "Proxies whose X-Forwarded-For header names the real client (comma-separated addresses or "
        "CIDR networks). Loopback is always trusted: a TLS proxy on the same box. Never list an "

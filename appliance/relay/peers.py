@@ -1,9 +1,11 @@
 """Who is on the other end of a connection, and which addresses are this machine's own.
 
 - `PeerLimits`: the client address of a connection (the TCP peer, or, when that peer is a trusted
-  proxy, the address it forwards in `X-Forwarded-For`) and a cap on open connections per client
-  address. Loopback peers are trusted proxies by default (a TLS proxy on the same box) and are
-  never capped themselves.
+  proxy, the address it forwards in `X-Forwarded-For`), a cap on open connections per client
+  address, and the flood backoff: an address whose connection was closed for flooding may not
+  connect again for a while (2 s, doubling with each repeat). Loopback peers are trusted proxies
+  (a TLS proxy on the same box); unless `loopback_exempt` is off, a loopback address is neither
+  capped nor backed off itself.
 - `local_addresses` / `is_local_host` / `url_as_reached`: whether a host name in a URL names this
   machine (loopback names and the addresses of its own interfaces), for NIP-42 relay tags and
   NIP-98 `u` tags (NIP-86) on an unconfigured install.
@@ -16,10 +18,18 @@ import ipaddress
 import re
 import socket
 import struct
+import time
 from functools import lru_cache
 from typing import Iterable
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+# The first flood backoff; each further close for flooding doubles it (up to `flood_backoff`). An
+# address that has not flooded for this long starts again from the first.
+DEFAULT_FIRST_BACKOFF = 2.0
+BACKOFF_MEMORY_SECONDS = 3600.0
+# Addresses remembered for their backoff, at most: the oldest are forgotten first.
+MAX_REMEMBERED_FLOODERS = 100_000
 
 LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback"})
 
@@ -55,12 +65,50 @@ def is_loopback(text: str) -> bool:
 class PeerLimits:
     """Client addresses and the per-address connection cap (0: no cap)."""
 
-    def __init__(self, max_per_ip: int, trusted_proxies: Iterable[Network] = (), *, trust_loopback: bool = True):
+    def __init__(self, max_per_ip: int, trusted_proxies: Iterable[Network] = (), *, trust_loopback: bool = True,
+                 loopback_exempt: bool = True, max_backoff: float = 0.0):
         self.max_per_ip = max_per_ip
         self.trusted = list(trusted_proxies)
         self.trust_loopback = trust_loopback  # off only in tests of the cap itself
+        self.loopback_exempt = loopback_exempt
+        self.max_backoff = max_backoff
         self.open: dict[str, int] = {}
         self.refused = 0
+        # address -> (closes for flooding in a row, when the last was, barred until)
+        self.flooders: dict[str, tuple[int, float, float]] = {}
+        self.barred_refused = 0
+
+    def exempt(self, ip: str | None) -> bool:
+        """Whether per-address limits spare `ip` (a loopback address, unless `loopback_exempt` is off)."""
+        return ip is None or (self.loopback_exempt and is_loopback(ip))
+
+    def flooded(self, ip: str | None) -> float:
+        """A connection from `ip` was closed for flooding: bar the address from connecting for a
+        while (longer each time). Returns the seconds barred (0: exempt or backoff off)."""
+        if not self.max_backoff or self.exempt(ip):
+            return 0.0
+        now = time.monotonic()
+        strikes, last, _until = self.flooders.pop(ip, (0, 0.0, 0.0))
+        if now - last > BACKOFF_MEMORY_SECONDS:
+            strikes = 0
+        seconds = min(self.max_backoff, DEFAULT_FIRST_BACKOFF * 2 ** min(strikes, 30))
+        self.flooders[ip] = (strikes + 1, now, now + seconds)  # re-inserted: newest last
+        while len(self.flooders) > MAX_REMEMBERED_FLOODERS:
+            del self.flooders[next(iter(self.flooders))]
+        return seconds
+
+    def barred(self, ip: str | None) -> float:
+        """Seconds `ip` must still wait before connecting again (0: it may connect)."""
+        if not self.flooders or ip is None:
+            return 0.0
+        entry = self.flooders.get(ip)
+        if entry is None:
+            return 0.0
+        left = entry[2] - time.monotonic()
+        if left <= 0:
+            return 0.0
+        self.barred_refused += 1
+        return left
 
     def is_trusted(self, text: str) -> bool:
         addr = _address(text)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable
@@ -30,6 +31,8 @@ from appliance.nostr.event import Event, InvalidEvent, expiration as event_expir
 from appliance.nostr.filters import Filter
 from appliance.relay.authz import GroupView, NoGroups, can_read, read_scope
 from appliance.origins import Origin, OriginRegistry, UnknownOrigin, normalize_ip
+from appliance.relay.limits import ClientBudgets
+from appliance.relay.peers import PeerLimits
 from appliance.relay.subscriptions import SubscriptionIndex
 from appliance.settings import Settings
 from appliance.relay.marmot import MARMOT_KINDS, check_marmot_event
@@ -43,6 +46,10 @@ AUTH_KIND = 22242
 # thread (see appliance.store.sqlite.INLINE_MAX_STEPS): building a larger answer there would hold
 # every other connection up.
 INLINE_MAX_EVENTS = 100
+
+# Reads that used less CPU than this are not reported to their `cost` callback (most REQs: a
+# callback per read would cost more than it tells).
+COST_REPORT_SECONDS = 0.002
 
 Admission = Callable[[Origin, "str | None", Event, Callable[[Event], Awaitable[bool]]], Awaitable[dict]]
 StoredCallback = Callable[[Origin, Event], Awaitable[None]]
@@ -91,9 +98,12 @@ class Relay:
     on_stored: list[StoredCallback] = field(default_factory=list)
     ephemeral_checks: list[EphemeralCheck] = field(default_factory=list)
     on_ephemeral: list[EphemeralCheck] = field(default_factory=list)
+    # Client addresses: which are exempt from per-address limits, and the flood backoff.
+    peers: PeerLimits = field(default_factory=lambda: PeerLimits(0))
 
     def __post_init__(self) -> None:
         self.verifier = Verifier()
+        self.budgets = ClientBudgets(self.settings)  # per client address, shared by its connections
         self.indexes: dict[int, SubscriptionIndex] = {}
         self.sessions: set = set()
         self.queued_bytes = 0  # unsent output of all sessions (see Session.send)
@@ -282,11 +292,13 @@ class Relay:
 
     def start_query(self, origin: Origin, reader: str | None, filters: list[Filter], *, owner: object,
                     render: Callable[[list], object], done: Callable[[object, BaseException | None], None],
-                    raw_bytes: bool = False):
+                    raw_bytes: bool = False, cost: Callable[[float], None] | None = None):
         """The REQ path, with no task and no future: the stored events matching `filters` that
         `reader` may read, as (id, raw) rows, go to `render(rows)` on the reader thread (so a whole
         answer is built in one pass off the loop), and `done(rendered, exc)` runs on the loop.
-        Returns a handle whose `cancel()` means the answer is not wanted."""
+        Returns a handle whose `cancel()` means the answer is not wanted. `cost(seconds)` is
+        called on the loop with the CPU time the read took, when that was over
+        COST_REPORT_SECONDS (also when the answer was no longer wanted)."""
         scope = read_scope(origin, reader, self.groups)
         now = int(time.time())
         s = self.settings
@@ -296,14 +308,47 @@ class Relay:
             return render(query_rows(conn, origin_id, filters, scope, now, default_limit=s.default_limit,
                                      max_limit=s.max_limit, max_bytes=s.max_query_bytes, raw_bytes=raw_bytes))
 
+        if cost is not None:
+            read = _costed(read, cost)
         # A REQ asking for a few events may be answered on the loop's own thread (the store bounds
         # the SQL work; building the answer is bounded by this many events).
         wanted = sum(min(f.limit if f.limit is not None else s.default_limit, s.max_limit) for f in filters)
         return self.store.read_then(read, done, timeout=s.query_timeout, owner=owner,
                                     inline=wanted <= INLINE_MAX_EVENTS)
 
-    async def count(self, origin: Origin, reader: str | None, filters: list[Filter], owner: object = None) -> int:
+    async def count(self, origin: Origin, reader: str | None, filters: list[Filter], owner: object = None,
+                    cost: Callable[[float], None] | None = None) -> int:
+        """NIP-45: how many stored events match; `cost` as for `start_query`."""
         scope = read_scope(origin, reader, self.groups)
         now = int(time.time())
-        return await self.store.read(lambda conn: count_events(conn, origin.id, filters, scope, now),
+
+        def read(conn):
+            return count_events(conn, origin.id, filters, scope, now)
+
+        return await self.store.read(read if cost is None else _costed(read, cost),
                                      timeout=self.settings.query_timeout, owner=owner, inline=True)
+
+
+def _costed(fn: Callable, cost: Callable[[float], None]) -> Callable:
+    """`fn` reporting the CPU time it took (its thread's: a read paused between time slices
+    costs nothing while it waits) to `cost`, on the loop, when over COST_REPORT_SECONDS."""
+    loop = asyncio.get_running_loop()
+    loop_thread = threading.get_ident()
+    clock = time.thread_time
+
+    def run(conn):
+        t0 = clock()
+        try:
+            return fn(conn)
+        finally:
+            spent = clock() - t0
+            if spent > COST_REPORT_SECONDS:
+                if threading.get_ident() == loop_thread:  # run inline, on the loop
+                    loop.call_soon(cost, spent)
+                else:
+                    try:
+                        loop.call_soon_threadsafe(cost, spent)
+                    except RuntimeError:  # the loop is closed: the server has stopped
+                        pass
+
+    return run

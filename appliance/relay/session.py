@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import secrets
 import time
 from itertools import islice
@@ -17,7 +18,7 @@ from appliance.nostr.filters import Filter, InvalidFilter, parse_filter
 from appliance.nostr.nip42 import AuthError, validate_auth_event
 from appliance.relay.frames import Frames, FrameWriter, frame_events
 from appliance.relay.authz import GATED_KINDS, AUTHOR_ONLY_KINDS, may_enter
-from appliance.relay.limits import TokenBucket
+from appliance.relay.limits import ClientBudget, TokenBucket
 from appliance.relay.peers import url_as_reached
 from appliance.origins import Origin
 from appliance.relay.relay import Relay, peer_ip
@@ -48,9 +49,21 @@ DEFAULT_MAX_PENDING_COUNTS = 32
 MAX_SUB_ID_LENGTH = 64
 # (REQ/COUNT queries one connection may have in the database at once, and their fair share of the
 # reader threads: see appliance.store.sqlite.ReadPool.)
-# Rate-limited messages a connection may send before it is closed: past this it is flooding.
+# Rate-limited messages a connection may send before it is closed: past this it is flooding (and
+# its address waits before connecting again, see the flood_backoff setting).
 DEFAULT_MAX_REFUSALS = 1000
 REFUSAL_WINDOW_SECONDS = 60.0
+# Longest pause of a connection's reading after a refusal or while its receive budget is in debt.
+# A refused connection is read no faster than its budget refills: a flood of pipelined messages
+# then waits in the client's own socket (TCP backpressure) instead of costing the relay a frame
+# parse and a refusal each, so refusals stay cheap and few however fast the client sends.
+DEFAULT_MAX_PAUSE = 2.0
+# A REQ/COUNT token buys this much CPU time of its query; a query that takes more costs one token
+# more for each further share, paid from the same buckets (they may go into debt, and the
+# connection is then read no faster than they refill). So the req_rate settings bound the database
+# time a client takes, not only its message count: 16-filter COUNTs over a large store cost many
+# tokens each, a page of 500 events one.
+DEFAULT_READ_SECONDS_PER_TOKEN = 0.005
 # Queued messages written together (one system call): a REQ's stored events, a burst of OKs.
 SEND_BATCH = 256
 # Several nodes: an event another node committed can be in a REQ's stored answer before its
@@ -59,6 +72,11 @@ SEND_BATCH = 256
 REMOTE_SKIP_ROWS = 64
 REMOTE_SKIP_SECONDS = 5.0
 
+
+# The head of a REQ/COUNT as clients write it: its verb and subscription id can be read without
+# parsing the filters, so a refused one costs no JSON parse (see `handle_text`).
+_REQ_HEAD = re.compile(r'\s*\[\s*"(REQ|COUNT)"\s*,\s*"([^"\\]{1,64})"\s*[,\]]').match
+WAIT, REFUSED = "wait", "refused"  # outcomes of `_req_token` other than taken (None)
 
 STOPPING_MESSAGE = "error: the relay is restarting; try again in a moment"
 DISK_FULL_MESSAGE = "error: the relay's disk is full; nothing was stored, try again later"
@@ -116,6 +134,19 @@ class Session:
         # so it only bites on messages that no per-verb bucket accounts for; off if either is off.
         flood_rate = 0 if s.event_rate == 0 or s.req_rate == 0 else 2 * (s.event_rate + s.req_rate)
         self.message_bucket = TokenBucket(flood_rate, s.event_burst + s.req_burst)
+        self.receive_bucket = TokenBucket(s.receive_rate, s.receive_burst)
+        # The buckets this connection shares with every other from its client address (set by
+        # `run` unless the address is exempt, see the loopback_exempt setting).
+        self.budget: ClientBudget | None = None
+        self.resume_at = 0.0  # the receive loop reads nothing more before this (time.monotonic)
+        self._deferred: str | None = None  # a REQ/COUNT held until its token comes (`_req_token`)
+        self._text = ""  # the message being handled
+        # The server's queue of messages received and not yet handled (uvicorn's sans-I/O
+        # protocol), to tell a client that waits for answers from one that pipelines; None when
+        # the server is another (then every client counts as pipelining: refused, never held).
+        proto = getattr(getattr(ws, "_receive", None), "__self__", None)
+        inbox = getattr(proto, "queue", None)
+        self._inbox: asyncio.Queue | None = inbox if isinstance(inbox, asyncio.Queue) else None
 
     # -- output ---------------------------------------------------------------------------------
 
@@ -207,15 +238,71 @@ class Session:
         self.queries.clear()
         self.counts.clear()
 
-    def refused(self) -> None:
-        """Count a rate-limited message; a connection that keeps sending them (so many within a
-        minute) is closed."""
+    def refused(self, wait: float) -> None:
+        """Count a rate-limited message and read nothing more from this connection for `wait`
+        seconds (until the budget that refused it has a token again). A connection that keeps
+        sending them (so many within a minute) is closed, and its address backs off."""
+        self.pause(wait)
         now = time.monotonic()
         if now - self.refusals_since > REFUSAL_WINDOW_SECONDS:
             self.refusals, self.refusals_since = 0, now
         self.refusals += 1
         if self.refusals > DEFAULT_MAX_REFUSALS:
             self.drop(1008, "flooding", notice="rate-limited: too many refused messages; closing")
+            barred = self.relay.peers.flooded(self.peer_ip)
+            if self.budget is not None:
+                self.budget.exhaust(barred)
+            log.info("closed a flooding connection origin=%s barred_seconds=%g", self.origin.origin, barred)
+
+    def pause(self, seconds: float) -> None:
+        """Read nothing more from this connection for `seconds` (at most DEFAULT_MAX_PAUSE)."""
+        until = time.monotonic() + min(seconds, DEFAULT_MAX_PAUSE)
+        if until > self.resume_at:
+            self.resume_at = until
+
+    def _take(self, mine: TokenBucket, shared: TokenBucket | None) -> float:
+        """Take a token from this connection's bucket and its address's: 0.0 when taken, else (none
+        taken) the seconds until both have one."""
+        if mine.take():
+            if shared is None or shared.take():
+                return 0.0
+            mine.tokens += 1  # given back: the message is refused
+            return shared.wait()
+        return max(mine.wait(), shared.wait() if shared is not None else 0.0)
+
+    def read_cost(self, seconds: float) -> None:
+        """A REQ/COUNT query of this connection used `seconds` of CPU: charge what its token did
+        not cover (see DEFAULT_READ_SECONDS_PER_TOKEN)."""
+        extra = seconds / DEFAULT_READ_SECONDS_PER_TOKEN - 1.0
+        if extra <= 0:
+            return
+        delay = self.req_bucket.charge(extra)
+        if self.budget is not None:
+            delay = max(delay, self.budget.req.charge(extra))
+        if delay:
+            self.pause(delay)
+
+    def _pipelined(self) -> bool:
+        """Whether this client's next messages have arrived already (it sends without waiting for
+        answers)."""
+        inbox = self._inbox
+        return inbox is None or not inbox.empty()
+
+    def _req_token(self, waited: bool) -> str | None:
+        """Spend a REQ/COUNT token: None when spent. Without one, a client that waits for this
+        answer before sending more (paging through history) is held until the token comes (WAIT:
+        the message is handled again then), not refused; one that pipelines is refused (REFUSED,
+        `refused` called: the caller sends CLOSED)."""
+        budget = self.budget
+        wait = self._take(self.req_bucket, budget.req if budget is not None else None)
+        if not wait:
+            return None
+        if not waited and not self._pipelined():
+            self._deferred = self._text
+            self.pause(wait + 0.001)
+            return WAIT
+        self.refused(wait)
+        return REFUSED
 
     def send_event(self, sub_id: str, raw: str) -> None:
         self.send('["EVENT",' + _dumps(sub_id) + "," + raw + "]")
@@ -296,6 +383,9 @@ class Session:
     async def run(self) -> None:
         await self.ws.accept()
         self.relay.sessions.add(self)
+        relay = self.relay
+        if not relay.peers.exempt(self.peer_ip):
+            self.budget = relay.budgets.join(self.peer_ip)
         self.send(_dumps(["AUTH", self.challenge]))
         clock = time.monotonic
         slice_end = clock() + DEFAULT_RECEIVE_SLICE
@@ -306,11 +396,23 @@ class Session:
                         self.drained.clear()
                         await self.drained.wait()
                     slice_end = clock() + DEFAULT_RECEIVE_SLICE
-                elif clock() > slice_end and not self.relay.stopping:
+                elif self.resume_at and not relay.stopping:
+                    # Over its budget: nothing more is read until it refills (see DEFAULT_MAX_PAUSE).
+                    delay = self.resume_at - clock()
+                    if delay > 0:
+                        await asyncio.sleep(delay)
+                    self.resume_at = 0.0
+                    slice_end = clock() + DEFAULT_RECEIVE_SLICE
+                    continue
+                elif clock() > slice_end and not relay.stopping:
                     # The others' turn (see DEFAULT_RECEIVE_SLICE); not once stopping, so that every
                     # message already received is handled before the relay closes (Relay.shutdown).
                     await asyncio.sleep(0)
                     slice_end = clock() + DEFAULT_RECEIVE_SLICE
+                if self._deferred is not None:  # a REQ/COUNT held for its token (`_req_token`)
+                    text, self._deferred = self._deferred, None
+                    self.handle_text(text, waited=True)
+                    continue
                 message = await self.ws.receive()
                 kind = message["type"]
                 if kind == "websocket.disconnect":
@@ -324,6 +426,8 @@ class Session:
             pass
         finally:
             self.closed = True
+            if self.budget is not None:
+                relay.budgets.leave(self.budget)
             self.cancel_queries()
             for sub in self.subs.values():
                 self.relay.index_for(self.origin).remove(sub)
@@ -335,17 +439,42 @@ class Session:
             if self.tasks:
                 await asyncio.gather(*self.tasks, return_exceptions=True)
 
-    def handle_text(self, text: str) -> None:
+    def handle_text(self, text: str, waited: bool = False) -> None:
+        """Handle one message; `waited`: a REQ/COUNT held for its token, already counted."""
         s = self.settings
-        if not self.message_bucket.take():
-            self.notice("rate-limited: too many messages, slow down")
-            self.refused()
-            return
+        budget = self.budget
+        self._text = text
+        if not waited:
+            # Received bytes (counted as characters: cheap, and at most 4x short) only slow the
+            # reading down; what was sent is handled.
+            n = len(text)
+            delay = self.receive_bucket.charge(n)
+            if budget is not None:
+                delay = max(delay, budget.received.charge(n))
+            if delay:
+                self.pause(delay)
+            wait = self._take(self.message_bucket, budget.message if budget is not None else None)
+            if wait:
+                self.notice("rate-limited: too many messages, slow down")
+                self.refused(wait)
+                return
         # A str of n characters is at most 4n UTF-8 bytes: only long messages need encoding.
         if len(text) > s.max_message_length or (len(text) * 4 > s.max_message_length
                                                  and len(text.encode()) > s.max_message_length):
             self.refuse_too_large(text)
             return
+        admitted = False
+        if text[:16].lstrip().startswith(('["REQ"', '["COUNT"')) and not self.relay.stopping:
+            head = _REQ_HEAD(text)
+            if head is not None:
+                # The token first: a refused REQ/COUNT is answered without parsing its filters.
+                outcome = self._req_token(waited)
+                if outcome is WAIT:
+                    return
+                if outcome is REFUSED:
+                    self._refuse_req(head[1], head[2])
+                    return
+                admitted = True
         try:
             msg = orjson.loads(text)
         except orjson.JSONDecodeError:
@@ -361,9 +490,9 @@ class Session:
         if verb == "EVENT":
             self.on_event(msg)
         elif verb == "REQ":
-            self.on_req(msg)
+            self.on_req(msg, admitted, waited)
         elif verb == "COUNT":
-            self.on_count(msg)
+            self.on_count(msg, admitted, waited)
         elif verb == "CLOSE":
             self.on_close(msg)
         elif verb == "AUTH":
@@ -417,9 +546,11 @@ class Session:
         if arg is None:
             return
         obj, event_id = arg
-        if not self.event_bucket.take():
+        budget = self.budget
+        wait = self._take(self.event_bucket, budget.event if budget is not None else None)
+        if wait:
             self.ok(event_id, False, "rate-limited: publishing too fast")
-            self.refused()
+            self.refused(wait)
             return
         try:
             ev = parse_event(obj)
@@ -478,9 +609,18 @@ class Session:
                     return "auth-required: direct messages, gift wraps and push leases need authentication"
         return None
 
-    def _req_arguments(self, msg: list, verb: str) -> tuple[str, list[Filter] | None] | None:
+    def _refuse_req(self, verb: str, sub_id: str) -> None:
+        """CLOSED for a REQ/COUNT refused for want of a token; a refused REQ also ends the
+        subscription it would have replaced."""
+        if verb == "REQ":
+            self.end_subscription(sub_id)
+        self.closed_msg(sub_id, "rate-limited: too many requests, slow down")
+
+    def _req_arguments(self, msg: list, verb: str, admitted: bool = False,
+                       waited: bool = False) -> tuple[str, list[Filter] | None] | None:
         """(subscription id, filters) of a REQ/COUNT; filters None once refused with CLOSED; None
-        when the message has no usable subscription id (NOTICE sent)."""
+        when the message has no usable subscription id (NOTICE sent) or waits for its token.
+        `admitted`: its token is spent already."""
         if len(msg) < 2 or not isinstance(msg[1], str):
             self.notice(f'invalid: {verb} needs a subscription id: ["{verb}", "<id>", {{...}}]')
             return None
@@ -488,10 +628,13 @@ class Session:
         if not sub_id or len(sub_id) > MAX_SUB_ID_LENGTH:
             self.notice(f"invalid: subscription id must be 1 to {MAX_SUB_ID_LENGTH} characters")
             return None
-        if not self.req_bucket.take():
-            self.closed_msg(sub_id, "rate-limited: too many requests, slow down")
-            self.refused()
-            return sub_id, None
+        if not admitted:
+            outcome = self._req_token(waited)
+            if outcome is WAIT:
+                return None
+            if outcome is REFUSED:
+                self.closed_msg(sub_id, "rate-limited: too many requests, slow down")
+                return sub_id, None
         try:
             filters = self._parse_filters(msg[2:])
         except InvalidFilter as exc:
@@ -503,8 +646,8 @@ class Session:
             return sub_id, None
         return sub_id, filters
 
-    def on_count(self, msg: list) -> None:
-        args = self._req_arguments(msg, "COUNT")
+    def on_count(self, msg: list, admitted: bool = False, waited: bool = False) -> None:
+        args = self._req_arguments(msg, "COUNT", admitted, waited)
         if args is not None and args[1] is not None:
             task = self.spawn(self._answer_count(*args))
             self.counts.add(task)
@@ -517,7 +660,7 @@ class Session:
 
     async def _answer_count(self, sub_id: str, filters: list[Filter]) -> None:
         try:
-            n = await self.relay.count(self.origin, self.reader, filters, owner=self)
+            n = await self.relay.count(self.origin, self.reader, filters, owner=self, cost=self.read_cost)
         except asyncio.CancelledError:
             return  # the connection is gone
         except QueryTimeout:
@@ -529,12 +672,12 @@ class Session:
             return
         self.send(_dumps(["COUNT", sub_id, {"count": n}]))
 
-    def on_req(self, msg: list) -> None:
+    def on_req(self, msg: list, admitted: bool = False, waited: bool = False) -> None:
         """Open (or replace) a subscription at once, in message order; its stored events follow.
 
         Registration is synchronous so a CLOSE or another REQ with the same id that arrives next
         always finds it, and nothing is registered once the connection is gone."""
-        args = self._req_arguments(msg, "REQ")
+        args = self._req_arguments(msg, "REQ", admitted, waited)
         if args is None:
             return
         sub_id, filters = args
@@ -551,7 +694,7 @@ class Session:
         self.relay.index_for(self.origin).add(sub)
         raw_frames = self.writer.raw_frames
         self.queries[sub_id] = self.relay.start_query(
-            self.origin, self.reader, filters, owner=self, raw_bytes=raw_frames,
+            self.origin, self.reader, filters, owner=self, raw_bytes=raw_frames, cost=self.read_cost,
             render=_answer_renderer(sub_id, raw_frames),
             done=lambda answer, exc: self._answer_ready(sub, answer, exc))
 
