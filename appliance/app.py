@@ -48,6 +48,8 @@ CORS = {
 }
 # Preflight answer for NIP-86 calls from browser-based management clients.
 RPC_CORS = {"Access-Control-Allow-Methods": "GET, POST, OPTIONS"}
+# Seconds a connection attempt from an address barred for flooding waits for its 429 (see ws_endpoint).
+DEFAULT_BARRED_HOLD = 1.0
 
 DEFAULT_ORIGIN_KEY = "default_origin"
 
@@ -531,9 +533,14 @@ def asgi(app: Appliance):
         # the server refuses direct peers before their request is read, see appliance.server).
         barred = app.peers.barred(address)
         if barred:
+            # Held a moment before the answer: a client that retries at once is slowed to one
+            # handshake per DEFAULT_BARRED_HOLD per connection it opens (a direct peer is cut before
+            # its request is even read, see appliance.server).
+            hold = min(barred, DEFAULT_BARRED_HOLD)
+            await asyncio.sleep(hold)
             await websocket.send_denial_response(PlainTextResponse(
                 "rate-limited: too many refused messages from your address; try again later\n",
-                status_code=429, headers={"Retry-After": str(max(1, round(barred)))}))
+                status_code=429, headers={"Retry-After": str(max(1, round(barred - hold)))}))
             return
         session = Session(app.relay, websocket, origin)
         session.peer_ip = address

@@ -54,6 +54,12 @@ class TokenBucket:
         self.tokens -= n
         return max(0.0, -self.tokens / self.rate)
 
+    def cap_at(self, other: "TokenBucket") -> None:
+        """Hold no more tokens than `other` has (none when it is in debt)."""
+        if self.rate > 0 and other.rate > 0:
+            other.take(0)  # brought up to date
+            self.tokens = min(self.tokens, max(other.tokens, 0.0))
+
     def full_at(self) -> float:
         """When (time.monotonic) the bucket is full again if nothing more is taken."""
         if self.rate <= 0:

@@ -385,7 +385,12 @@ class Session:
         self.relay.sessions.add(self)
         relay = self.relay
         if not relay.peers.exempt(self.peer_ip):
-            self.budget = relay.budgets.join(self.peer_ip)
+            budget = self.budget = relay.budgets.join(self.peer_ip)
+            # A new connection has no more to spend than its address has left: reconnecting (after
+            # a flood backoff, say) does not refill the connection's own buckets either.
+            for mine, shared in ((self.event_bucket, budget.event), (self.req_bucket, budget.req),
+                                 (self.message_bucket, budget.message)):
+                mine.cap_at(shared)
         self.send(_dumps(["AUTH", self.challenge]))
         clock = time.monotonic
         slice_end = clock() + DEFAULT_RECEIVE_SLICE
