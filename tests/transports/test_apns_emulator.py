@@ -177,6 +177,21 @@ async def test_many_concurrent_streams_on_one_connection(client, jwt, emulator):
     assert len({r.connection for r in emulator.requests()}) == 1
 
 
+async def test_a_long_lived_connection_keeps_nothing_of_its_finished_streams(client, jwt, emulator):
+    """h2's state machine kept how each closed stream ended, 65,536 per connection: on a provider
+    connection that lives for hours, memory that grew with every wake (the soak's slow RSS rise,
+    issue #14). The client keeps a stream only while it is open."""
+    for start in range(0, 1200, 100):
+        results = await asyncio.gather(*[post(client, good_headers(jwt), path=f"/3/device/{i + 1:064x}")
+                                         for i in range(start, start + 100)])
+        assert {r[0] for r in results} == {200}
+    conn = client._conn
+    assert client.connections_made == 1 and conn is not None
+    assert conn.streams == {}
+    assert not [name for name, value in vars(conn).items()
+                if isinstance(value, (dict, list, set)) and len(value) >= 1000], "per-stream state kept"
+
+
 async def test_sandbox_adds_apns_unique_id(tmp_path, p8, jwt):
     emu = ApnsEmulator(environment="sandbox", pki_dir=tmp_path / "pki2")
     emu.add_key(TEAM, KEY_ID, p8[1])
