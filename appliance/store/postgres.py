@@ -11,7 +11,6 @@ through dialect.translate (once per statement text).
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import re
 import threading
@@ -29,7 +28,7 @@ from appliance.errors import Rejected, StoreError
 from appliance.store import dialect, pg_schema
 from appliance.store.dsn import redact
 from appliance.store.sqlite import QueryTimeout, ReadPool
-from appliance.store.writer import Writer, WriteOp
+from appliance.store.writer import Writer, WriterFront
 
 log = logging.getLogger("appliance.store")
 
@@ -193,7 +192,7 @@ class PgWriter(Writer):
                 time.sleep(RECONNECT_PAUSE)
 
 
-class PostgresStore:
+class PostgresStore(WriterFront):
     """The appliance's storage on PostgreSQL: same public surface as SqliteStore."""
 
     def __init__(self, dsn: str, data_dir: Path, *, write_batch: int = 500, reader_threads: int = 4,
@@ -276,11 +275,6 @@ class PostgresStore:
             self._conns.close()
             self._conns = None
 
-    def __enter__(self) -> "PostgresStore":
-        return self.open()
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
     def scrub_wal(self) -> bool:
         """Nothing to scrub here: PostgreSQL's WAL and its retention are the database's operator's."""
@@ -289,25 +283,6 @@ class PostgresStore:
     def backup(self, dest: Path) -> None:
         raise StoreError("backups of a PostgreSQL store are the database's own (pg_dump, or its replicas): "
                          "`appliance backup` copies a SQLite store only")
-
-    # -- writes ---------------------------------------------------------------------------------
-
-    def write(self, op: WriteOp) -> asyncio.Future:
-        assert self._writer is not None, "store is not open"
-        return self._writer.submit(op)
-
-    def write_sync(self, op: WriteOp) -> Any:
-        assert self._writer is not None, "store is not open"
-        return self._writer.run_sync(op)
-
-    @property
-    def full_since(self) -> float | None:
-        return self._writer.full_since if self._writer else None
-
-    @property
-    def writer_stats(self) -> tuple[int, int]:
-        w = self._writer
-        return (w.commits, w.writes) if w else (0, 0)
 
     # -- reads (the ReadPool's hooks: _reader, _read_on, _forget_reader, _read_inline) -----------
 

@@ -17,7 +17,7 @@ import apsw.bestpractice
 
 from appliance.errors import StoreError
 from appliance.store.schema import migrate
-from appliance.store.writer import Writer, WriteOp
+from appliance.store.writer import Writer, WriterFront
 
 log = logging.getLogger("appliance.store")
 sqlite_log = logging.getLogger("appliance.sqlite")
@@ -591,7 +591,7 @@ def _private_files(path: Path) -> None:
             pass
 
 
-class SqliteStore:
+class SqliteStore(WriterFront):
     """The appliance's storage: run writes through the single writer, reads on reader threads."""
 
     def __init__(self, data_dir: Path, *, sync_mode: str = "full", write_batch: int = 500, reader_threads: int = 4):
@@ -734,33 +734,6 @@ class SqliteStore:
             self._write_conn.close()
             self._write_conn = None
 
-    def __enter__(self) -> "SqliteStore":
-        return self.open()
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    # -- writes ---------------------------------------------------------------------------------
-
-    def write(self, op: WriteOp) -> asyncio.Future:
-        """Run `op(conn)` in the shared write transaction; awaitable, resolves after COMMIT."""
-        assert self._writer is not None, "store is not open"
-        return self._writer.submit(op)
-
-    def write_sync(self, op: WriteOp) -> Any:
-        """Blocking variant of `write` for threads without an event loop (CLI, tests)."""
-        assert self._writer is not None, "store is not open"
-        return self._writer.run_sync(op)
-
-    @property
-    def full_since(self) -> float | None:
-        """When a write last failed for lack of disk space, if none has fitted since."""
-        return self._writer.full_since if self._writer else None
-
-    @property
-    def writer_stats(self) -> tuple[int, int]:
-        w = self._writer
-        return (w.commits, w.writes) if w else (0, 0)
 
     # -- reads ----------------------------------------------------------------------------------
 

@@ -253,3 +253,37 @@ def _undo(conn: apsw.Connection, savepoint: str, cause: BaseException,
         conn.execute(f"RELEASE {savepoint}")
     except errors:
         raise TransactionLost(cause) from cause
+
+
+class WriterFront:
+    """What a store offers writers, the same over any backend: it holds its `Writer` as `_writer`
+    (None while closed) and opens in `open()`, closes in `close()`."""
+
+    _writer: Writer | None
+
+    def __enter__(self):
+        return self.open()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def write(self, op: WriteOp) -> asyncio.Future:
+        """Run `op(conn)` in the shared write transaction; awaitable, resolves after COMMIT."""
+        assert self._writer is not None, "store is not open"
+        return self._writer.submit(op)
+
+    def write_sync(self, op: WriteOp) -> Any:
+        """Blocking variant of `write` for threads without an event loop (CLI, tests)."""
+        assert self._writer is not None, "store is not open"
+        return self._writer.run_sync(op)
+
+    @property
+    def full_since(self) -> float | None:
+        """When a write last failed for lack of disk space, if none has fitted since."""
+        return self._writer.full_since if self._writer else None
+
+    @property
+    def writer_stats(self) -> tuple[int, int]:
+        w = self._writer
+        return (w.commits, w.writes) if w else (0, 0)
+
