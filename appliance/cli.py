@@ -91,7 +91,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     backup = sub.add_parser("backup", help="Copy the database (while serving) and its key file to PATH.",
                             description="Write a consistent copy of the database while the appliance runs "
-                            "(SQLite's online backup API), with the key file beside it. Keep the two together.")
+                            "(SQLite's online backup API), with the key file beside it. Keep the two together. "
+                            "On PostgreSQL it writes nothing: it prints the pg_dump command to run instead, and "
+                            "exits 2.")
     restore = sub.add_parser("restore", help="Replace the data with a backup (refused while serving).",
                              description="Restore a backup made by `appliance backup`: refused while an "
                              "appliance serves the data directory; the backup and its key file are checked "

@@ -243,6 +243,17 @@ def pytest_sessionfinish(session, exitstatus):
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
+@pytest.fixture(scope="session")
+def pg_cluster():
+    """A PostgreSQL cluster whatever backend the suite runs on (tests/pgcluster.py): for the tests
+    of several nodes and of PostgreSQL operations."""
+    from tests.pgcluster import start_cluster
+
+    cluster = start_cluster()
+    yield cluster
+    cluster.close()
+
+
 @pytest.fixture
 def anyio_backend():
     return "asyncio"

@@ -10,6 +10,11 @@ A restore refuses to touch the data directory while an appliance serves it (its 
 `store.instance`), and checks everything before it replaces anything: the copy is an SQLite
 database this version can open (quick_check, schema version) and the key file beside it unwraps
 every key the copy holds. The data it replaces is moved aside, never deleted.
+
+On PostgreSQL neither writes anything: the database is backed up with its own tools, and both
+commands say how (`postgres_backup`: the pg_dump and pg_restore commands with the URL redacted,
+what the dump holds, the key file to keep beside it) and exit 2, as any refused command does.
+The dashboard's backup section shows the same.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +32,7 @@ import apsw
 
 from appliance.errors import StoreError
 from appliance.settings import Settings
+from appliance.store.dsn import has_password, is_postgres, without_password
 from appliance.store.instance import InstanceLock
 from appliance.store.keyfile import KEYFILE_NAME, KeyFile, holds_wrapped_keys, wrapped_inventory
 from appliance.store.schema import SCHEMA_VERSION
@@ -57,6 +64,65 @@ def backup_files(path: str | Path) -> BackupFiles:
     if p.is_dir() or text.endswith(os.sep):
         return BackupFiles(p / DB_FILENAME, p / KEYFILE_NAME)
     return BackupFiles(p, p.parent / KEYFILE_NAME)
+
+
+# -- PostgreSQL: the database's own tools ----------------------------------------------------------
+
+# What a dump of the appliance's PostgreSQL database holds (every table of its schema).
+POSTGRES_COVERS = ("every table of the appliance: events and their tags, deletions, groups, origins and their "
+                   "settings, leases, wake jobs and the delivery log, dashboard settings and the admin password "
+                   "hash, and the private keys (relay, executor, gateway grant keys, uploaded APNs keys), "
+                   "wrapped by the key file")
+# What it does not hold: the files of each node.
+POSTGRES_NOT_COVERED = ("the key file (appliance.key, the same on every node), the configuration file, and the "
+                        "certificate and .p8 files it names")
+
+
+@dataclass(frozen=True)
+class PostgresBackup:
+    """How to back up and restore a PostgreSQL store: commands to run as they stand, with the URL
+    left without its password (`password_hint` then says where it comes from)."""
+
+    url: str
+    password_hint: str
+    dump: str
+    restore: tuple[str, ...]
+    keyfile: Path
+    covers: str = POSTGRES_COVERS
+    not_covered: str = POSTGRES_NOT_COVERED
+
+
+def postgres_backup(settings: Settings, folder: str | Path | None = None) -> PostgresBackup:
+    """The commands that back up the store `settings` name (a PostgreSQL URL), the dump written to
+    `folder` (the current directory when None)."""
+    url = without_password(settings.storage)
+    hint = ("the password is left out: pg_dump takes it from PGPASSWORD or ~/.pgpass"
+            if has_password(settings.storage) else "")
+    stamp = time.strftime("%Y-%m-%d", time.gmtime())
+    dump = f"appliance-{stamp}.dump" if folder is None else str(Path(folder) / f"appliance-{stamp}.dump")
+    return PostgresBackup(
+        url=url,
+        password_hint=hint,
+        dump=f"pg_dump --format=custom --file={dump} '{url}'",
+        restore=("createdb --encoding UTF8 --lc-collate C --lc-ctype C --template template0 --owner OWNER NEWDB",
+                 f"pg_restore --no-owner --dbname 'URL-OF-NEWDB' {dump}"),
+        keyfile=settings.data_path.resolve() / KEYFILE_NAME,
+    )
+
+
+def _postgres_refusal(settings: Settings, command: str, folder: str | Path | None) -> str:
+    plan = postgres_backup(settings, folder)
+    return "\n".join([
+        f"appliance: this appliance keeps its data in PostgreSQL ({plan.url}): `appliance {command}` copies a SQLite "
+        "store only, and changed nothing.",
+        "Back the database up with PostgreSQL's own tools (or its replicas), and keep the key file beside the dump:",
+        f"  {plan.dump}" + (f"   ({plan.password_hint})" if plan.password_hint else ""),
+        f"  cp {plan.keyfile} <beside the dump>   (mode 0600; every node has the same file)",
+        f"The dump holds {plan.covers}. It does not hold {plan.not_covered}.",
+        "To restore: stop every node, restore the dump into an empty database, point `storage` at it and put the "
+        "key file in each node's data directory:",
+        *(f"  {line}" for line in plan.restore),
+    ])
 
 
 # -- the key check (shared by backup, restore and doctor) ------------------------------------------
@@ -242,6 +308,10 @@ def _move_aside(data_dir: Path, paths: list[Path]) -> Path | None:
 # -- the commands ----------------------------------------------------------------------------------
 
 def run_backup(args: argparse.Namespace, settings: Settings) -> int:
+    if is_postgres(settings.storage):
+        folder = args.path if Path(args.path).is_dir() or str(args.path).endswith(os.sep) else Path(args.path).parent
+        print(_postgres_refusal(settings, "backup", folder), file=sys.stderr)
+        return 2
     files, size, checked = backup(settings, args.path, force=args.force)
     print(f"appliance: backed up {settings.data_path / DB_FILENAME} to {files.database} ({size:,} bytes)")
     if files.keyfile.exists():
@@ -251,6 +321,9 @@ def run_backup(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def run_restore(args: argparse.Namespace, settings: Settings) -> int:
+    if is_postgres(settings.storage):
+        print(_postgres_refusal(settings, "restore", None), file=sys.stderr)
+        return 2
     files, moved = restore(settings, args.path)
     print(f"appliance: restored {files.database} into {settings.data_path}")
     if moved is not None:
@@ -258,4 +331,5 @@ def run_restore(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
-__all__ = ["backup", "restore", "check_keyfile", "backup_files", "holds_wrapped_keys"]
+__all__ = ["backup", "restore", "check_keyfile", "backup_files", "holds_wrapped_keys", "postgres_backup",
+           "PostgresBackup"]

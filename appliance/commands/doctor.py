@@ -2,12 +2,16 @@
 
 Checks, in order: the configuration resolves; every origin and push descriptor is valid; the
 gateway table (when enabled); the data directory is writable; the database passes SQLite's
-quick_check and has a schema this version knows; the clock is sane; the key file exists, is private
+quick_check and has a schema this version knows (on PostgreSQL: the server answers, the schema
+version is the latest migration, every table and column is there, the rows every store holds are,
+and the server's settings suit the appliance: `_postgres`); the clock is sane; the key file exists, is private
 (0600, owned by this user) and unwraps every key the database holds; every APNs credential set
 parses and signs a provider token. `--online` also opens a TLS connection (ALPN h2) to each APNs
 host the configuration names. Exits 1 when any check fails, 0 otherwise.
 
-Nothing is written: the database is opened read-only, and the writability probe removes its file.
+Nothing is written: the database is opened read-only (on PostgreSQL: one READ ONLY transaction,
+rolled back), and the writability probe removes its file. The PostgreSQL URL is a secret: every line
+shows it without its password.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import apsw
 from appliance.errors import ApplianceError, ConfigError
 from appliance.push.config import CREDENTIAL_FIELDS
 from appliance.settings import Settings, load
+from appliance.store.dsn import is_postgres, redact
 from appliance.store.events import newest_created_at
 from appliance.store.instance import running_pid
 from appliance.store.keyfile import KEYFILE_NAME, KeyFile
@@ -38,6 +43,18 @@ PASS, FAIL, SKIP = "PASS", "FAIL", "SKIP"
 CLOCK_FLOOR = 1735689600  # 2025-01-01T00:00:00Z
 # Seconds the --online probe waits for a TLS handshake with an APNs host.
 DEFAULT_PROBE_TIMEOUT = 5.0
+
+
+def _db_errors() -> tuple[type[BaseException], ...]:
+    """The errors a read of either backend raises (psycopg only when it is installed)."""
+    try:
+        import psycopg
+    except ImportError:
+        return (apsw.Error,)
+    return (apsw.Error, psycopg.Error)
+
+
+DB_ERRORS = _db_errors()
 
 
 @dataclass(frozen=True)
@@ -77,13 +94,13 @@ def diagnose(flags: dict, config_path: str | None, *, online: bool = False,
     where = f"config file {settings.config_path}" if settings.config_path else "no config file"
     changed = sum(1 for s in settings.sources.values() if s != "default")
     yield Check(PASS, "configuration", f"{where}; {changed} setting(s) not at their default")
-    conn, db_check = _open_database(settings)
+    conn, db_checks = _open_database(settings)
     try:
         origins: list = []
         yield from _origins(settings, conn, origins)
         yield from _gateway(settings)
         yield _unless_unreadable("data directory", _data_dir, settings)
-        yield db_check
+        yield from db_checks
         yield _clock(settings, conn)
         yield _unless_unreadable("key file", _keyfile, settings, conn)
         credentials = list(_credential_sets(settings, origins))
@@ -124,8 +141,8 @@ def _origins(settings: Settings, conn: apsw.Connection | None, seen: list) -> It
             # The stored default origin is rewritten from the settings at start: checked as such.
             default_id = default_origin_id(conn)
             stored = [o for o in load_origins(conn) if o.id != default_id]
-        except (ApplianceError, apsw.Error) as exc:
-            yield Check(FAIL, "origins", f"the stored origins do not load: {exc}")
+        except (ApplianceError, *DB_ERRORS) as exc:
+            yield Check(FAIL, "origins", f"the stored origins do not load: {_safe(exc, settings)}")
             return
     declared = {o.origin for _w, o in origins}
     origins += [(f"stored {o.origin}", o) for o in stored if o.origin not in declared]
@@ -214,32 +231,148 @@ def _data_dir(settings: Settings) -> Check:
     return Check(PASS, "data directory", f"{path.resolve()} {state}, writable, {free / 2**30:.1f} GiB free{serving}")
 
 
-def _open_database(settings: Settings) -> tuple[apsw.Connection | None, Check]:
+def _open_database(settings: Settings) -> tuple[object | None, list[Check]]:
+    """A read-only connection to the store for the checks that read it (None when there is none
+    to read, or it is not fit to be read), and the database's own checks."""
+    if is_postgres(settings.storage):
+        return _postgres(settings)
     path = settings.data_path / DB_FILENAME
     try:
         present = path.exists()
     except OSError as exc:
-        return None, Check(FAIL, "database", _unreadable(exc))
+        return None, [Check(FAIL, "database", _unreadable(exc))]
     if not present:
-        return None, Check(SKIP, "database", f"no database yet at {path} (created at first start)")
+        return None, [Check(SKIP, "database", f"no database yet at {path} (created at first start)")]
     try:
         conn, result, version = open_checked(path, busy_timeout_ms=5000)
     except apsw.Error as exc:
-        return None, Check(FAIL, "database", f"{path} cannot be read as SQLite: {exc}")
+        return None, [Check(FAIL, "database", f"{path} cannot be read as SQLite: {exc}")]
     if result != ["ok"]:
         conn.close()
-        return None, Check(FAIL, "database", f"quick_check: {'; '.join(result[:3])} (restore from a backup)")
+        return None, [Check(FAIL, "database", f"quick_check: {'; '.join(result[:3])} (restore from a backup)")]
     if version > SCHEMA_VERSION:
         conn.close()
-        return None, Check(FAIL, "database", f"schema version {version} is newer than this appliance knows "
-                           f"({SCHEMA_VERSION}): upgrade the appliance")
+        return None, [Check(FAIL, "database", f"schema version {version} is newer than this appliance knows "
+                            f"({SCHEMA_VERSION}): upgrade the appliance")]
     size = path.stat().st_size
     note = "" if version == SCHEMA_VERSION else f", migrated to {SCHEMA_VERSION} at next start"
     check = Check(PASS, "database", f"quick_check ok, schema version {version}{note}, {size / 2**20:.1f} MiB")
     if version < SCHEMA_VERSION:
         conn.close()  # older tables: the origin and key checks would read a shape this code does not know
-        return None, check
-    return conn, check
+        return None, [check]
+    return conn, [check]
+
+
+def _safe(exc: BaseException, settings: Settings) -> str:
+    """An error's text, with the storage URL's password taken out should the driver echo it."""
+    if not is_postgres(settings.storage):
+        return str(exc)
+    from appliance.store.postgres import _message
+
+    return _message(exc, settings.storage)
+
+
+def _postgres(settings: Settings) -> tuple[object | None, list[Check]]:
+    """A PostgreSQL store: `database` (the server answers; schema version), `database tables`
+    (every table and column of this version), `database rows` (the rows every store holds) and
+    `database settings` (the server's, for this appliance). The connection is handed on only when
+    the schema is this version's and whole."""
+    import psycopg
+
+    from appliance.store import pg_check
+
+    where = redact(settings.storage)
+    try:
+        conn = pg_check.connect(settings.storage)
+    except psycopg.Error as exc:
+        return None, [Check(FAIL, "database", f"cannot connect to {where}: {_safe(exc, settings)}")]
+    keep = False
+    try:
+        try:
+            found = pg_check.inspect(conn)
+        except psycopg.Error as exc:
+            return None, [Check(FAIL, "database", f"{where} answers but cannot be read: {_safe(exc, settings)}")]
+        checks = [_server_settings(settings, found.server)]
+        size = f"{found.server.size / 2**20:.1f} MiB"
+        latest = pg_check.SCHEMA_VERSION
+        version = found.schema_version
+        head = f"{where}: PostgreSQL {found.server.version}"
+        if version is None:
+            if found.columns:
+                return None, [Check(FAIL, "database", f"{head}; the database holds tables this appliance did not "
+                                    "create (no schema_version): give the appliance a database of its own"), *checks]
+            return None, [Check(SKIP, "database", f"{head}; an empty database (the schema is made at first "
+                                "start)"), *checks]
+        if found.version_rows != 1:
+            return None, [Check(FAIL, "database", f"{head}; schema_version holds {found.version_rows} rows, not "
+                                "one: the schema was changed by hand (restore from a backup)"), *checks]
+        if version > latest:
+            return None, [Check(FAIL, "database", f"{head}; schema version {version} is newer than this appliance "
+                                f"knows ({latest}): upgrade the appliance"), *checks]
+        if version < latest:
+            return None, [Check(PASS, "database", f"{head}; schema version {version}, migrated to {latest} at "
+                                f"next start; {size}"), *checks]
+        checks.insert(0, Check(PASS, "database", f"{head}; schema version {version} (the latest); {size}"))
+        want = pg_check.expected_columns()
+        problems = []
+        for table, columns in want.items():
+            got = found.columns.get(table)
+            if got is None:
+                problems.append(f"table {table} is missing")
+            elif got != columns:
+                lost = [c for c in columns if c not in got]
+                problems.append(f"table {table} lacks column(s) {', '.join(lost)}" if lost else
+                                f"table {table} has columns {', '.join(got)}, expected {', '.join(columns)}")
+        extra = sorted(set(found.columns) - set(want))
+        if extra:
+            problems.append(f"table(s) this appliance did not create: {', '.join(extra)}")
+        if problems:
+            checks.insert(1, Check(FAIL, "database tables", "; ".join(problems[:4]) + " (restore from a backup)"))
+            return None, checks
+        checks.insert(1, Check(PASS, "database tables", f"all {len(want)} tables with their columns"))
+        try:
+            missing = pg_check.missing_rows(conn)
+        except psycopg.Error as exc:
+            missing = [f"unreadable ({_safe(exc, settings)})"]
+        if missing:
+            checks.insert(2, Check(FAIL, "database rows", f"missing: {', '.join(missing)} (restore from a backup)"))
+            return None, checks
+        checks.insert(2, Check(PASS, "database rows", "schema_version, meta config_generation, admin_auth present"))
+        keep = True
+        return conn, checks
+    finally:
+        if not keep:
+            conn.close()
+
+
+def _server_settings(settings: Settings, server) -> Check:
+    """The server's settings against what the appliance needs of them."""
+    from appliance.store import pg_check
+
+    name = "database settings"
+    if server.version_num < pg_check.MIN_SERVER_VERSION:
+        return Check(FAIL, name, f"PostgreSQL {server.version} is older than 13: upgrade the database server")
+    if server.encoding.upper() not in ("UTF8", "UTF-8"):
+        return Check(FAIL, name, f"the database's encoding is {server.encoding}, not UTF8: events are UTF-8 text; "
+                     "create the database with --encoding UTF8")
+    if server.in_recovery or server.read_only:
+        why = "a standby (read-only replica)" if server.in_recovery else "read-only (default_transaction_read_only)"
+        return Check(FAIL, name, f"the database is {why}: point storage at the primary")
+    need = pg_check.connections_per_node(settings.reader_threads)
+    usable = server.max_connections - server.reserved
+    if usable < need:
+        return Check(FAIL, name, f"max_connections {server.max_connections} leaves {usable} for the appliance, but "
+                     f"one node opens up to {need}: raise max_connections")
+    durable = server.fsync and server.synchronous_commit != "off"
+    if settings.sync_mode == "full" and not durable:
+        off = "fsync" if not server.fsync else "synchronous_commit"
+        return Check(FAIL, name, f"{off} is off on the database server, but sync_mode = \"full\" promises that an "
+                     f"acknowledged event survives a crash: turn {off} on, or set sync_mode = \"normal\"")
+    nodes = usable // need
+    fsync = "on" if server.fsync else "off (a crash of the machine may corrupt the database: a throwaway cluster only)"
+    return Check(PASS, name, f"encoding UTF8, primary, fsync {fsync}, synchronous_commit "
+                 f"{server.synchronous_commit}; {server.connections} of {server.max_connections} connections in "
+                 f"use, room for {nodes} node(s) of up to {need}")
 
 
 def _clock(settings: Settings, conn: apsw.Connection | None) -> Check:
@@ -251,7 +384,7 @@ def _clock(settings: Settings, conn: apsw.Connection | None) -> Check:
     if conn is not None:
         try:
             newest = newest_created_at(conn)
-        except apsw.Error:
+        except DB_ERRORS:
             newest = None
         if newest is not None and newest > now + settings.created_at_future:
             return Check(FAIL, "clock", f"the system clock says {stamp}, but the database holds an event from "
@@ -285,6 +418,8 @@ def _keyfile(settings: Settings, conn: apsw.Connection | None) -> Check:
         checked = check_keyfile(conn, key) if conn is not None else 0
     except ApplianceError as exc:
         return Check(FAIL, "key file", f"{exc}")
+    except DB_ERRORS as exc:
+        return Check(FAIL, "key file", f"the wrapped keys cannot be read: {_safe(exc, settings)}")
     return Check(PASS, "key file", f"{path} mode 0600, unwraps all {checked} wrapped key(s)")
 
 
@@ -293,7 +428,7 @@ def _holds_keys(conn: apsw.Connection) -> bool:
 
     try:
         return holds_wrapped_keys(conn)
-    except apsw.Error:
+    except DB_ERRORS:
         return False
 
 
@@ -326,7 +461,7 @@ def _stored_keys(settings: Settings, conn: apsw.Connection | None) -> dict[str, 
         if conn is None or not path.exists():
             return None
         return load_apns_keys(conn, KeyFile.read(path))
-    except (ApplianceError, apsw.Error, OSError):
+    except (ApplianceError, *DB_ERRORS, OSError):
         return None
 
 

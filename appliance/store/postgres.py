@@ -42,6 +42,12 @@ POOL_TIMEOUT = 30.0
 RECONNECT_PAUSE = 0.5
 
 
+def pool_max_size(reader_threads: int) -> int:
+    """Reader connections the pool opens at most (a read borrows one; reads of the REQ path and the
+    housekeeping may overlap the reader threads' own)."""
+    return max(reader_threads * 2, 8)
+
+
 class _NumberLoader(Loader):
     """numeric -> int (or float): PostgreSQL's sum() of BIGINT is numeric; SQLite gives an integer."""
 
@@ -242,7 +248,7 @@ class PostgresStore(WriterFront):
             conn.close()
             raise
         self._conns = ConnectionPool(self.dsn, min_size=min(DEFAULT_POOL_MIN, self.reader_threads),
-                                     max_size=max(self.reader_threads * 2, 8), kwargs={"autocommit": True},
+                                     max_size=pool_max_size(self.reader_threads), kwargs={"autocommit": True},
                                      configure=_configure, timeout=POOL_TIMEOUT, open=True,
                                      name="appliance-readers")
         self._writer = PgWriter(conn, self.write_batch, self._connect)

@@ -594,6 +594,8 @@ def _private_files(path: Path) -> None:
 class SqliteStore(WriterFront):
     """The appliance's storage: run writes through the single writer, reads on reader threads."""
 
+    backend = "sqlite"  # PostgresStore's is "postgresql"
+
     def __init__(self, data_dir: Path, *, sync_mode: str = "full", write_batch: int = 500, reader_threads: int = 4):
         self.data_dir = Path(data_dir)
         self.path = self.data_dir / DB_FILENAME

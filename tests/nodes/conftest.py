@@ -1,5 +1,5 @@
-"""Fixtures of the several-nodes tests: a PostgreSQL cluster, and appliance processes over one of
-its databases."""
+"""Fixtures of the several-nodes tests: appliance processes over one database of the suite's
+PostgreSQL cluster (the `pg_cluster` fixture, tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -8,14 +8,6 @@ import shutil
 import pytest
 
 from tests.conftest import Server
-from tests.pgcluster import start_cluster
-
-
-@pytest.fixture(scope="session")
-def pg_cluster():
-    cluster = start_cluster()
-    yield cluster
-    cluster.close()
 
 
 PUBLIC = "ws://relay.test"

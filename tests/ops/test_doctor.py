@@ -27,8 +27,9 @@ key_file = "{p8}"
 """
 
 
-# doctor judges a SQLite data directory (file checks, quick_check); its PostgreSQL checks are not written yet.
-pytestmark = pytest.mark.sqlite_only("doctor checks the SQLite database file")
+# These judge a SQLite data directory (file checks, quick_check); a PostgreSQL store's checks are
+# tests/ops/test_doctor_postgres.py (on the suite's PostgreSQL cluster, whatever backend the suite runs).
+pytestmark = pytest.mark.sqlite_only("doctor checks the SQLite database file (PostgreSQL: test_doctor_postgres.py)")
 
 def lines(out) -> dict[str, str]:
     """check name -> status, from the printed list."""

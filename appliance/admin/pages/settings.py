@@ -1,5 +1,6 @@
 """Settings and maintenance: change the admin password, see every setting and where it came from,
-download a consistent backup of the database (SQLite's online backup API)."""
+download a consistent backup of the database (SQLite's online backup API; on PostgreSQL the page
+says how to back the database up with pg_dump instead, and there is no download)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from starlette.requests import Request
 from starlette.responses import FileResponse
 from starlette.routing import Route
 
+from appliance.commands.backup import postgres_backup
 from appliance.errors import ConfigError
 from appliance.settings import BY_NAME, SETTINGS
 from appliance.store import admin as stored
@@ -62,8 +64,9 @@ def routes(admin) -> list[Route]:
         editable = [(s.name, shown(s.name), settings.sources.get(s.name, "default"), s.help,
                      "" if s.name in PUBKEY_SETTINGS | SECRET_SETTINGS else str(settings.values[s.name]))
                     for s in SETTINGS if s.editable]
+        postgres = postgres_backup(settings) if admin.app.store.backend == "postgresql" else None
         return admin.render(request, "admin/settings.html", status=status, section="settings", rows=rows(),
-                            editable=editable, error=error, extra_sections=extra,
+                            editable=editable, error=error, extra_sections=extra, postgres=postgres,
                             data_dir=str(settings.data_path.resolve()))
 
     async def edit(request: Request):
@@ -114,6 +117,9 @@ def routes(admin) -> list[Route]:
         return response
 
     async def backup(request: Request):
+        if admin.app.store.backend == "postgresql":  # the page says how instead (pg_dump)
+            return await page(request, "This appliance keeps its data in PostgreSQL: there is no download here; "
+                              "back the database up with pg_dump as the Backup section says.", 409)
         fd, name = tempfile.mkstemp(prefix=".backup-", suffix=".sqlite3", dir=settings.data_path)
         os.close(fd)
         try:
