@@ -104,7 +104,7 @@ class Emulator:
         """(time, status, apns-id, token) per answered request so far."""
         out = []
         if self.log.exists():
-            for line in self.log.read_text().splitlines():
+            for line in self.log.read_text().split("\n")[:-1]:  # (the last is being written, or empty)
                 at, status, _reason, apns_id, token = line.split(" ")
                 out.append((float(at), int(status), apns_id, token))
         return out

@@ -67,6 +67,11 @@ CLOCK_STEP_TOLERANCE = 2.0
 # A claimed wake that waited longer than this for a worker (a slow provider holds every worker)
 # is re-checked again right before its attempt: no wake is sent on an older re-check (seconds).
 RECHECK_AFTER = 0.5
+# The claimer keeps up to CLAIM_AHEAD x `wake_workers` wakes claimed (queued or being sent), and
+# claims once at least half of them are free (sooner if the workers ran dry). The writer's work
+# per wake falls with the size of a claim (the rows of one batch share index pages and a commit):
+# this makes claims large without opening more HTTP/2 streams than there are workers.
+CLAIM_AHEAD = 4
 
 
 
@@ -131,6 +136,7 @@ class Delivery:
         self._busy = 0
         self._outcomes: list | None = None
         self._recorded: asyncio.Future | None = None
+        self._flushing = False  # a batch of outcomes is with the writer (the next one waits for it)
         self._recording = 0  # outcomes sent to the writer and not yet committed
         self.stats = {"sent": 0, "accepted": 0, "failed": 0, "dropped": 0}
 
@@ -354,26 +360,34 @@ class Delivery:
         return outcome
 
     def _record_soon(self, wake: Wake, outcome: Outcome, latency: float) -> asyncio.Future:
-        """Queue the outcome for the next write; outcomes that arrive together are recorded in one
-        transaction. The future resolves once it is committed; until then the wake stays held (a
-        stop gives its claim back; a record that committed first wins)."""
+        """Queue the outcome for the next write; outcomes that arrive together, or while the
+        previous batch is with the writer, are recorded in one transaction. The future resolves
+        once it is committed; until then the wake stays held (a stop gives its claim back; a record
+        that committed first wins)."""
         if self._outcomes is None:
             loop = asyncio.get_running_loop()
             self._outcomes = []
             self._recorded = loop.create_future()
-            loop.call_soon(self._flush_outcomes)
+            if not self._flushing:
+                loop.call_soon(self._flush_outcomes)
         self._outcomes.append((wake, outcome, latency))
         self._recording += 1
         return self._recorded
 
     def _flush_outcomes(self) -> None:
+        if self._flushing or self._outcomes is None:
+            return
         batch, done = self._outcomes, self._recorded
         self._outcomes = self._recorded = None
+        self._flushing = True
 
         def op(conn):
             self.record_many(conn, batch, self.clock())
 
         def finished(fut: asyncio.Future) -> None:
+            self._flushing = False
+            if self._outcomes is not None:  # arrived meanwhile: their turn
+                asyncio.get_running_loop().call_soon(self._flush_outcomes)
             self._recording -= len(batch)
             exc = None if fut.cancelled() else fut.exception()
             if exc is not None:  # their claims lapse and they are tried again (same job ids)
@@ -393,7 +407,11 @@ class Delivery:
             if not done.cancelled() and exc is not None:
                 done.exception()  # retrieved: a worker that moved on does not wait for it
 
-        self.store.write(op).add_done_callback(finished)
+        try:
+            self.store.write(op).add_done_callback(finished)
+        except BaseException:
+            self._flushing = False
+            raise
 
     async def run_once(self) -> int:
         """Claim every due wake and deliver them all (tests drive the workers with this)."""
@@ -468,7 +486,8 @@ class Delivery:
 
     async def run(self) -> None:
         """The claimer and `workers` delivery workers. The claimer claims ahead of the workers (up
-        to twice their number, in batches), so no commit stands between one send and the next."""
+        to CLAIM_AHEAD times their number, in batches), so no commit stands between one send and
+        the next."""
         n = self.settings.workers
         workers = [asyncio.create_task(self._worker()) for _ in range(n)]
         self._running = True
@@ -507,10 +526,10 @@ class Delivery:
         self._wakeup.clear()
         await self._follow_clock()
         queued = self._queue.qsize()
-        room = 2 * n - queued - self._busy
+        room = CLAIM_AHEAD * n - queued - self._busy
         timeout = IDLE_POLL
-        # Claim in batches (a quarter of the workers at least) unless the workers are starving.
-        if room >= max(1, n // 4) or (room > 0 and queued == 0):
+        # Claim in batches (twice the workers at least) unless the workers are starving.
+        if room >= CLAIM_AHEAD * n // 2 or (room > 0 and queued == 0):
             claimed = await self.store.write(lambda conn: self.claim(conn, self.clock(), room))
             for wake in claimed:
                 self._enqueue(wake)

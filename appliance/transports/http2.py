@@ -197,10 +197,11 @@ class _Encoder:
 
 
 class _Stream:
-    __slots__ = ("future", "status", "headers", "body", "window", "received")
+    __slots__ = ("future", "status", "headers", "body", "window", "received", "deadline")
 
-    def __init__(self, future: asyncio.Future, window: int):
+    def __init__(self, future: asyncio.Future, window: int, deadline: float | None = None):
         self.future = future
+        self.deadline = deadline  # loop time by which its answer must be in (None: the caller's own timeout)
         self.status = 0
         self.headers: dict[str, str] = {}
         self.body = bytearray()
@@ -235,6 +236,9 @@ class _Connection(asyncio.Protocol):
         self._buf = b""
         self._settings_seen = False
         self._headers_for: int | None = None  # a header block in progress (CONTINUATION expected)
+        # One timer for every stream's deadline: at the earliest one (see `_sweep`).
+        self._sweep_at: float | None = None
+        self._sweep_handle: asyncio.TimerHandle | None = None
         self._headers_flags = 0
         self._block = bytearray()
 
@@ -538,8 +542,49 @@ class _Connection(asyncio.Protocol):
         self.streams.clear()
         self.capacity.set()
         self.window.set()
+        if self._sweep_handle is not None:
+            self._sweep_handle.cancel()
+            self._sweep_at = self._sweep_handle = None
 
-    async def request(self, headers: list[tuple[str, str]], body: bytes) -> Response:
+    def _watch(self, deadline: float) -> None:
+        """Have `_sweep` run by `deadline` (loop time)."""
+        if self._sweep_at is not None and self._sweep_at <= deadline:
+            return
+        if self._sweep_handle is not None:
+            self._sweep_handle.cancel()
+        self._sweep_at = deadline
+        self._sweep_handle = asyncio.get_running_loop().call_at(deadline, self._sweep)
+
+    def _sweep(self) -> None:
+        """The streams past their deadline fail with TimeoutError (and are reset, as a cancelled
+        request is); then wait for the earliest deadline left. A request's own asyncio.timeout
+        cost a timer per request; this is one timer per connection (requests of one client share
+        their timeout, so it rarely finds anything to do)."""
+        self._sweep_at = self._sweep_handle = None
+        now = asyncio.get_running_loop().time()
+        late = [sid for sid, stream in self.streams.items() if stream.deadline is not None and stream.deadline <= now]
+        for sid in late:
+            stream = self.streams.pop(sid)
+            if not self.closed:
+                self._send(_frame(RST_STREAM, 0, sid, struct.pack(">I", CANCEL)))
+            if not stream.future.done():
+                stream.future.set_exception(TimeoutError())
+        if late:
+            self._flush()
+            self._released()
+        left = [stream.deadline for stream in self.streams.values() if stream.deadline is not None]
+        if left:
+            self._watch(min(left))
+
+    def can_start(self, body: bytes) -> bool:
+        """Whether a request with this body starts at once: a stream is free and the body fits the
+        flow-control windows (nothing to wait for before its answer)."""
+        return (not self.closed and len(self.streams) < self.max_streams
+                and len(body) <= min(self.send_window, self.initial_window, self.max_frame))
+
+    async def request(self, headers: list[tuple[str, str]], body: bytes, deadline: float | None = None) -> Response:
+        """`deadline` (loop time): the answer must be in by then, else TimeoutError; only for a
+        request that `can_start` (without one, the caller times the request itself)."""
         while len(self.streams) >= self.max_streams and not self.closed:
             self.capacity.clear()
             await self.capacity.wait()
@@ -551,7 +596,9 @@ class _Connection(asyncio.Protocol):
             raise StreamRefused("stream ids exhausted")
         self.next_stream_id += 2
         future = asyncio.get_running_loop().create_future()
-        stream = self.streams[stream_id] = _Stream(future, self.initial_window)
+        stream = self.streams[stream_id] = _Stream(future, self.initial_window, deadline)
+        if deadline is not None:
+            self._watch(deadline)
         try:
             block = self.encoder.encode(headers)
             flags = 0 if body else END_STREAM
@@ -639,6 +686,10 @@ class Http2Client:
         """One request; Http2Error (or asyncio.TimeoutError after `timeout` seconds) if no response came."""
         all_headers = [(":method", method), (":scheme", "https"), (":authority", self.authority),
                        (":path", path), *headers]
+        conn = self._conn
+        if conn is not None and conn.can_start(body):
+            # The usual case: nothing to wait for but the answer, timed by the connection's sweep.
+            return await conn.request(all_headers, body, asyncio.get_running_loop().time() + timeout)
         async with asyncio.timeout(timeout):
             conn = await self._connection()
             return await conn.request(all_headers, body)

@@ -173,6 +173,43 @@ def test_a_retried_or_released_wake_is_joined_by_later_matches(conn):
     assert {m.id for m in wakes.wake_members(conn, "j2")} == {"j4"}
 
 
+def test_a_claim_batch_writes_what_claiming_its_wakes_one_by_one_writes(conn):
+    """claim_wakes (a statement per step for the batch) against claim_wake per wake: the same job
+    rows and the same endpoint rows (send noted, hints of the claimed wakes cleared, a row made for
+    an endpoint never noted before, hints of other wakes kept)."""
+    def state():
+        jobs = conn.execute("SELECT id, state, due_at FROM wake_jobs ORDER BY id").fetchall()
+        ends = conn.execute("SELECT origin, endpoint_hash, last_sent_at, pending_wake FROM wake_endpoints "
+                            "ORDER BY origin, endpoint_hash").fetchall()
+        return [tuple(r) for r in jobs], [tuple(r) for r in ends]
+
+    def setup(prefix):
+        add(conn, f"{prefix}1", "e1", endpoint=f"{prefix}-a")  # pending, hinted
+        add(conn, f"{prefix}2", "e1", endpoint=f"{prefix}-b", origin=2)  # another origin, hinted
+        add(conn, f"{prefix}3", "e1", endpoint=f"{prefix}-c")
+        wakes.claim_wake(conn, wakes.jobs_by_id(conn, [f"{prefix}3"])[f"{prefix}3"], T0, visibility=60)
+        add(conn, f"{prefix}4", "e2", endpoint=f"{prefix}-c", now=T0 + 0.5)  # c: a claim out, a new wake
+        add(conn, f"{prefix}5", "e1", endpoint=f"{prefix}-d")  # not claimed: its hint stays
+        conn.execute("DELETE FROM wake_endpoints WHERE endpoint_hash = ?", (f"{prefix}-a",))  # never noted
+        return [wakes.jobs_by_id(conn, [f"{prefix}{i}"])[f"{prefix}{i}"] for i in (1, 2, 3, 4)]
+
+    def strip(rows, prefix):
+        jobs, ends = rows
+        return ([(i[len(prefix):], *r) for i, *r in jobs if i.startswith(prefix)],
+                [(o, h[len(prefix):], t, p and p[len(prefix):]) for o, h, t, p in ends if h.startswith(prefix)])
+
+    one = setup("x")
+    for job in one:  # x3's claim lapsed and x4 is due: both go in this claim
+        wakes.claim_wake(conn, job, T0 + 70, visibility=60)
+    batch = setup("y")
+    wakes.claim_wakes(conn, batch, T0 + 70, visibility=60)
+    expected = strip(state(), "x")
+    assert strip(state(), "y") == expected
+    assert (1, "-a", T0 + 70, None) in expected[1]  # made
+    assert (1, "-c", T0 + 70, None) in expected[1]  # two wakes of one endpoint in one claim
+    assert (1, "-d", None, "5") in expected[1]  # kept
+
+
 def test_a_stale_hint_starts_a_new_wake(conn):
     add(conn, "j1", "e1")
     wakes.set_state(conn, "j1", "dropped", T0, "lease gone")  # no longer pending

@@ -160,6 +160,34 @@ async def test_a_refused_stream_and_a_goaway(scripted):
         await c.close()
 
 
+async def test_a_request_unanswered_past_its_timeout_fails_and_its_stream_is_reset(scripted):
+    held: list = []
+
+    def script(server, sid):
+        if sid == 1:
+            server.answer(sid, 200)
+        else:
+            held.append(server)  # no answer (yet)
+
+    c, seen = await scripted(script)
+    try:
+        assert (await c.request("POST", "/p", [], b"x", 5)).status == 200  # the connection is up
+        slow = asyncio.create_task(c.request("POST", "/p", [], b"x", 30))  # stream 3
+        await asyncio.sleep(0.05)
+        t0 = time.monotonic()
+        with pytest.raises(TimeoutError):  # stream 5: a shorter timeout than the one before it
+            await c.request("POST", "/p", [], b"x", 0.3)
+        assert 0.25 < time.monotonic() - t0 < 10
+        await asyncio.sleep(0.05)
+        assert (3, 0, 5, struct.pack(">I", 0x8)) in seen  # RST_STREAM CANCEL for it
+        assert not slow.done()
+        held[0].answer(3, 200)
+        assert (await slow).status == 200
+        assert not any(f[0] == 3 and f[2] == 3 for f in seen)
+    finally:
+        await c.close()
+
+
 @pytest.mark.parametrize("bad", [
     _frame(5, 0x4, 1, b"\0\0\0\2"),  # PUSH_PROMISE although push is off
     _frame(1, 0x4, 1, b"\xff\xff\xff\xff"),  # an undecodable header block
