@@ -170,10 +170,11 @@ class Delivery:
     # -- the claim (a write transaction) -----------------------------------------------------------
 
     def _verdict(self, conn: apsw.Connection, job: WakeJob, lease: tuple | None, raw: str | None,
-                 ev_expiration: int | None, now: float) -> tuple[str | None, str | None]:
+                 ev_expiration: int | None, now: float, parsed: dict | None = None) -> tuple[str | None, str | None]:
         """(None, lease row) if the job may still wake its endpoint, else (reason, None). `lease`
         (generation, active, expiration, invalidated_at, app_profile, transport, endpoint,
-        endpoint_hash) and the event are the rows at the job's lease address and event id."""
+        endpoint_hash) and the event are the rows at the job's lease address and event id.
+        `parsed`: events already parsed in this batch, by (origin, id) (one event wakes many)."""
         if lease is None:
             return "lease gone", None
         generation, active, expiration, invalidated_at, profile, transport, endpoint, endpoint_hash = lease
@@ -189,10 +190,16 @@ class Delivery:
             return "lease endpoint changed", None
         ev = None
         if raw is not None and (ev_expiration is None or ev_expiration > now):
-            try:
-                ev = parse_event(orjson.loads(raw))
-            except (InvalidEvent, ValueError):
-                ev = None
+            key = (job.origin, job.event_id)
+            if parsed is not None and key in parsed:
+                ev = parsed[key]
+            else:
+                try:
+                    ev = parse_event(orjson.loads(raw))
+                except (InvalidEvent, ValueError):
+                    ev = None
+                if parsed is not None:
+                    parsed[key] = ev
         # One reason for both, as the spec asks: the check must not tell whether the event exists.
         if ev is None or not self.authorize(conn, job.origin, job.lease_pubkey, ev):
             return "event not readable by the lease author", None
@@ -204,6 +211,7 @@ class Delivery:
         members = wakes.members_checked(conn, [job.id for job, *_ in due])
         claims: list[WakeJob] = []
         alive: list[str] = []
+        parsed: dict = {}  # the batch's events, parsed once each
         for job, lease, raw, ev_expiration in due:
             if job.state == "claimed" and job.id in self._held:
                 # Its claim lapsed while it waited for a worker or for APNs, but this process
@@ -226,7 +234,7 @@ class Delivery:
             own_reason = None
             until = 0.0
             for member, m_lease, m_raw, m_exp in [(job, lease, raw, ev_expiration)] + members.get(job.id, []):
-                reason, row = self._verdict(conn, member, m_lease, m_raw, m_exp, now)
+                reason, row = self._verdict(conn, member, m_lease, m_raw, m_exp, now, parsed)
                 if reason is None:
                     passing.append(member)
                     endpoint = endpoint or row[6]  # (generation, active, expiration, ..., endpoint, hash)

@@ -154,11 +154,13 @@ def parse_retry_after(value: str | None, now: float | None = None) -> float | No
 
 # An APNs device token is hex (32 bytes today; Apple says lengths may change). The endpoint goes
 # into the request path, so anything else is refused here, before any byte reaches Apple.
-_TOKEN = re.compile(r"(?:[0-9a-fA-F]{2}){1,512}")
+_HEX = re.compile(r"[0-9a-fA-F]+")
 
 
 def valid_device_token(endpoint: str) -> bool:
-    return _TOKEN.fullmatch(endpoint) is not None
+    """1 to 512 bytes in hex (the length tested apart: a repeated pair in the pattern cost a few
+    microseconds per wake)."""
+    return len(endpoint) % 2 == 0 and len(endpoint) <= 1024 and _HEX.fullmatch(endpoint) is not None
 
 
 @dataclass(frozen=True)
