@@ -176,13 +176,16 @@ SQL_RESCHEDULE = (
 SQL_SHIFT_DUE = "UPDATE wake_jobs SET due_at = due_at - ? WHERE state IN ('pending', 'claimed') AND due_at > ?"
 SQL_CANCEL_LEASE = (
     "UPDATE wake_jobs INDEXED BY wake_jobs_lease SET state = 'cancelled', finished_at = ?, last_error = ? "
-    "WHERE origin = ? AND lease_pubkey = ? AND lease_d = ? AND state IN ('pending', 'coalesced') RETURNING id"
+    "WHERE origin = ? AND lease_pubkey = ? AND lease_d = ? AND state IN ('pending', 'coalesced') "
+    "RETURNING id, due_at, wake_id IS NULL"
 )
-# Jobs of other leases that had joined a cancelled wake become wakes of their own.
+# Jobs of other leases that had joined a cancelled wake (oldest first): they stay one wake.
 SQL_ORPHANS = (
-    "UPDATE wake_jobs SET state = 'pending', wake_id = NULL WHERE wake_id = ? AND state = 'coalesced' "
-    "RETURNING origin, app_profile, transport, endpoint_hash, id"
+    "SELECT id, origin, app_profile, transport, endpoint_hash FROM wake_jobs WHERE wake_id = ? "
+    "AND state = 'coalesced' ORDER BY id"
 )
+SQL_LEAD_ORPHANS = "UPDATE wake_jobs SET state = 'pending', wake_id = NULL, due_at = ? WHERE id = ?"
+SQL_MOVE_ORPHANS = "UPDATE wake_jobs SET wake_id = ? WHERE wake_id = ? AND state = 'coalesced'"
 SQL_LOG = (
     "INSERT INTO delivery_log (at, origin, lease, app_profile, transport, class, job_id, attempt, outcome, status, "
     "reason, latency_ms, detail) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
@@ -461,10 +464,29 @@ def reschedule(conn: apsw.Connection, job_id: str, due_at: float, error: str | N
 
 def cancel_lease_jobs(conn: apsw.Connection, origin: int, pubkey: str, d: str, now: float, why: str) -> int:
     """Cancel the undelivered jobs of a lease address (revoked or replaced)."""
-    cancelled = [r[0] for r in conn.execute(SQL_CANCEL_LEASE, (now, why, origin, pubkey, d))]
-    for job_id in cancelled:
-        _note_pending(conn, conn.execute(SQL_ORPHANS, (job_id,)).fetchall())
+    cancelled = conn.execute(SQL_CANCEL_LEASE, (now, why, origin, pubkey, d)).fetchall()
+    for job_id, due_at, was_wake in cancelled:
+        if was_wake:
+            _adopt_orphans(conn, job_id, due_at)
     return len(cancelled)
+
+
+def _adopt_orphans(conn: apsw.Connection, wake_id: str, due_at: float) -> None:
+    """The jobs of other leases that had joined a cancelled wake stay one wake: they join the
+    endpoint's pending wake if it has another, else the oldest of them becomes the wake, due when
+    the cancelled one was (so neither the rate cap nor a retry's backoff is skipped), and the rest
+    join it."""
+    orphans = conn.execute(SQL_ORPHANS, (wake_id,)).fetchall()
+    if not orphans:
+        return
+    lead, *key = orphans[0]
+    lock_endpoints(conn, [tuple(key)])
+    _last_sent, pending = _endpoint(conn, tuple(key))
+    if pending is None:
+        conn.execute(SQL_LEAD_ORPHANS, (due_at, lead))
+        _note_pending(conn, [(*key, lead)])
+        pending = lead
+    conn.execute(SQL_MOVE_ORPHANS, (pending, wake_id))
 
 
 def log_attempt(conn: apsw.Connection, job: WakeJob, *, at: float, cls: str, attempt: int, outcome: str,

@@ -256,3 +256,21 @@ def test_migration_12_names_the_pending_wakes_of_an_existing_outbox():
     assert wakes.insert_job(c, job_id="p2", origin=1, app_profile="ios", transport="apns", endpoint_hash="h1",
                             event_id="e2", lease_pubkey="a", lease_d="d", generation=1, cls="default", now=1.0,
                             useful_age=3600, min_interval=2) == "coalesced"
+
+
+def test_the_orphans_of_a_cancelled_wake_become_one_wake_at_its_due_time(conn):
+    """Two accounts (leases a and b) on one device: b's matches joined a's rate-capped wake. a's
+    lease ends: b's matches still make ONE wake, due when the cancelled one was (not at once), and
+    later matches join it."""
+    add(conn, "j0", "e0", pubkey="a" * 64)
+    wakes.claim_wake(conn, wakes.due_wakes(conn, T0, 10)[0], T0, visibility=60)  # a wake went at T0
+    assert add(conn, "j1", "e1", pubkey="a" * 64, now=T0 + 0.5) == "pending"  # due at T0 + 2 (the cap)
+    assert add(conn, "j2", "e2", pubkey="b" * 64, now=T0 + 0.6) == "coalesced"
+    assert add(conn, "j3", "e3", pubkey="b" * 64, now=T0 + 0.7) == "coalesced"
+    assert wakes.cancel_lease_jobs(conn, 1, "a" * 64, "dd", T0 + 0.8, "lease revoked") == 1
+    assert add(conn, "j4", "e4", pubkey="b" * 64, now=T0 + 0.9) == "coalesced"
+    assert wakes.due_wakes(conn, T0 + 1.9, 10) == []  # nothing before the cap
+    (wake,) = wakes.due_wakes(conn, T0 + 2, 10)
+    assert wake.due_at == T0 + 2
+    members = {m.id for m in wakes.wake_members(conn, wake.id)}
+    assert {wake.id} | members == {"j2", "j3", "j4"}
