@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import ssl
 import struct
 from dataclasses import dataclass
@@ -37,6 +38,9 @@ RECEIVE_WINDOW = 16 * 1024 * 1024
 MAX_BODY = 1024 * 1024
 # Largest header list we decode for one answer (bytes, HPACK-decoded, as RFC 9113 counts them).
 MAX_HEADER_LIST = 64 * 1024
+# Seconds the server has to answer our PING after a request timed out, before the connection is
+# taken for dead and dropped (its requests fail, the next ones open a new connection).
+PING_TIMEOUT = 10.0
 
 _PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 _HEAD = struct.Struct(">I B I")  # (length << 8 | type, flags, stream id): 9 bytes
@@ -72,6 +76,10 @@ class ConnectFailed(Http2Error):
 
 class StreamRefused(Http2Error):
     """The server refused the stream before processing it (GOAWAY past it, REFUSED_STREAM): safe to retry."""
+
+
+class _NotOpened(StreamRefused):
+    """The connection retired (GOAWAY, dropped) before the request had a stream: nothing was sent."""
 
 
 class _ConnectionError(Exception):
@@ -241,6 +249,10 @@ class _Connection(asyncio.Protocol):
         self._sweep_handle: asyncio.TimerHandle | None = None
         self._headers_flags = 0
         self._block = bytearray()
+        # A liveness probe after a request timed out: the PING payload awaiting its ACK.
+        self._ping_sent: bytes | None = None
+        self._ping_handle: asyncio.TimerHandle | None = None
+        self._pings_answered = 0
 
     # -- asyncio.Protocol ------------------------------------------------------------------------
 
@@ -334,6 +346,12 @@ class _Connection(asyncio.Protocol):
                 raise _ConnectionError(PROTOCOL_ERROR if stream_id else FRAME_SIZE_ERROR, "a bad PING frame")
             if not flags & ACK:
                 self._send(_frame(PING, ACK, 0, payload))
+            elif payload == self._ping_sent:  # the server is there: the connection stays
+                self._ping_sent = None
+                self._pings_answered += 1
+                if self._ping_handle is not None:
+                    self._ping_handle.cancel()
+                    self._ping_handle = None
         elif ftype == RST_STREAM:
             if stream_id == 0 or len(payload) != 4:
                 raise _ConnectionError(PROTOCOL_ERROR, "a bad RST_STREAM frame")
@@ -513,8 +531,14 @@ class _Connection(asyncio.Protocol):
         self._released()
 
     def _released(self) -> None:
+        """A stream ended (answered, reset, timed out, refused)."""
         if len(self.streams) < self.max_streams:
             self.capacity.set()
+        # A body waiting for a window looks again: its own stream may be the one that ended.
+        self.window.set()
+        if self.closed and not self.streams and self.transport is not None and not self.transport.is_closing():
+            # Retired (GOAWAY, stream ids used up) and its last stream done: the socket goes.
+            self.transport.close()
 
     def _goaway(self, last: int, code: int, debug: bytes) -> None:
         """GOAWAY: streams past `last` were never processed; the rest may still finish."""
@@ -529,8 +553,7 @@ class _Connection(asyncio.Protocol):
             if not stream.future.done():
                 stream.future.set_exception(StreamRefused(f"GOAWAY before processing ({self.goaway_reason})"))
         self.capacity.set()  # waiters move on to a new connection
-        if not self.streams:
-            self.transport.close()
+        self._released()  # closes it now if no stream is left, else once the last one ends
 
     def _fail(self, exc: Exception) -> None:
         self.closed = True
@@ -545,6 +568,27 @@ class _Connection(asyncio.Protocol):
         if self._sweep_handle is not None:
             self._sweep_handle.cancel()
             self._sweep_at = self._sweep_handle = None
+        if self._ping_handle is not None:
+            self._ping_handle.cancel()
+            self._ping_handle = None
+
+    def probe(self) -> None:
+        """A request got no answer in time: PING the server (once at a time). No ACK within the
+        client's `ping_timeout` means the connection is dead (a peer or path gone silent, with no
+        reset ever coming): it is dropped, its requests fail at once, the next open a new one."""
+        if self.closed or self._ping_sent is not None or self.transport is None or self.transport.is_closing():
+            return
+        self._ping_sent = os.urandom(8)
+        self._send(_frame(PING, 0, 0, self._ping_sent))
+        self._flush()
+        self._ping_handle = asyncio.get_running_loop().call_later(self.client.ping_timeout, self._silent)
+
+    def _silent(self) -> None:
+        self._ping_handle = None
+        if self._ping_sent is None or self.transport is None:
+            return
+        self._fail(Http2Error(f"connection dropped: no answer to PING in {self.client.ping_timeout:g} s"))
+        self.transport.abort()
 
     def _watch(self, deadline: float) -> None:
         """Have `_sweep` run by `deadline` (loop time)."""
@@ -565,13 +609,13 @@ class _Connection(asyncio.Protocol):
         late = [sid for sid, stream in self.streams.items() if stream.deadline is not None and stream.deadline <= now]
         for sid in late:
             stream = self.streams.pop(sid)
-            if not self.closed:
-                self._send(_frame(RST_STREAM, 0, sid, struct.pack(">I", CANCEL)))
+            self._send(_frame(RST_STREAM, 0, sid, struct.pack(">I", CANCEL)))  # (after GOAWAY too)
             if not stream.future.done():
                 stream.future.set_exception(TimeoutError())
         if late:
             self._flush()
             self._released()
+            self.probe()
         left = [stream.deadline for stream in self.streams.values() if stream.deadline is not None]
         if left:
             self._watch(min(left))
@@ -589,11 +633,12 @@ class _Connection(asyncio.Protocol):
             self.capacity.clear()
             await self.capacity.wait()
         if self.closed:
-            raise StreamRefused("connection closing")
+            raise _NotOpened("connection closing")
         stream_id = self.next_stream_id
         if stream_id > _MAX_WINDOW:
             self.closed = True  # stream ids ran out: the next request opens a new connection
-            raise StreamRefused("stream ids exhausted")
+            self._released()
+            raise _NotOpened("stream ids exhausted")
         self.next_stream_id += 2
         future = asyncio.get_running_loop().create_future()
         stream = self.streams[stream_id] = _Stream(future, self.initial_window, deadline)
@@ -618,7 +663,11 @@ class _Connection(asyncio.Protocol):
                     self._flush()
                     self.window.clear()
                     await self.window.wait()
-                    if future.done() or stream_id not in self.streams:  # answered, reset or lost
+                    if future.done() or stream_id not in self.streams:  # answered, reset, refused or lost
+                        if future.done() and future.exception() is None:
+                            # Answered before its body was all sent (RFC 9113 8.1): the rest is
+                            # not sent; the reset frees the stream on the server's side too.
+                            self._send(_frame(RST_STREAM, 0, stream_id, struct.pack(">I", CANCEL)))
                         return await future
                     continue
                 chunk = body[sent:sent + room]
@@ -629,7 +678,7 @@ class _Connection(asyncio.Protocol):
             return await future
         except asyncio.CancelledError:
             # Timed out or abandoned: tell the server, so the stream's slot is freed on both sides.
-            if self.streams.pop(stream_id, None) is not None and not self.closed:
+            if self.streams.pop(stream_id, None) is not None:  # (a stream GOAWAY left open too)
                 self._send(_frame(RST_STREAM, 0, stream_id, struct.pack(">I", CANCEL)))
                 self._flush()
                 self._released()
@@ -640,8 +689,10 @@ class Http2Client:
     """Requests to one https:// origin over one long-lived HTTP/2 connection, made on first use."""
 
     def __init__(self, base_url: str, ssl_context: ssl.SSLContext, *, connect_timeout: float = 10.0,
-                 volatile: frozenset[str] = frozenset({":path"})):
-        """`volatile`: header names whose values change from request to request (never indexed)."""
+                 volatile: frozenset[str] = frozenset({":path"}), ping_timeout: float = PING_TIMEOUT):
+        """`volatile`: header names whose values change from request to request (never indexed);
+        `ping_timeout`: seconds a PING sent after a request timed out may go unanswered before the
+        connection is dropped."""
         parts = urlsplit(base_url)
         if parts.scheme != "https" or not parts.hostname:
             raise ValueError("an https:// URL is required")
@@ -652,6 +703,7 @@ class Http2Client:
         self.ssl_context.set_alpn_protocols(["h2"])
         self.connect_timeout = connect_timeout
         self.volatile = volatile
+        self.ping_timeout = ping_timeout
         self._conn: _Connection | None = None
         self._connecting: asyncio.Lock | None = None
         self.connections_made = 0
@@ -690,9 +742,19 @@ class Http2Client:
         if conn is not None and conn.can_start(body):
             # The usual case: nothing to wait for but the answer, timed by the connection's sweep.
             return await conn.request(all_headers, body, asyncio.get_running_loop().time() + timeout)
-        async with asyncio.timeout(timeout):
-            conn = await self._connection()
-            return await conn.request(all_headers, body)
+        conn = None
+        try:
+            async with asyncio.timeout(timeout):
+                while True:
+                    conn = await self._connection()
+                    try:
+                        return await conn.request(all_headers, body)
+                    except _NotOpened:
+                        continue  # it retired while this request waited for a stream: the next one
+        except TimeoutError:
+            if conn is not None:
+                conn.probe()
+            raise
 
     async def close(self) -> None:
         conn, self._conn = self._conn, None
