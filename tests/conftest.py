@@ -38,6 +38,9 @@ def pytest_configure(config):
     if storage is not None:
         pg.STORAGE = storage
         os.environ["APPLIANCE_TEST_STORAGE"] = storage
+    scale = config.getoption("--fuzz-scale")
+    if scale is not None:
+        fuzzing.SCALE = scale
 
 
 def pytest_collection_modifyitems(config, items):
@@ -50,17 +53,6 @@ def pytest_collection_modifyitems(config, items):
         if marker is not None:
             reason = marker.args[0] if marker.args else marker.kwargs.get("reason", "")
             item.add_marker(pytest.mark.skip(reason=f"SQLite-only: {reason}"))
-
-
-def pytest_sessionfinish(session, exitstatus):
-    from tests import pg
-
-    if pg.on_postgres():
-        pg.drop_all()
-
-    scale = config.getoption("--fuzz-scale")
-    if scale is not None:
-        fuzzing.SCALE = scale
 
 
 def vectors_dir() -> Path | None:
@@ -235,12 +227,17 @@ class Identity:
 
 
 def pytest_sessionfinish(session, exitstatus):
-    """Every server log of the run, against every secret registered by its end."""
+    """Every server log of the run, against every secret registered by its end; on PostgreSQL,
+    the databases the run made are dropped."""
+    from tests import pg
+
     leaked = {str(p): found for p in LOGS if (found := check_log(p))}
     if leaked:
         session.config.pluginmanager.get_plugin("terminalreporter").write_line(
             f"SECRETS IN SERVER LOGS: {leaked}", red=True)
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    if pg.on_postgres():
+        pg.drop_all()
 
 
 @pytest.fixture(scope="session")

@@ -61,6 +61,7 @@ def _ensure_template(admin) -> None:
     if not exists:
         admin.execute(f"CREATE DATABASE \"{TEMPLATE}\" ENCODING 'UTF8' LC_COLLATE 'C' LC_CTYPE 'C' "
                       "TEMPLATE template0")
+        _created.append(TEMPLATE)
         PostgresStore(_url(TEMPLATE), Path("/nonexistent-appliance-template")).create_schema()
     _template_ready = True
 
@@ -116,15 +117,17 @@ def make_store(data_dir: Path, **kw):
 
 
 def drop_all() -> None:
-    if not _created:
+    """Drops every database this run made (the template too when this run made it)."""
+    global _template_ready
+    with _lock:
+        names, _created[:] = list(_created), []
+        _by_dir.clear()
+        _template_ready = False
+    if not names:
         return
     with _admin() as admin:
-        for name in _created:
+        for name in reversed(names):  # the template last: the others were copied from it
             admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    _created.clear()
-    _by_dir.clear()
-
-
 
 
 def db_rows(data_dir: Path, sql: str, args=()) -> list[tuple]:
@@ -158,6 +161,16 @@ def cli_env(args) -> dict:
         if a.startswith("--data-dir="):
             return storage_env(Path(a.split("=", 1)[1]))
     return {}
+
+
+def process_env(args=(), data_dir: Path | None = None, **extra: str) -> dict:
+    """The environment of an `appliance` process a test runs: this process's environment without
+    any APPLIANCE_* setting, plus what the suite's backend needs for the data directory the
+    command line names (`--data-dir`) or `data_dir`, plus `extra`."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("APPLIANCE_")}
+    env.update(storage_env(Path(data_dir)) if data_dir is not None else cli_env(args))
+    env.update(extra)
+    return env
 
 
 def db_rows_at(url: str, sql: str, args=()) -> list[tuple]:

@@ -18,9 +18,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _run(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("APPLIANCE_")}
+    from tests.pg import process_env
+
     return subprocess.run([sys.executable, "-m", "appliance", *args], capture_output=True, text=True,
-                          env=env, cwd=ROOT, timeout=timeout)
+                          env=process_env(args), cwd=ROOT, timeout=timeout)
 
 
 def _command_paths(parser: argparse.ArgumentParser, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:

@@ -16,8 +16,10 @@ from appliance.settings import BY_NAME, SETTINGS, load, sample_config
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _env() -> dict:
-    return {k: v for k, v in os.environ.items() if not k.startswith("APPLIANCE_")}
+def _env(data_dir=None) -> dict:
+    from tests.pg import process_env
+
+    return process_env(data_dir=data_dir)
 
 
 def _serve_help() -> str:
@@ -151,7 +153,7 @@ def test_cross_setting_check():
 def test_serve_refuses_to_start(tmp_path, args, env, expected):
     out = subprocess.run(
         [sys.executable, "-m", "appliance", "serve", "--data-dir", str(tmp_path / "data"), *args],
-        capture_output=True, text=True, env=_env() | env, cwd=ROOT, timeout=60,
+        capture_output=True, text=True, env=_env(tmp_path / "data") | env, cwd=ROOT, timeout=60,
     )
     assert out.returncode != 0
     for part in expected:
@@ -165,7 +167,7 @@ def test_serve_refuses_unknown_config_key(tmp_path):
     cfg.write_text('acces_policy = "members"\n')
     out = subprocess.run(
         [sys.executable, "-m", "appliance", "--config", str(cfg), "--data-dir", str(tmp_path / "d")],
-        capture_output=True, text=True, env=_env(), cwd=ROOT, timeout=60,
+        capture_output=True, text=True, env=_env(tmp_path / "d"), cwd=ROOT, timeout=60,
     )
     assert out.returncode != 0
     assert "acces_policy" in out.stderr and "unknown setting" in out.stderr

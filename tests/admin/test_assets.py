@@ -63,6 +63,7 @@ async def test_a_registry_that_never_answers_does_not_delay_the_start(tmp_path, 
     from appliance.admin import install
     from appliance.app import build
     from appliance.settings import load
+    from tests.pg import storage_env
 
     if shutil.which("npm") is None:
         pytest.skip("no npm client here")
@@ -82,7 +83,7 @@ async def test_a_registry_that_never_answers_does_not_delay_the_start(tmp_path, 
     monkeypatch.setattr(assets, "VENDOR", tmp_path / "vendor")
     monkeypatch.setenv("npm_config_registry", f"http://127.0.0.1:{silent.getsockname()[1]}/")
     monkeypatch.setenv("npm_config_cache", str(tmp_path / "npm-cache"))
-    app = build(load(flags={"data_dir": str(tmp_path / "data")}, environ={}))
+    app = build(load(flags={"data_dir": str(tmp_path / "data")}, environ=storage_env(tmp_path / "data")))
     try:
         admin = await asyncio.wait_for(asyncio.to_thread(install, app), 30)
         assert admin.assets == {} and admin.fetch_missing_assets

@@ -4,7 +4,6 @@ admin reset` beside a running server, the dashboard on its own listener, NIP-86 
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -40,11 +39,10 @@ def set_password(client: httpx.Client, url: str, password: str = PASSWORD) -> ht
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
-    from tests.pg import cli_env
+    from tests.pg import process_env
 
-    env = {k: v for k, v in os.environ.items() if not k.startswith("APPLIANCE_")}
-    env.update(cli_env(args))
-    return subprocess.run([sys.executable, "-m", "appliance", *args], capture_output=True, text=True, env=env,
+    return subprocess.run([sys.executable, "-m", "appliance", *args], capture_output=True, text=True,
+                          env=process_env(args),
                           cwd=ROOT, timeout=60)
 
 

@@ -1,4 +1,4 @@
-"""The authority transactions on a real SQLite store: challenges, counters, fences, quota, retention."""
+"""The authority transactions on a real store (the suite's backend): challenges, counters, fences, quota, retention."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from appliance.gateway import authority as auth
 from appliance.gateway.grants import Grant
 from appliance.store import gateway as gateway_rows
 from appliance.store.keyfile import KeyFile
-from appliance.store.sqlite import SqliteStore
+from tests.pg import make_store
 
 NOW = 1_800_000_000
 RELAY = "ab" * 32
@@ -21,7 +21,7 @@ PROFILE = "buzz-ios-production"
 
 @pytest.fixture
 def store(tmp_path):
-    with SqliteStore(tmp_path) as s:
+    with make_store(tmp_path) as s:
         yield s
 
 

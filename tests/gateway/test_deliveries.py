@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import subprocess
 import sys
 import time
@@ -17,7 +16,7 @@ from appliance.nostr.nip98 import make_http_auth
 from appliance.transports.apns import APNS_BODY
 from tests.conftest import ROOT
 from tests.gateway.conftest import QUOTA, Relay
-from tests.pg import db_rows, storage_env
+from tests.pg import db_rows, process_env
 from tests.gateway.helpers import TOPIC, token
 
 pytestmark = pytest.mark.anyio
@@ -267,7 +266,7 @@ async def test_grant_key_rotation_keeps_old_grants(ctx):
     old = inst.grants[relay.pubkey]
     p = subprocess.run([sys.executable, "-m", "appliance", "gateway", "keys", "rotate", "--data-dir",
                         str(ctx.server.data_dir)], capture_output=True, text=True, cwd=ROOT, timeout=60,
-                       env={**os.environ, **storage_env(ctx.server.data_dir)})
+                       env=process_env(data_dir=ctx.server.data_dir))
     assert p.returncode == 0, p.stderr
     new_id = json.loads(p.stdout)["id"]
     deadline = time.monotonic() + 10
@@ -291,7 +290,7 @@ async def test_old_key_grant_still_opens_after_rotation(ctx, tmp_path):
     grant = inst.grants[relay.pubkey]
     p = subprocess.run([sys.executable, "-m", "appliance", "gateway", "keys", "rotate", "--data-dir",
                         str(ctx.server.data_dir)], capture_output=True, text=True, cwd=ROOT, timeout=60,
-                       env={**os.environ, **storage_env(ctx.server.data_dir)})
+                       env=process_env(data_dir=ctx.server.data_dir))
     assert p.returncode == 0, p.stderr
     await asyncio.sleep(1.5)  # reload interval
     other = Relay()

@@ -374,6 +374,9 @@ def test_inconsistent_profiles_stop_the_start(tmp_path, mutate, field):
     setup = GatewaySetup(tmp_path)
     cfg = tmp_path / "c.toml"
     cfg.write_text(mutate(setup, setup.config()))
-    p = subprocess.run([sys.executable, "-m", "appliance", "serve", "--config", str(cfg), "--data-dir",
-                        str(tmp_path / "d"), "--port", "0"], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    from tests.pg import process_env
+
+    args = ["serve", "--config", str(cfg), "--data-dir", str(tmp_path / "d"), "--port", "0"]
+    p = subprocess.run([sys.executable, "-m", "appliance", *args], capture_output=True, text=True, cwd=ROOT,
+                       timeout=60, env=process_env(args))
     assert p.returncode == 2 and field in p.stderr and "gateway" in p.stderr, p.stderr

@@ -17,11 +17,9 @@ push_kinds = [9, 1059, 7]
 
 
 def cli(*args: str, timeout: float = 60, env: dict | None = None) -> subprocess.CompletedProcess:
-    from tests.pg import cli_env
+    from tests.pg import process_env
 
-    base = {k: v for k, v in os.environ.items() if not k.startswith("APPLIANCE_")}
-    base.update(cli_env(args))
-    base.update(env or {})
+    base = process_env(args, **(env or {}))
     return subprocess.run([sys.executable, "-m", "appliance", *map(str, args)], capture_output=True, text=True,
                           env=base, cwd=ROOT, timeout=timeout)
 
@@ -37,7 +35,9 @@ def cli_as_stranger(data_dir: Path, *args: str, timeout: float = 60) -> subproce
     """A command run by a user who cannot read `data_dir` (the operator forgot sudo): as root,
     the command runs as nobody; otherwise the directory is made unreadable while it runs."""
     if os.geteuid() == 0:
-        base = {k: v for k, v in os.environ.items() if not k.startswith("APPLIANCE_")}
+        from tests.pg import process_env
+
+        base = process_env(args)
         return subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
                                sys.executable, "-m", "appliance", *map(str, args)],
                               capture_output=True, text=True, env=base, cwd=ROOT, timeout=timeout)

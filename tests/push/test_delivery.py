@@ -13,9 +13,9 @@ from appliance.nostr.event import sign_event
 from appliance.nostr.keys import generate_secret, public_key
 from appliance.push.delivery import MAX_BACKOFF, Delivery, DeliverySettings, backoff
 from appliance.store import wakes
-from appliance.store.sqlite import SqliteStore
 from appliance.transports.apns import APNS_HOSTS, ApnsProfile
 from appliance.transports.credentials import ApnsKey
+from tests.pg import make_store
 
 ORIGIN = 1
 ALICE = generate_secret()
@@ -26,7 +26,7 @@ JOB_ID = "0b7d3c8e-8f2a-4c41-9d55-6a1e2f3b4c5d"
 
 @pytest.fixture
 def store(tmp_path):
-    s = SqliteStore(tmp_path / "data", sync_mode="normal").open()
+    s = make_store(tmp_path / "data", sync_mode="normal").open()
     s.write_sync(lambda c: c.execute("INSERT INTO origins (id, origin) VALUES (1, 'wss://a.example')"))
     yield s
     s.close()

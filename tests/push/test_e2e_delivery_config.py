@@ -156,8 +156,11 @@ def _serve(tmp_path, config: str) -> subprocess.CompletedProcess:
     """`appliance serve` with this config; it is expected to refuse to start."""
     cfg = tmp_path / "bad.toml"
     cfg.write_text(config)
-    return subprocess.run([sys.executable, "-m", "appliance", "serve", "--data-dir", str(tmp_path / "d"), "--port",
-                           "0", "--config", str(cfg)], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    from tests.pg import process_env
+
+    args = ["serve", "--data-dir", str(tmp_path / "d"), "--port", "0", "--config", str(cfg)]
+    return subprocess.run([sys.executable, "-m", "appliance", *args], capture_output=True, text=True, timeout=60,
+                          cwd=ROOT, env=process_env(args))
 
 
 BAD = [

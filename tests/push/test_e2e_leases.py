@@ -304,11 +304,14 @@ def test_cli_refuses_an_origin_whose_descriptor_is_invalid(tmp_path, bad_push, e
     cfg.write_text(push_config() + '[[origins]]\norigin = "wss://b.example"\n[origins.push]\n'
                    'app_profiles = [{ id = "a", transport = "apns" }]\n' + bad_push)
     data = tmp_path / "data"
+    from tests.pg import process_env
+
     out = subprocess.run([sys.executable, "-m", "appliance", "keys", "rotate", ORIGIN, "--data-dir", str(data),
-                          "--config", str(cfg)], capture_output=True, text=True, cwd=ROOT, timeout=60)
+                          "--config", str(cfg)], capture_output=True, text=True, cwd=ROOT, timeout=60,
+                         env=process_env(data_dir=data))
     assert out.returncode == 2 and expect in out.stderr, out.stderr
     listed = subprocess.run([sys.executable, "-m", "appliance", "origins", "list", "--data-dir", str(data)],
-                            capture_output=True, text=True, cwd=ROOT, timeout=60)
+                            capture_output=True, text=True, cwd=ROOT, timeout=60, env=process_env(data_dir=data))
     assert "b.example" not in listed.stdout
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import subprocess
 import sys
 import uuid
@@ -13,7 +12,7 @@ import pytest
 import websockets
 
 from tests.conftest import ROOT, Identity
-from tests.pg import cli_env
+from tests.pg import process_env
 
 pytestmark = pytest.mark.anyio
 
@@ -111,7 +110,7 @@ async def test_blocklist(make_server, connect, alice):
 
 def run_cli(*args: str) -> str:
     out = subprocess.run([sys.executable, "-m", "appliance", *args], capture_output=True, text=True, cwd=ROOT,
-                         env={**os.environ, **cli_env(args)})
+                         env=process_env(args))
     assert out.returncode == 0, out.stderr
     return out.stdout
 
@@ -293,9 +292,10 @@ async def test_policy_edits_reach_open_connections(make_server, connect, alice, 
 async def test_route_conflicts_refused_by_the_cli(make_server, connect):
     server = make_server(config=TWO_ORIGINS)
     cfg = server.data_dir.parent / f"config-{server.port}.toml"
-    out = subprocess.run([sys.executable, "-m", "appliance", "origins", "add", "ws://c.test", "--route-host", "b.test",
-                          "--data-dir", str(server.data_dir), "--config", str(cfg)],
-                         capture_output=True, text=True, cwd=ROOT)
+    args = ["origins", "add", "ws://c.test", "--route-host", "b.test", "--data-dir", str(server.data_dir),
+            "--config", str(cfg)]
+    out = subprocess.run([sys.executable, "-m", "appliance", *args], capture_output=True, text=True, cwd=ROOT,
+                         env=process_env(args))
     assert out.returncode == 2
     assert "routed to both ws://b.test and ws://c.test" in out.stderr
     assert "ws://c.test" not in run_cli("origins", "list", "--data-dir", str(server.data_dir), "--config", str(cfg))

@@ -21,7 +21,7 @@ from appliance.relay.authz import can_read, read_scope
 from appliance.relay.groups import Group, GroupState
 from appliance.origins import Origin
 from appliance.store.events import count_events, query_events, store_event
-from appliance.store.sqlite import SqliteStore
+from tests.pg import make_store
 
 SECRETS = [generate_secret() for _ in range(4)]
 PUBKEYS = [public_key(s) for s in SECRETS]
@@ -67,7 +67,7 @@ def to_filter(spec: dict) -> Filter:
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
-    s = SqliteStore(tmp_path_factory.mktemp("prop"), sync_mode="normal").open()
+    s = make_store(tmp_path_factory.mktemp("prop"), sync_mode="normal").open()
     s.write_sync(lambda conn: conn.execute("INSERT INTO origins (id, origin) VALUES (1, 'ws://prop.test')"))
     yield s
     s.close()

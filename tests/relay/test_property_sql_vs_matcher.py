@@ -21,6 +21,7 @@ from appliance.relay.authz import NoGroups, can_read, read_scope
 from appliance.origins import Origin
 from appliance.store.events import count_events, query_events, store_event
 from appliance.store.sqlite import SqliteStore
+from tests.pg import make_store
 
 SECRETS = [generate_secret() for _ in range(3)]
 AUTHORS = [public_key(s) for s in SECRETS]
@@ -89,7 +90,7 @@ def filter_dicts(draw, known_ids: list[str]) -> dict:
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
-    s = SqliteStore(tmp_path_factory.mktemp("prop"), sync_mode="normal").open()
+    s = make_store(tmp_path_factory.mktemp("prop"), sync_mode="normal").open()
     yield s
     s.close()
 

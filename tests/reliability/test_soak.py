@@ -28,11 +28,15 @@ def test_the_verdict_names_growth_and_tolerates_warm_up():
 
 @pytest.mark.slow
 def test_a_short_soak_samples_every_column_and_finds_no_error(tmp_path):
+    from tests.pg import database_for, on_postgres, process_env
+
     out = tmp_path / "soak"
+    # The soak's own server on the suite's backend (the flag: the soak starts it without APPLIANCE_*).
+    storage = [f"--server-arg=--storage={database_for(out / 'data')}"] if on_postgres() else []
     run = subprocess.run(
         [sys.executable, "-m", "appliance", "bench", "soak", "--minutes", "0.3", "--interval", "3", "--rate", "10",
-         "--wake-users", "20", "--subscribers", "3", "--churn-users", "3", "--out", str(out)],
-        capture_output=True, text=True, cwd=ROOT, timeout=240)
+         "--wake-users", "20", "--subscribers", "3", "--churn-users", "3", "--out", str(out), *storage],
+        capture_output=True, text=True, cwd=ROOT, timeout=240, env=process_env())
     assert run.returncode == 0, run.stdout + run.stderr[-3000:]
     assert "errors: none" in run.stdout
     with open(out / "soak.csv") as fh:

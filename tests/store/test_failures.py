@@ -3,7 +3,6 @@ else; unusable files and directories give a clear message, never a traceback or 
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 
@@ -40,8 +39,10 @@ def test_writer_survives_a_transaction_sqlite_rolled_back(tmp_path):
 
 
 def run(*args: str, cwd=ROOT) -> subprocess.CompletedProcess:
+    from tests.pg import process_env
+
     return subprocess.run([sys.executable, "-m", "appliance", *args], capture_output=True, text=True, cwd=cwd,
-                          timeout=60, env={k: v for k, v in os.environ.items() if not k.startswith("APPLIANCE_")})
+                          timeout=60, env=process_env(args))
 
 
 @pytest.mark.parametrize("case", ["garbage", "foreign", "file-as-dir"])
