@@ -348,6 +348,7 @@ class _Connection(asyncio.Protocol):
                 self._send(_frame(PING, ACK, 0, payload))
             elif payload == self._ping_sent:  # the server is there: the connection stays
                 self._ping_sent = None
+                self._released()  # requests held while it was in doubt go ahead
                 self._pings_answered += 1
                 if self._ping_handle is not None:
                     self._ping_handle.cancel()
@@ -621,15 +622,18 @@ class _Connection(asyncio.Protocol):
             self._watch(min(left))
 
     def can_start(self, body: bytes) -> bool:
-        """Whether a request with this body starts at once: a stream is free and the body fits the
-        flow-control windows (nothing to wait for before its answer)."""
-        return (not self.closed and len(self.streams) < self.max_streams
+        """Whether a request with this body starts at once: a stream is free, the connection is not
+        in doubt (a PING unanswered) and the body fits the flow-control windows (nothing to wait
+        for before its answer)."""
+        return (not self.closed and len(self.streams) < self.max_streams and self._ping_sent is None
                 and len(body) <= min(self.send_window, self.initial_window, self.max_frame))
 
     async def request(self, headers: list[tuple[str, str]], body: bytes, deadline: float | None = None) -> Response:
         """`deadline` (loop time): the answer must be in by then, else TimeoutError; only for a
         request that `can_start` (without one, the caller times the request itself)."""
-        while len(self.streams) >= self.max_streams and not self.closed:
+        # While a PING after a timeout is unanswered, no new stream: if the connection is dead,
+        # these requests go on the next one instead (`_NotOpened` once it is dropped).
+        while (len(self.streams) >= self.max_streams or self._ping_sent is not None) and not self.closed:
             self.capacity.clear()
             await self.capacity.wait()
         if self.closed:

@@ -416,6 +416,25 @@ async def test_a_silent_connection_is_dropped_and_later_requests_use_a_new_one(h
     assert r.status == 200 and c.connections_made == 2
 
 
+async def test_requests_made_while_the_ping_is_unanswered_go_on_the_new_connection(h2server):
+    """A request made right after the timeout (the PING not yet answered) waits: once the silent
+    connection is dropped it goes on a new one, instead of failing with the dead connection."""
+    def handler(conn, sid, request):
+        if conn.index == 0 and sid > 1:
+            conn.silent = True
+            return
+        _ok(conn, sid, request)
+
+    script, c = await h2server(handler, ping_timeout=0.5)
+    assert (await c.request("POST", "/p", [], b"x", GUARD)).status == 200
+    with pytest.raises(TimeoutError):
+        await c.request("POST", "/p", [], b"x", 0.5)
+    dead = c._conn
+    r = await asyncio.wait_for(c.request("POST", "/p", [], b"x", GUARD), GUARD)
+    assert r.status == 200 and c.connections_made == 2
+    assert dead.closed and dead.next_stream_id == 5  # streams 1 and 3 only: nothing more went to it
+
+
 async def test_a_connection_whose_ping_is_answered_is_kept(h2server):
     held: list = []
 
