@@ -342,3 +342,41 @@ async def test_a_graceful_stop_releases_claimed_wakes_not_yet_sent(apns, tmp_pat
         await wait_until(lambda: jobs(server, event_id=e1.id)[0]["state"] == "delivered", timeout=15)
     finally:
         server.stop()
+
+
+async def test_matches_coalesced_into_a_cancelled_wake_stay_one_wake_at_its_due_time(apns, tmp_path):
+    """Two accounts on one device (bob's and carol's leases name one endpoint). Carol's matches
+    join the wake bob's match made under the rate cap; bob revokes his lease, cancelling that wake:
+    carol's matches stay ONE wake, due when bob's was, and a later match joins it too."""
+    server = Server(tmp_path / "data", config=delivery_config(apns, settings={"wake_min_interval": 10})).start()
+    try:
+        alice, bob, carol = (await Pusher.connect(server), await Pusher.connect(server),
+                             await Pusher.connect(server))
+        tok = token()
+        await bob.lease(tok, subscriptions=[p_sub(bob)])
+        await carol.lease(tok, subscriptions=[p_sub(carol)])
+        await alice.publish(9, [["p", bob.pubkey]])
+        apns.emulator.wait_for(lambda r: any(x.token == tok for x in r))  # the first wake went at once
+        held = await alice.publish(9, [["p", bob.pubkey]])  # due 10 s after the first
+        mates = [await alice.publish(9, [["p", carol.pubkey]]) for _ in range(3)]
+        (wake,) = jobs(server, event_id=held.id)
+        assert wake["state"] == "pending"
+        assert [jobs(server, event_id=e.id)[0]["wake_id"] for e in mates] == [wake["id"]] * 3
+        due = "SELECT due_at FROM wake_jobs WHERE id = ?"
+        (held_due,), = db_rows(server.data_dir, due, (wake["id"],))
+        await bob.revoke(generation=2)
+        assert jobs(server, event_id=held.id)[0]["state"] == "cancelled"
+        late = await alice.publish(9, [["p", carol.pubkey]])
+        orphans = [jobs(server, event_id=e.id)[0] for e in [*mates, late]]
+        lead = orphans[0]
+        assert [j["state"] for j in orphans] == ["pending", "coalesced", "coalesced", "coalesced"]
+        assert {j["wake_id"] for j in orphans[1:]} == {lead["id"]}
+        assert db_rows(server.data_dir, due, (lead["id"],)) == [(held_due,)]
+        await wait_until(lambda: jobs(server, event_id=mates[0].id)[0]["state"] == "delivered", timeout=60)
+        await asyncio.sleep(0.5)
+        mine = apns.emulator.requests(tok)
+        assert len(mine) == 2 and mine[1].header("apns-id") == lead["id"]  # six matches, two wakes
+        for c in (alice, bob, carol):
+            await c.client.close()
+    finally:
+        server.stop()
