@@ -126,6 +126,11 @@ class Machines:
         commits, writes = app.store.writer_stats
         metrics.append(("appliance_store_commits_total", "Write transactions committed.", "counter", [({}, commits)]))
         metrics.append(("appliance_store_writes_total", "Writes committed.", "counter", [({}, writes)]))
+        metrics.append(("appliance_store_writes_queued", "Writes waiting for the writer (not the batch it is "
+                        "writing).", "gauge", [({}, app.store.writes_queued)]))
+        metrics.append(("appliance_store_lock_reorders_total", "Writes run again in a new transaction to take "
+                        "their node locks in order (several nodes over PostgreSQL).", "counter",
+                        [({}, app.store.lock_reorders)]))
         from appliance.store.leases import lease_totals
 
         totals = await app.store.read(lambda conn: lease_totals(conn, now))

@@ -303,8 +303,21 @@ class PendingEvent:
     hooks: WriteHooks | None
     context: dict
 
+    def __post_init__(self) -> None:
+        self._given = dict(self.context)
+
+    def fresh(self) -> dict:
+        """The context as given, before a run: hooks fill it (`after_commit`, `broadcast`), and a
+        run that is rolled back and done again (a batch that fell back to one by one, node locks
+        taken again in order) must not leave them twice."""
+        if self.context != self._given:
+            self.context.clear()
+            self.context.update(self._given)
+        return self.context
+
     def __call__(self, conn: apsw.Connection) -> StoreResult:
         """The one-by-one path (also the fallback when a batch cannot be written together)."""
+        self.fresh()
         return store_event(conn, self.origin, self.ev, raw=self.raw, expiration=self.expiration, now=self.now,
                            hooks=self.hooks, context=self.context)
 
@@ -314,6 +327,7 @@ def store_events_batch(conn: apsw.Connection, items: list["PendingEvent"]) -> li
     results: list = [None] * len(items)
     by_origin: dict[int, list[int]] = {}
     for i, item in enumerate(items):
+        item.fresh()
         if item.expiration is not None and item.expiration <= item.now:
             results[i] = Rejected("invalid", "event has expired")
         else:

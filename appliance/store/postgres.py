@@ -27,6 +27,7 @@ from psycopg_pool import ConnectionPool
 from appliance.errors import Rejected, StoreError
 from appliance.store import dialect, pg_schema
 from appliance.store.dsn import redact
+from appliance.store.meta import HeldLocks
 from appliance.store.sqlite import QueryTimeout, ReadPool
 from appliance.store.writer import Writer, WriterFront
 
@@ -96,20 +97,28 @@ def _params(params):
     return out
 
 
+# The first two letters of the transaction control statements a connection's HeldLocks follows
+# (BEGIN, COMMIT, ROLLBACK [TO], SAVEPOINT, RELEASE, END, ABORT); others with them cost a split.
+_CONTROL = frozenset(("BE", "CO", "RO", "SA", "RE", "EN", "AB"))
+
+
 class PgConnection:
     """A psycopg connection with the subset of apsw.Connection the store functions use."""
 
-    __slots__ = ("raw", "_changes", "_rowid", "deadline", "timeout", "_depth")
+    __slots__ = ("raw", "_changes", "_rowid", "deadline", "timeout", "_nest", "locks")
 
     def __init__(self, raw: psycopg.Connection):
         self.raw = raw
         self._changes = 0
         self._rowid = 0
-        self._depth = 0
+        self._nest: list[str | None] = []  # `with conn:` levels: None began the transaction, else a savepoint
         self.deadline: float | None = None  # a read's: past it, the next statement is not started
         self.timeout: float | None = None
+        self.locks = HeldLocks()  # the node locks its transaction holds (meta.node_lock)
 
     def execute(self, sql: str, params=None):
+        if sql[:2] in _CONTROL:
+            self.locks.statement(sql)
         bound = bool(params)
         text, returns_id = dialect.translate(sql, bound)
         if self.deadline is not None and time.monotonic() > self.deadline:
@@ -148,23 +157,29 @@ class PgConnection:
         return self.raw.info.transaction_status != psycopg.pq.TransactionStatus.IDLE
 
     def __enter__(self) -> "PgConnection":
-        """A transaction (nested: a savepoint), as apsw's `with conn:`."""
-        if self._depth == 0 and not self.in_transaction:
+        """A transaction (inside one already open, a savepoint), as apsw's `with conn:`."""
+        if not self._nest and not self.in_transaction:
             self.raw.execute("BEGIN")
+            self.locks.end()
+            self._nest.append(None)
         else:
-            self.raw.execute(f"SAVEPOINT nest{self._depth}")
-        self._depth += 1
+            name = f"nest{len(self._nest)}"
+            self.raw.execute(f"SAVEPOINT {name}")
+            self.locks.savepoint(name)
+            self._nest.append(name)
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        self._depth -= 1
-        if self._depth == 0:
+        name = self._nest.pop()
+        if name is None:
+            self.locks.end()
             self.raw.execute("ROLLBACK" if exc_type else "COMMIT")
-        elif exc_type:
-            self.raw.execute(f"ROLLBACK TO nest{self._depth}")
-            self.raw.execute(f"RELEASE nest{self._depth}")
         else:
-            self.raw.execute(f"RELEASE nest{self._depth}")
+            if exc_type:
+                self.locks.rollback_to(name)
+                self.raw.execute(f"ROLLBACK TO {name}")
+            self.locks.release(name)
+            self.raw.execute(f"RELEASE {name}")
 
     def close(self) -> None:
         self.raw.close()
@@ -180,6 +195,7 @@ class PgWriter(Writer):
     def __init__(self, conn: PgConnection, batch_max: int, connect: Callable[[], PgConnection]):
         super().__init__(conn, batch_max)
         self._connect = connect
+        conn.locks.ordered = True  # node locks in one global order (meta.node_lock, Writer)
 
     def before_batch(self) -> None:
         if not self._conn.raw.closed and not self._conn.raw.broken:
@@ -192,6 +208,7 @@ class PgWriter(Writer):
         while True:
             try:
                 self._conn = self._connect()
+                self._conn.locks.ordered = True
                 return
             except psycopg.OperationalError as exc:
                 log.error("cannot reach the database (%s); retrying", exc.__class__.__name__)

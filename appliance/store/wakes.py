@@ -332,11 +332,17 @@ def insert_job(conn: apsw.Connection, *, job_id: str, origin: int, app_profile: 
 
 def lock_endpoints(conn, keys) -> None:
     """Serialize this transaction's decisions about these endpoints with every other node's
-    (PostgreSQL; nothing to do on SQLite's single writer). One call takes its locks in one order,
-    so two claims never wait on each other in a cycle; two batched transactions whose events match
-    endpoints in opposite orders can, and PostgreSQL then fails one of those writes (its client
-    gets `error:` and may send it again; docs/scaling.md)."""
-    node_lock(conn, *(f"wake-endpoint:{o}:{p}:{t}:{h}" for o, p, t, h in keys))
+    (PostgreSQL; nothing to do on SQLite's single writer). Every transaction takes these locks in
+    one global order (meta.node_lock): a batch whose events match endpoints in another order than
+    a batch of another node runs its operation again with the keys taken in order first, so two
+    nodes never wait on each other in a cycle (docs/scaling.md)."""
+    node_lock(conn, *(endpoint_lock_name(key) for key in keys))
+
+
+def endpoint_lock_name(key: tuple) -> str:
+    """The node lock name of an endpoint key (origin, app_profile, transport, endpoint_hash)."""
+    o, p, t, h = key
+    return f"wake-endpoint:{o}:{p}:{t}:{h}"
 
 
 def _endpoint(conn: apsw.Connection, key: tuple) -> tuple[float | None, str | None]:

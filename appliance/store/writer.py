@@ -12,6 +12,7 @@ from typing import Any, Callable, TypeVar
 import apsw
 
 from appliance.errors import StorageFull
+from appliance.store.meta import LockOrder
 
 log = logging.getLogger("appliance.store")
 
@@ -32,6 +33,14 @@ class Writer:
 
     The connection is apsw's or one with its surface (postgres.PgConnection); a backend names its
     own BEGIN and error classes (class attributes below).
+
+    Node locks (PostgreSQL, several nodes: meta.node_lock) are taken in one global order. An
+    operation that asks for a key below one its transaction holds raises `LockOrder`: its own
+    savepoint is rolled back, what the batch did before it is committed and answered, and it runs
+    again in a new transaction that takes every key it needs first, in order (again, with more
+    keys, if it then asks for one more below). It runs whole each time, from a clean start: an
+    operation's side effects wait for the commit (contexts, `after_commit`), NOTIFY of a
+    rolled-back savepoint is never delivered, and its future is resolved once.
     """
 
     BEGIN = "BEGIN IMMEDIATE"
@@ -45,6 +54,7 @@ class Writer:
         self._thread = threading.Thread(target=self._run, name="appliance-writer", daemon=True)
         self.commits = 0
         self.writes = 0
+        self.reorders = 0  # operations run again to take their node locks in order (PostgreSQL)
         # When a write last failed for lack of disk space (time.time()), until a later ordinary
         # write commits: the health check's own one-row probe often still fits, so it cannot tell.
         self.full_since: float | None = None
@@ -126,7 +136,7 @@ class Writer:
 
     def _commit_batch(self, batch: list) -> None:
         conn = self._conn
-        outcomes: list[tuple[Any, Any, Any, BaseException | None]] = []
+        outcomes: list[tuple[Any, Any, Any, Any, BaseException | None]] = []  # (op, fut, loop, result, exc)
         try:
             self.before_batch()
             conn = self._conn
@@ -148,43 +158,75 @@ class Writer:
             for op, fut, loop in batch[i:j]:
                 self._run_one(conn, op, fut, loop, outcomes)
             i = j
-        try:
-            conn.execute("COMMIT")
-        except self.ERRORS as exc:
-            log.error("commit failed, %d writes rolled back: %s", len(batch), exc)
-            if conn.in_transaction:  # SQLite may have rolled it back already (disk full)
-                try:
-                    conn.execute("ROLLBACK")
-                except self.ERRORS:
-                    pass
-            outcomes = [(fut, loop, None, exc) for fut, loop, _r, _e in outcomes]
-        else:
-            self.commits += 1
-            self.writes += len(batch)
-            if self.full_since is not None and any(
-                    exc is None and not getattr(op, "probe", False)
-                    for (op, _f, _l), (_fut, _loop, _r, exc) in zip(batch, outcomes)):
-                self.full_since = None  # an ordinary write fitted again
-        self._deliver(outcomes)
+        self._commit(conn, outcomes)
         if self.after_commit is not None:
             try:
                 self.after_commit()
             except Exception:  # housekeeping must never stop the writer
                 log.exception("after-commit housekeeping failed")
 
+    def _commit(self, conn, outcomes: list) -> None:
+        """COMMIT the transaction, then answer its operations (all failed if the commit did)."""
+        try:
+            conn.execute("COMMIT")
+        except self.ERRORS as exc:
+            log.error("commit failed, %d writes rolled back: %s", len(outcomes), exc)
+            if conn.in_transaction:  # SQLite may have rolled it back already (disk full)
+                try:
+                    conn.execute("ROLLBACK")
+                except self.ERRORS:
+                    pass
+            self._deliver([(fut, loop, None, exc) for _op, fut, loop, _r, _e in outcomes])
+            return
+        self.commits += 1
+        self.writes += len(outcomes)
+        if self.full_since is not None and any(
+                exc is None and not getattr(op, "probe", False) for op, _f, _l, _r, exc in outcomes):
+            self.full_since = None  # an ordinary write fitted again
+        self._deliver([(fut, loop, result, exc) for _op, fut, loop, result, exc in outcomes])
+
     def before_batch(self) -> None:
         """Writer thread, before each transaction: a backend may reconnect here."""
 
     def _run_one(self, conn: apsw.Connection, op: WriteOp, fut, loop, outcomes: list) -> None:
+        try:
+            self._one(conn, op, fut, loop, outcomes)
+        except LockOrder as order:
+            self._run_in_order(conn, order, outcomes, lambda: self._one(conn, op, fut, loop, outcomes))
+
+    def _one(self, conn: apsw.Connection, op: WriteOp, fut, loop, outcomes: list) -> None:
+        """Run `op` in its own savepoint; LockOrder leaves nothing of it and goes to the caller."""
         conn.execute("SAVEPOINT op")
         try:
             result = op(conn)
+        except LockOrder as order:
+            _undo(conn, "op", order, self.ERRORS)
+            raise
         except BaseException as exc:  # noqa: BLE001 - handed to the waiter, not swallowed
             _undo(conn, "op", exc, self.ERRORS)
-            outcomes.append((fut, loop, None, exc))
+            outcomes.append((op, fut, loop, None, exc))
         else:
             conn.execute("RELEASE op")
-            outcomes.append((fut, loop, result, None))
+            outcomes.append((op, fut, loop, result, None))
+
+    def _run_in_order(self, conn, order: LockOrder, outcomes: list, again: Callable[[], T]) -> T:
+        """An operation (rolled back to its savepoint) asked for node locks out of order: commit
+        and answer what came before it, then run it again (`again`) in a new transaction that takes
+        the keys it needs first, in order; until it asks for none below those it holds."""
+        keys = set(order.keys) - conn.locks.keys  # its own: those of the ops before are released
+        while True:
+            self.reorders += 1
+            if outcomes:
+                self._commit(conn, outcomes)
+                outcomes.clear()
+            else:
+                conn.execute("ROLLBACK")
+            conn.execute(self.BEGIN)
+            conn.locks.take(conn, sorted(keys))
+            try:
+                return again()
+            except LockOrder as more:  # it asked for yet another key below: the whole set, again
+                keys |= more.keys
 
     def _run_together(self, conn: apsw.Connection, run_fn, run: list, outcomes: list) -> bool:
         """Run consecutive ops sharing a `run_batch` function in one go.
@@ -193,18 +235,27 @@ class Writer:
         as running the ops one by one would (refusals it returns write nothing). If it raises,
         its writes are rolled back and the caller runs the ops one by one instead.
         """
+        try:
+            return self._together(conn, run_fn, run, outcomes)
+        except LockOrder as order:
+            return self._run_in_order(conn, order, outcomes, lambda: self._together(conn, run_fn, run, outcomes))
+
+    def _together(self, conn: apsw.Connection, run_fn, run: list, outcomes: list) -> bool:
         conn.execute("SAVEPOINT together")
         try:
             results = run_fn(conn, [op for op, _f, _l in run])
+        except LockOrder as order:
+            _undo(conn, "together", order, self.ERRORS)
+            raise
         except Exception as exc:
             _undo(conn, "together", exc, self.ERRORS)
             return False
         conn.execute("RELEASE together")
         for (op, fut, loop), result in zip(run, results):
             if isinstance(result, BaseException):
-                outcomes.append((fut, loop, None, result))
+                outcomes.append((op, fut, loop, None, result))
             else:
-                outcomes.append((fut, loop, result, None))
+                outcomes.append((op, fut, loop, result, None))
         return True
 
     def _deliver(self, outcomes: list) -> None:
@@ -229,7 +280,7 @@ class Writer:
 
 def _resolve_all(items: list) -> None:
     for fut, result, exc in items:
-        if fut.cancelled():
+        if fut.done():  # cancelled, or answered already (a batch that failed after a commit)
             continue
         if exc is not None:
             fut.set_exception(exc)
@@ -286,4 +337,15 @@ class WriterFront:
     def writer_stats(self) -> tuple[int, int]:
         w = self._writer
         return (w.commits, w.writes) if w else (0, 0)
+
+    @property
+    def lock_reorders(self) -> int:
+        """Operations run again in a new transaction to take their node locks in order."""
+        return self._writer.reorders if self._writer else 0
+
+    @property
+    def writes_queued(self) -> int:
+        """Writes waiting for the writer thread (not the batch it is writing)."""
+        w = self._writer
+        return w._queue.qsize() if w else 0
 
