@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -14,6 +15,8 @@ import time
 from pathlib import Path
 
 import orjson
+
+from appliance.store.sqlite import DB_FILENAME
 
 
 # -- numbers and messages ------------------------------------------------------------------
@@ -151,14 +154,35 @@ def cpu_seconds(pid: int) -> float:
 
 
 def rss_mb(pid: int) -> float:
+    """The process's resident memory (VmRSS) less the pages of the SQLite database it maps (the
+    OS page cache's, shared and reclaimable: see appliance.store.sqlite.INLINE_MMAP_BYTES), in MB."""
     try:
         with open(f"/proc/{pid}/status") as fh:
-            for line in fh:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) / 1024
+            rss = next((int(line.split()[1]) for line in fh if line.startswith("VmRSS:")), None)
     except OSError:
-        pass
-    return float("nan")
+        rss = None
+    if rss is None:
+        return float("nan")
+    return (rss - _mapped_kib(pid, DB_FILENAME)) / 1024
+
+
+_SMAPS_HEADER = re.compile(r"[0-9a-f]+-[0-9a-f]+ ").match
+
+
+def _mapped_kib(pid: int, filename: str) -> int:
+    """Resident KiB of the process's mappings of files named `filename` (0 when unreadable)."""
+    total, inside = 0, False
+    try:
+        with open(f"/proc/{pid}/smaps") as fh:
+            for line in fh:
+                if _SMAPS_HEADER(line):  # a mapping's first line: range perms offset dev inode [path]
+                    parts = line.split()
+                    inside = len(parts) >= 6 and parts[5].endswith("/" + filename)
+                elif inside and line.startswith("Rss:"):
+                    total += int(line.split()[1])
+    except OSError:
+        return 0
+    return total
 
 
 def open_files(pid: int) -> int:

@@ -60,8 +60,18 @@ INLINE_CHECK_STEPS = 1_000
 INLINE_COOLDOWN = 10.0
 # The page cache of the loop's own connection, which answers most REQs: larger than a reader
 # thread's (there is one of it), so a small relay's index and recent events stay in it between
-# queries instead of being read again from the OS page cache, a system call per page.
+# queries instead of being read again from the OS page cache, a system call per page. Only while
+# nothing is written, though: in WAL mode a connection empties its whole page cache when its next
+# read finds that another connection has committed, and on a relay taking events that is nearly
+# every REQ. So this connection also maps the database file (up to INLINE_MMAP_BYTES of it): the
+# pages it reads again come from the OS page cache with no system call and no copy (pages newer
+# in the WAL are still read from the WAL). Measured right after 3,000-event bursts on the 2-core
+# box (load 9-11): read system calls per 50-event REQ 42 -> 3, the relay's CPU per REQ 0.69 ->
+# 0.57 ms (#p) and 0.63 -> 0.37 ms (authors). Only this connection maps the file: the mapped
+# pages count in the process's RSS once per mapping (they are the OS page cache's, shared and
+# reclaimable), and the reader threads are many.
 INLINE_CACHE_KIB = 32 * 1024
+INLINE_MMAP_BYTES = 2 * 1024 * 1024 * 1024
 
 
 class QueryTimeout(StoreError):
@@ -767,6 +777,7 @@ class SqliteStore(WriterFront):
             conn = self._inline_conn = connect(self.path, sync_mode=self.sync_mode, readonly=True, reader=True)
             conn.set_busy_timeout(0)
             conn.execute(f"PRAGMA cache_size = -{INLINE_CACHE_KIB}")
+            conn.execute(f"PRAGMA mmap_size = {INLINE_MMAP_BYTES}")
             with self._lock:
                 self._reader_conns.append(conn)
         steps = 0

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from appliance.store.sqlite import QueryTimeout, ReadPool, SqliteStore
+from appliance.store.sqlite import INLINE_MMAP_BYTES, QueryTimeout, ReadPool, SqliteStore, connect
 
 pytestmark = [pytest.mark.anyio, pytest.mark.sqlite_only(
     "time slices and inline reads; a PostgreSQL read runs whole, bounded by statement_timeout")]
@@ -240,3 +240,29 @@ async def test_an_inline_read_keeps_a_smaller_time_budget(store):
     with pytest.raises(QueryTimeout):
         await store.read(napping_read, timeout=0.004, owner=Owner(), inline=True)
     assert store._pool.inline_abandoned == 1
+
+
+async def test_the_loops_connection_maps_the_file_and_reads_every_commit(store):
+    """The loop's connection reads the database file through a memory mapping (its page cache is
+    emptied at every commit elsewhere): each inline read sees every commit before it, whether its
+    pages are still in the WAL or checkpointed into the mapped file."""
+    owner = Owner()
+    await store.write(lambda conn: conn.execute("CREATE TABLE scratch (x INTEGER PRIMARY KEY, pad TEXT)"))
+
+    def totals(conn):
+        return conn.execute("SELECT count(*), coalesce(sum(x), 0) FROM scratch").fetchone()
+
+    expected = (0, 0)
+    for i in range(1, 7):
+        rows = [(i * 1000 + j, "x" * 500) for j in range(100)]
+        await store.write(lambda conn, rows=rows: conn.executemany("INSERT INTO scratch VALUES (?, ?)", rows))
+        expected = (expected[0] + len(rows), expected[1] + sum(x for x, _pad in rows))
+        if i % 2 == 0:  # into the database file (the writer keeps going meanwhile)
+            other = connect(store.path, sync_mode="normal")
+            try:
+                other.execute("PRAGMA wal_checkpoint(PASSIVE)")
+            finally:
+                other.close()
+        assert tuple(await store.read(totals, owner=owner, inline=True)) == expected
+    assert store._pool.inline_reads == 6
+    assert store._inline_conn.execute("PRAGMA mmap_size").fetchone()[0] == INLINE_MMAP_BYTES
