@@ -288,16 +288,22 @@ class Session:
         inbox = self._inbox
         return inbox is None or not inbox.empty()
 
-    def _req_token(self, waited: bool) -> str | None:
+    def _req_token(self) -> str | None:
         """Spend a REQ/COUNT token: None when spent. Without one, a client that waits for this
         answer before sending more (paging through history) is held until the token comes (WAIT:
         the message is handled again then), not refused; one that pipelines is refused (REFUSED,
-        `refused` called: the caller sends CLOSED)."""
+        `refused` called: the caller sends CLOSED).
+
+        A held message that still finds no token when handled again is held again, for as long
+        as the client sends nothing more: its wake-up may come a little before the token (the
+        event loop's timers run early by up to a millisecond or so, more on a busy machine), or
+        another connection from its address may have taken the token first. Only a client that
+        sent more meanwhile is refused."""
         budget = self.budget
         wait = self._take(self.req_bucket, budget.req if budget is not None else None)
         if not wait:
             return None
-        if not waited and not self._pipelined():
+        if not self._pipelined():
             self._deferred = self._text
             self.pause(wait + 0.001)
             return WAIT
@@ -473,7 +479,7 @@ class Session:
             head = _REQ_HEAD(text)
             if head is not None:
                 # The token first: a refused REQ/COUNT is answered without parsing its filters.
-                outcome = self._req_token(waited)
+                outcome = self._req_token()
                 if outcome is WAIT:
                     return
                 if outcome is REFUSED:
@@ -495,9 +501,9 @@ class Session:
         if verb == "EVENT":
             self.on_event(msg)
         elif verb == "REQ":
-            self.on_req(msg, admitted, waited)
+            self.on_req(msg, admitted)
         elif verb == "COUNT":
-            self.on_count(msg, admitted, waited)
+            self.on_count(msg, admitted)
         elif verb == "CLOSE":
             self.on_close(msg)
         elif verb == "AUTH":
@@ -621,8 +627,8 @@ class Session:
             self.end_subscription(sub_id)
         self.closed_msg(sub_id, "rate-limited: too many requests, slow down")
 
-    def _req_arguments(self, msg: list, verb: str, admitted: bool = False,
-                       waited: bool = False) -> tuple[str, list[Filter] | None] | None:
+    def _req_arguments(self, msg: list, verb: str,
+                       admitted: bool = False) -> tuple[str, list[Filter] | None] | None:
         """(subscription id, filters) of a REQ/COUNT; filters None once refused with CLOSED; None
         when the message has no usable subscription id (NOTICE sent) or waits for its token.
         `admitted`: its token is spent already."""
@@ -634,7 +640,7 @@ class Session:
             self.notice(f"invalid: subscription id must be 1 to {MAX_SUB_ID_LENGTH} characters")
             return None
         if not admitted:
-            outcome = self._req_token(waited)
+            outcome = self._req_token()
             if outcome is WAIT:
                 return None
             if outcome is REFUSED:
@@ -651,8 +657,8 @@ class Session:
             return sub_id, None
         return sub_id, filters
 
-    def on_count(self, msg: list, admitted: bool = False, waited: bool = False) -> None:
-        args = self._req_arguments(msg, "COUNT", admitted, waited)
+    def on_count(self, msg: list, admitted: bool = False) -> None:
+        args = self._req_arguments(msg, "COUNT", admitted)
         if args is not None and args[1] is not None:
             task = self.spawn(self._answer_count(*args))
             self.counts.add(task)
@@ -677,12 +683,12 @@ class Session:
             return
         self.send(_dumps(["COUNT", sub_id, {"count": n}]))
 
-    def on_req(self, msg: list, admitted: bool = False, waited: bool = False) -> None:
+    def on_req(self, msg: list, admitted: bool = False) -> None:
         """Open (or replace) a subscription at once, in message order; its stored events follow.
 
         Registration is synchronous so a CLOSE or another REQ with the same id that arrives next
         always finds it, and nothing is registered once the connection is gone."""
-        args = self._req_arguments(msg, "REQ", admitted, waited)
+        args = self._req_arguments(msg, "REQ", admitted)
         if args is None:
             return
         sub_id, filters = args

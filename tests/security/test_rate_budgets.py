@@ -227,3 +227,18 @@ def test_a_refused_req_costs_no_filter_parse():
     assert _REQ_HEAD('["COUNT","x"]').groups() == ("COUNT", "x")
     assert _REQ_HEAD('["REQ","a\\"b",{}]') is None  # escapes: the full parse handles it
     assert _REQ_HEAD('["REQ","",{}]') is None
+
+
+async def test_clients_that_wait_for_answers_are_held_not_refused_when_their_address_shares_a_token(make_server):
+    """Two connections from one address (two tabs behind one NAT), each sending one COUNT and
+    waiting for its answer, with one token a second for the address: both are held until a token
+    is theirs. The one whose token the other took when both were due is held again, not refused."""
+    server = make_server("--ip-req-rate", "1", "--ip-req-burst", "1")
+    one = await client_from(server.url, "198.51.100.30")
+    two = await client_from(server.url, "198.51.100.30")
+    assert (await one.count("a0", {"kinds": [1]}))[0] == "COUNT"  # the address's one token
+    for _round in range(2):
+        answers = await asyncio.gather(one.count("a", {"kinds": [1]}), two.count("b", {"kinds": [1]}))
+        assert [m[0] for m in answers] == ["COUNT", "COUNT"], answers
+    for c in (one, two):
+        await c.close()
