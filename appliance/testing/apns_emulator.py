@@ -58,6 +58,7 @@ import h2.connection
 import h2.events
 import h2.exceptions
 import h2.settings
+from hpack import NeverIndexedHeaderTuple
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
@@ -166,7 +167,9 @@ class ApnsEmulator:
         self._connections = 0
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._log = open(log_file, "a", buffering=1) if log_file else None
+        # The log is written a loop iteration at a time (`_recorded`), not a write(2) per line.
+        self._log = open(log_file, "a") if log_file else None
+        self._log_flush_due = False
         self.port = 0
 
     # -- configuration -----------------------------------------------------------------------------
@@ -425,6 +428,14 @@ class ApnsEmulator:
         if self._log is not None:
             self._log.write(f"{record.at:.6f} {record.status} {record.reason or '-'} {record.apns_id or '-'} "
                             f"{record.token or '-'}\n")
+            if not self._log_flush_due:
+                self._log_flush_due = True
+                asyncio.get_running_loop().call_soon(self._flush_log)
+
+    def _flush_log(self) -> None:
+        self._log_flush_due = False
+        if self._log is not None:
+            self._log.flush()
 
     # -- serving -----------------------------------------------------------------------------------
 
@@ -605,7 +616,8 @@ class _Connection(asyncio.Protocol):
             return
         headers = [(":status", str(answer.status))]
         if answer.apns_id is not None:
-            headers.append(("apns-id", answer.apns_id))
+            # Never indexed: a fresh id per answer would only churn the HPACK table.
+            headers.append(NeverIndexedHeaderTuple("apns-id", answer.apns_id))
         headers += answer.headers
         try:
             self.h2.send_headers(stream_id, headers, end_stream=not answer.body)
