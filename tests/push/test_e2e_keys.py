@@ -92,8 +92,8 @@ async def test_rotation_while_serving(make_server):
     # PostgreSQL, whose files are the database server's: no row holds the wrapped key any more).
     def nowhere_on_disk():
         if on_postgres():
-            return not any(bytes(w) == bytes(old_wrapped) for (w,) in db_rows(server.data_dir,
-                                                                            "SELECT wrapped FROM executor_keys"))
+            return not any(w is not None and bytes(w) == bytes(old_wrapped)
+                           for (w,) in db_rows(server.data_dir, "SELECT wrapped FROM executor_keys"))
         files = [server.data_dir / n for n in ("appliance.sqlite3", "appliance.sqlite3-wal")]
         return not any(f.exists() and old_wrapped in f.read_bytes() for f in files)
 

@@ -20,6 +20,7 @@ from appliance.nostr.keys import generate_secret, public_key
 from appliance.relay.authz import NoGroups, can_read, read_scope
 from appliance.origins import Origin
 from appliance.store.events import count_events, query_events, store_event
+from appliance.store.origin_rows import upsert_origin
 from appliance.store.sqlite import SqliteStore
 from tests.pg import make_store
 
@@ -103,11 +104,8 @@ def _fresh_origin(store: SqliteStore) -> Origin:
     n = next(_origin_counter)
     url = f"wss://prop{n}.example.org"
 
-    def op(conn):
-        conn.execute("INSERT INTO origins (origin, config) VALUES (?, '{}')", (url,))
-        return conn.last_insert_rowid()
-
-    return Origin.from_mapping({"origin": url}, id=store.write_sync(op), where="test")
+    return Origin.from_mapping({"origin": url}, id=store.write_sync(lambda conn: upsert_origin(conn, url, "{}")),
+                               where="test")
 
 
 def _store_all(store: SqliteStore, origin: Origin, events: list[Event]) -> None:
