@@ -329,12 +329,17 @@ MIGRATIONS: tuple[str, ...] = (
         DO UPDATE SET pending_wake = EXCLUDED.pending_wake;
     DROP INDEX wake_jobs_endpoint;
     """,
+    # 3: SQLite's 13: no index of wake_endpoints by last_sent_at (each claim moved its entry; without
+    # it the claim's update of the row can be a heap-only tuple update); the purge scans the table.
+    """
+    DROP INDEX wake_endpoints_sent;
+    """,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)
 # The SQLite schema version whose tables migration SCHEMA_VERSION matches (migrate-to-postgres
 # copies only from a database at that version).
-SQLITE_SCHEMA_VERSION = 12
+SQLITE_SCHEMA_VERSION = 13
 
 # Serialises migrations between nodes starting at once (pg_advisory_xact_lock key).
 MIGRATION_LOCK = 0x6170706C69616E63

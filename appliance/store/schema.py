@@ -417,6 +417,14 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE INDEX wake_endpoints_sent ON wake_endpoints(last_sent_at);
     DROP INDEX wake_jobs_endpoint;
     """,
+    # 13: no index of wake_endpoints by last_sent_at. Every claim moved its endpoint's entry (from
+    # wherever its last send, or NULL, sorted it to the right edge): a random page per wake or so,
+    # written to the WAL and checkpointed, about a tenth of the CPU per wake of the writer and the
+    # checkpoints at peak. The purge (once a minute) finds stale rows by scanning the table
+    # instead: about 8 ms per 100,000 endpoints.
+    """
+    DROP INDEX wake_endpoints_sent;
+    """,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

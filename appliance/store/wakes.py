@@ -199,8 +199,9 @@ SQL_PURGE_JOBS = "DELETE FROM wake_jobs WHERE finished_at IS NOT NULL AND finish
 SQL_PURGE_LOG = "DELETE FROM delivery_log WHERE at < ?"
 SQL_PURGE_ENDPOINTS = "DELETE FROM wake_endpoints WHERE last_sent_at < ?"
 # Rows that only named a pending wake, once it is gone (never sent to: no rate state to keep).
+# This and SQL_PURGE_ENDPOINTS scan wake_endpoints (no index by last_sent_at: schema 13 says why).
 SQL_PURGE_HINTS = (
-    "DELETE FROM wake_endpoints INDEXED BY wake_endpoints_sent WHERE last_sent_at IS NULL "
+    "DELETE FROM wake_endpoints WHERE last_sent_at IS NULL "
     "AND NOT EXISTS (SELECT 1 FROM wake_jobs WHERE id = pending_wake AND state = 'pending')"
 )
 SQL_PURGE_ALERTS = "DELETE FROM push_alerts WHERE cleared_at IS NOT NULL AND cleared_at < ?"

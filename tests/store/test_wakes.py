@@ -138,7 +138,6 @@ def _plan(conn, sql, args):
     ("SQL_NEXT_DUE", (), "USING INDEX wake_jobs_due"),
     ("SQL_ENDPOINT", (1, "ios", "apns", "h"), "USING PRIMARY KEY"),
     ("SQL_IS_PENDING", ("j",), "USING PRIMARY KEY"),
-    ("SQL_PURGE_HINTS", (), "USING INDEX wake_endpoints_sent"),
     ("SQL_CANCEL_LEASE", (0.0, "", 1, "p", "d"), "USING INDEX wake_jobs_lease"),
 ])
 def test_hot_statements_use_their_index(conn, name, args, uses):
