@@ -219,8 +219,18 @@ class Admin:
         """Run an edit (a `commands` function) through the writer, then apply it at once (as the
         reload loop would within a second): origins, groups, descriptors and keys reach open
         connections and NIP-11 before the response is sent."""
+        from appliance.relay.nodes import announce_edit
+
         ctx: dict = {}
-        result = await self.app.store.write(lambda conn: op(conn, ctx))
+        bus = getattr(self.app, "bus", None)
+
+        def run(conn):
+            ctx.clear()  # a write run again (node locks taken in order) starts from nothing
+            result = op(conn, ctx)
+            announce_edit(bus, conn, ctx)  # group edits reach the other nodes' subscribers
+            return result
+
+        result = await self.app.store.write(run)
         for apply in ctx.get("after_commit", ()):
             apply()
         if reload:

@@ -105,6 +105,10 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         groups = Groups(state, RelayKeys(KeyFile.for_store(settings.data_path, store)),
                         h_grammar=lambda _o: origin.push.get("h_grammar", "uuid-v4-lowercase"))
         cmd = args.groups_command
+        from appliance.app import make_bus
+        from appliance.relay.nodes import announce_edit
+
+        bus = make_bus(store)  # several nodes: their live subscribers get the new snapshots
 
         def op(conn):
             ctx: dict = {}
@@ -115,6 +119,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
                 h = args.h
                 role = None if cmd == "remove" else ("admin" if args.admin else "")
                 set_member(conn, groups, origin.id, h, args.pubkey, role, ctx)
+            announce_edit(bus, conn, ctx)
             return read_group(conn, origin.id, h)
 
         print(json.dumps(group_json(store.write_sync(op))))

@@ -16,7 +16,10 @@ Payloads (compact JSON, one notification each, always under the 8000-byte NOTIFY
     {"n": node, "o": origin, "i": "<event id>"}   an event that does not: read back from the database
     {"n": node, "o": origin, "g": "<h>"}          group h of origin changed: reload it
 
-What is not carried here: origins, keys, blocklists and CLI/dashboard group edits bump the
+A group edited from the CLI or the dashboard (no event of its own) is announced the same way, by
+`announce_edit` inside the edit's transaction: the group message, then its new snapshots.
+
+What is not carried here: origins, keys, blocklists (and, again, group edits) bump the
 configuration generation row, which every node polls (Appliance.reload_loop); and after its
 listening connection broke, a node reloads its groups and re-reads the generation at once (what
 was announced meanwhile is lost to live subscribers, as it would be across a restart: stored
@@ -50,7 +53,7 @@ class NodeFanout:
         self.groups = groups
         self.catch_up = catch_up  # reloads what notifications would have told (see the docstring)
         self.node_id = bus.node_id
-        self._prefix = '{"n":' + orjson.dumps(self.node_id).decode() + ',"o":'
+        self._prefix = _node_prefix(self.node_id)
         self._sends: set[asyncio.Task] = set()
         self._stale = False  # a group message could not be applied: reload every group
         self.stats = {"announced": 0, "heard": 0, "replayed": 0, "read_back": 0}
@@ -58,16 +61,12 @@ class NodeFanout:
     # -- announcing (inside the writer transaction) ------------------------------------------------
 
     def _event_payload(self, origin: int, ev: Event, raw: str) -> str:
-        payload = f'{self._prefix}{origin},"e":{raw}}}'
-        if fits(payload):
-            return payload
-        return f'{self._prefix}{origin},"i":"{ev.id}"}}'
+        return _event_payload(self._prefix, origin, ev, raw)
 
     def stored(self, conn, origin: int, ev: Event, ctx: dict) -> None:
         """The store's "event stored" hook: announce at commit what the local broadcast sends."""
         bus = self.bus
-        for changed_origin, h in ctx.get("groups_changed", ()):
-            bus.announce(conn, f'{self._prefix}{changed_origin},"g":{orjson.dumps(h).decode()}}}')
+        _announce_groups(bus, self._prefix, conn, ctx)
         bus.announce(conn, self._event_payload(origin, ev, ev.to_json()))
         for extra in ctx.get("broadcast", ()):
             bus.announce(conn, self._event_payload(origin, extra, extra.to_json()))
@@ -153,3 +152,36 @@ class NodeFanout:
         if self._sends:
             await asyncio.gather(*self._sends, return_exceptions=True)
         await self.bus.aclose()
+
+
+def _node_prefix(node_id: str) -> str:
+    return '{"n":' + orjson.dumps(node_id).decode() + ',"o":'
+
+
+def _event_payload(prefix: str, origin: int, ev: Event, raw: str) -> str:
+    payload = f'{prefix}{origin},"e":{raw}}}'
+    if fits(payload):
+        return payload
+    return f'{prefix}{origin},"i":"{ev.id}"}}'
+
+
+def _announce_groups(bus, prefix: str, conn, ctx: dict) -> None:
+    for changed_origin, h in ctx.get("groups_changed", ()):
+        bus.announce(conn, f'{prefix}{changed_origin},"g":{orjson.dumps(h).decode()}}}')
+
+
+def announce_edit(bus, conn, ctx: dict) -> None:
+    """A group edited from the CLI or the dashboard (`appliance.commands.groups`), inside its write
+    transaction: announce at its commit, as `NodeFanout.stored` does for a moderation event, the
+    group change and then the relay-signed snapshots the edit wrote. Every node but the one whose
+    bus this is reloads the group, then sends the snapshots to its live subscribers through its
+    broadcast (the dashboard's own node broadcasts them itself; a CLI's bus is nobody's node, so
+    every node does). Nothing to do on one node (LocalBus) or for an edit that changed no group."""
+    changed = ctx.get("groups_changed", ())
+    if not getattr(bus, "multi_node", False) or not changed:
+        return
+    prefix = _node_prefix(bus.node_id)
+    _announce_groups(bus, prefix, conn, ctx)
+    origin = changed[-1][0]  # an edit is about one group of one origin
+    for extra in ctx.get("broadcast", ()):
+        bus.announce(conn, _event_payload(prefix, origin, extra, extra.to_json()))

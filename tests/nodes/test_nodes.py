@@ -169,3 +169,35 @@ def test_a_node_without_the_key_file_refuses_to_start(nodes, tmp_path):
         finally:
             srv.stop()
         assert "key file" in str(info.value), str(info.value)[-2000:]
+
+
+async def test_group_snapshots_of_a_cli_edit_reach_live_subscribers_on_every_node(nodes):
+    """A group created and edited from the CLI (no relay EVENT): its relay-signed snapshots are
+    announced in the edit's transaction, and every node sends them to its live subscribers."""
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    n = nodes()
+    a, b = n.add("a"), n.add("b")
+    watcher, carol = Identity(), Identity()
+    subs = [await authed(srv.url, watcher) for srv in (a, b)]
+    h = str(uuid.uuid4())
+    env = {"APPLIANCE_STORAGE": n.url, "PATH": "/usr/bin:/bin"}
+    try:
+        for c in subs:
+            await c.send(["REQ", "snap", {"kinds": [39000, 39002], "#d": [h]}])
+            await c.expect(lambda m: m[0] == "EOSE" and m[1] == "snap")
+        for args in (["create", PUBLIC, "--id", h, "--name", "from the cli"], ["add", PUBLIC, h, carol.pubkey]):
+            out = subprocess.run([sys.executable, "-m", "appliance", "groups", *args, "--data-dir", str(a.data_dir)],
+                                 capture_output=True, text=True, env=env, cwd=ROOT)
+            assert out.returncode == 0, out.stderr
+        for c in subs:
+            meta = await c.expect(lambda m: m[0] == "EVENT" and m[1] == "snap" and m[2]["kind"] == 39000)
+            assert ["name", "from the cli"] in meta[2]["tags"]
+            await c.expect(lambda m: m[0] == "EVENT" and m[1] == "snap" and m[2]["kind"] == 39002
+                           and ["p", carol.pubkey] in m[2]["tags"])
+    finally:
+        for c in subs:
+            await c.close()
