@@ -7,7 +7,6 @@ import logging
 import re
 import secrets
 import time
-from itertools import islice
 
 import orjson
 from starlette.websockets import WebSocket, WebSocketDisconnect
@@ -67,9 +66,9 @@ DEFAULT_READ_SECONDS_PER_TOKEN = 0.005
 # Queued messages written together (one system call): a REQ's stored events, a burst of OKs.
 SEND_BATCH = 256
 # Several nodes: an event another node committed can be in a REQ's stored answer before its
-# notification reaches this node; the newest this many ids of each answer are not sent again when
-# it does, for this many seconds (far longer than a notification takes).
-REMOTE_SKIP_ROWS = 64
+# notification reaches this node; no id of the answer, however large, is sent again to that
+# subscription when it does, for this many seconds (far longer than a notification takes). The ids
+# are held that long, then dropped: at most the ids of the answers sent in the last few seconds.
 REMOTE_SKIP_SECONDS = 5.0
 
 
@@ -741,10 +740,13 @@ class Session:
                 if event_id not in answered:
                     self.send_event(sub_id, raw)
             if answered:
-                skip = {eid for eid in list(unbroadcast) if eid in answered}
                 if remote:
-                    skip.update(eid for eid, _raw in islice(rows, REMOTE_SKIP_ROWS))
+                    # Every id of the answer (those not broadcast yet among them), for a while.
+                    skip = answered
                     sub.skip_until = time.monotonic() + REMOTE_SKIP_SECONDS
+                    asyncio.get_running_loop().call_later(REMOTE_SKIP_SECONDS, _lapse_skip, sub, skip)
+                else:
+                    skip = {eid for eid in list(unbroadcast) if eid in answered}
                 sub.skip = skip or None
 
     def end_subscription(self, sub_id: str) -> None:
@@ -821,3 +823,10 @@ def _answer_renderer(sub_id: str, raw_frames: bool):
         def render(rows: list) -> tuple:
             return [prefix_text + raw + "]" for _eid, raw in rows] + [eose_text], rows
     return render
+
+
+def _lapse_skip(sub: Subscription, skip: set[str]) -> None:
+    """The answer's ids of a subscription on several nodes are not held past REMOTE_SKIP_SECONDS
+    (the set is dropped whether or not a live event came to check `skip_until`)."""
+    if sub.skip is skip:
+        sub.skip = None

@@ -24,7 +24,7 @@ class Subscription:
     # Ids the stored answer carried that were committed but not broadcast yet when it was sent
     # (Relay.unbroadcast): their broadcast is not sent again. None when there are none.
     skip: set[str] | None = None
-    # Several nodes: when `skip` (then also holding the answer's newest ids) lapses (monotonic).
+    # Several nodes: when `skip` (then holding every id of the answer) lapses (monotonic).
     skip_until: float = 0.0
 
 

@@ -201,3 +201,65 @@ async def test_group_snapshots_of_a_cli_edit_reach_live_subscribers_on_every_nod
     finally:
         for c in subs:
             await c.close()
+
+
+async def test_a_large_answer_is_not_sent_again_when_the_notifications_of_its_events_arrive(nodes):
+    """S4: an answer of any size. Node A's one reader thread is held (a read of the leases table,
+    locked by a side connection) while node B stores more events than any fixed window, each too
+    large for its notification (A reads it back, behind the REQ): the REQ answers with all of them,
+    their notifications come after, and none is sent to the subscription a second time."""
+    import httpx
+
+    token = "s4-metrics"
+    n = nodes(f'public_url = "{PUBLIC}"\nreader_threads = 1\nmetrics_token = "{token}"\n')
+    a, b = n.add("a"), n.add("b")
+    alice, watcher = Identity(), Identity()
+    pub = await authed(b.url, alice)
+    sub = await authed(a.url, watcher)
+    side = psycopg.connect(n.url, autocommit=True)
+    held = None
+    try:
+        side.execute("BEGIN")
+        side.execute("LOCK TABLE leases IN ACCESS EXCLUSIVE MODE")
+
+        async def metrics():
+            async with httpx.AsyncClient(timeout=60) as client:
+                return await client.get(f"{a.http}/admin/metrics", headers={"Authorization": f"Bearer {token}"})
+
+        held = asyncio.create_task(metrics())  # A's reader thread waits on the lock
+        deadline = time.monotonic() + 20
+        while not n.rows("SELECT count(*) FROM pg_locks WHERE relation = 'leases'::regclass AND NOT granted")[0][0]:
+            assert time.monotonic() < deadline, "the metrics read never reached the leases table"
+            await asyncio.sleep(0.02)
+        await sub.send(["REQ", "big", {"kinds": [1], "authors": [alice.pubkey], "limit": 500}])
+        published = []
+        for i in range(80):  # more than the 64 ids the window used to keep
+            ev = alice.sign(1, [], f"{i} " + "x" * 8200)  # over NOTIFY's 8000 bytes: read back on A
+            ok, msg = await pub.publish(ev)
+            assert ok, msg
+            published.append(ev.id)
+        side.execute("COMMIT")  # A reads again: the REQ, then the read-backs of the notifications
+        assert (await held).status_code == 200
+        answer, closed = [], None
+        while True:
+            msg = await sub.expect(lambda m: m[0] in ("EVENT", "EOSE") and m[1] == "big")
+            if msg[0] == "EOSE":
+                break
+            answer.append(msg[2]["id"])
+        assert sorted(answer) == sorted(published)
+        # A marker on a second subscription: A replays notifications in commit order, so once it
+        # arrives every notification of the 80 events has been handled.
+        await sub.send(["REQ", "marker", {"kinds": [7], "authors": [alice.pubkey]}])
+        await sub.expect(lambda m: m[0] == "EOSE" and m[1] == "marker")
+        marker = alice.sign(7, [], "+")
+        ok, msg = await pub.publish(marker)
+        assert ok, msg
+        await sub.expect(lambda m: m[0] == "EVENT" and m[1] == "marker" and m[2]["id"] == marker.id)
+        again = [m[2]["id"] for m in sub.backlog if m[0] == "EVENT" and m[1] == "big"]
+        assert again == []
+    finally:
+        side.close()
+        if held is not None and not held.done():
+            held.cancel()
+        await pub.close()
+        await sub.close()
