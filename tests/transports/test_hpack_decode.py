@@ -37,6 +37,24 @@ def test_huffman_strings(text):
     assert huffman_decode(_huffman.encode(text)) == text
 
 
+def test_random_bytes_decode_as_hpack_decodes_them_or_fail_as_it_does():
+    """Every short byte string: the same text as `hpack`, or refused where `hpack` refuses it."""
+    from hpack.huffman_table import decode_huffman
+
+    rng = random.Random(3)
+    for _trial in range(20_000):
+        data = rng.randbytes(rng.randrange(0, 12))
+        try:
+            want = decode_huffman(data)
+        except hpack.HPACKDecodingError:
+            want = None
+        try:
+            got = huffman_decode(data)
+        except DecodeError:
+            got = None
+        assert got == want, data
+
+
 @pytest.mark.parametrize("bad,why", [
     (b"\x00", "padding"),  # eight zero bits: not a prefix of EOS
     (b"\xff\xff\xff\xff", "EOS"),  # the EOS symbol inside a string
