@@ -316,17 +316,21 @@ class Relay:
         return self.store.read_then(read, done, timeout=s.query_timeout, owner=owner,
                                     inline=wanted <= INLINE_MAX_EVENTS)
 
-    async def count(self, origin: Origin, reader: str | None, filters: list[Filter], owner: object = None,
-                    cost: Callable[[float], None] | None = None) -> int:
-        """NIP-45: how many stored events match; `cost` as for `start_query`."""
+    def start_count(self, origin: Origin, reader: str | None, filters: list[Filter], *, owner: object,
+                    done: Callable[[object, BaseException | None], None],
+                    cost: Callable[[float], None] | None = None):
+        """NIP-45 COUNT as `start_query` answers a REQ, with no task and no future: how many stored
+        events match `filters` that `reader` may read goes to `done(n, exc)` on the loop. Returns
+        a handle whose `cancel()` means the answer is not wanted; `cost` as for `start_query`."""
         scope = read_scope(origin, reader, self.groups)
         now = int(time.time())
+        origin_id = origin.id
 
         def read(conn):
-            return count_events(conn, origin.id, filters, scope, now)
+            return count_events(conn, origin_id, filters, scope, now)
 
-        return await self.store.read(read if cost is None else _costed(read, cost),
-                                     timeout=self.settings.query_timeout, owner=owner, inline=True)
+        return self.store.read_then(read if cost is None else _costed(read, cost), done,
+                                    timeout=self.settings.query_timeout, owner=owner, inline=True)
 
 
 def _costed(fn: Callable, cost: Callable[[float], None]) -> Callable:

@@ -102,7 +102,7 @@ class Session:
         # `cancel()`): a CLOSE or a replacing REQ cancels it, and only the subscription it belongs
         # to may send its answer.
         self.queries: dict[str, object] = {}
-        self.counts: set[asyncio.Task] = set()
+        self.counts: set = set()  # COUNT queries waiting for their answer (handles with `cancel()`)
         self.refusals = 0
         self.refusals_since = time.monotonic()
         self.held_bytes = 0  # live events held behind pending stored answers (see live_event)
@@ -658,29 +658,31 @@ class Session:
 
     def on_count(self, msg: list, admitted: bool = False) -> None:
         args = self._req_arguments(msg, "COUNT", admitted)
-        if args is not None and args[1] is not None:
-            task = self.spawn(self._answer_count(*args))
-            self.counts.add(task)
-            task.add_done_callback(self._count_done)
+        if args is None or args[1] is None:
+            return
+        sub_id, filters = args
 
-    def _count_done(self, task: asyncio.Task) -> None:
-        self.counts.discard(task)
-        if len(self.counts) < DEFAULT_MAX_PENDING_COUNTS:
+        def done(n, exc):  # on the loop, always after start_count has returned
+            self._answer_count(handle, sub_id, n, exc)
+
+        # No task or future: the store calls back (see Relay.start_count).
+        handle = self.relay.start_count(self.origin, self.reader, filters, owner=self, cost=self.read_cost,
+                                        done=done)
+        self.counts.add(handle)
+
+    def _answer_count(self, handle, sub_id: str, n, exc: BaseException | None) -> None:
+        """On the loop, once a COUNT is counted: its answer, and room for the next COUNT."""
+        counts = self.counts
+        counts.discard(handle)
+        if len(counts) < DEFAULT_MAX_PENDING_COUNTS:
             self.drained.set()
-
-    async def _answer_count(self, sub_id: str, filters: list[Filter]) -> None:
-        try:
-            n = await self.relay.count(self.origin, self.reader, filters, owner=self, cost=self.read_cost)
-        except asyncio.CancelledError:
-            return  # the connection is gone
-        except QueryTimeout:
+        if exc is None:
+            self.send(_dumps(["COUNT", sub_id, {"count": n}]))
+        elif isinstance(exc, QueryTimeout):
             self.closed_msg(sub_id, QUERY_TIMEOUT_MESSAGE)
-            return
-        except Exception:
-            log.exception("count failed")
+        else:
+            log.error("count failed", exc_info=exc)
             self.closed_msg(sub_id, "error: count failed")
-            return
-        self.send(_dumps(["COUNT", sub_id, {"count": n}]))
 
     def on_req(self, msg: list, admitted: bool = False) -> None:
         """Open (or replace) a subscription at once, in message order; its stored events follow.
