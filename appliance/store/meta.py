@@ -83,7 +83,8 @@ class HeldLocks:
     """The node locks a PostgreSQL write transaction holds, in the order taken, with its savepoints
     (rolling back to a savepoint releases the advisory locks taken since, as PostgreSQL does).
     With `ordered` set (the writer's connection), a key below the highest held raises `LockOrder`
-    instead of being waited for; otherwise it is taken as asked (one-off transactions of a tool)."""
+    instead of being waited for; otherwise every key is taken as asked and nothing is followed
+    (one-off transactions of a tool, autocommit statements)."""
 
     __slots__ = ("keys", "taken", "top", "savepoints", "ordered")
 
@@ -96,10 +97,14 @@ class HeldLocks:
 
     def take(self, conn, keys: list[int]) -> None:
         """Lock the ascending `keys` this transaction does not hold yet."""
+        if not self.ordered:  # not the writer's: lock them all, as asked (no transaction to follow)
+            for key in keys:
+                conn.execute(SQL_NODE_LOCK, (key,))
+            return
         new = [k for k in keys if k not in self.keys]
         if not new:
             return
-        if self.ordered and self.top and new[0] < self.top[-1]:
+        if self.top and new[0] < self.top[-1]:
             raise LockOrder(frozenset(self.keys).union(new))
         for key in new:
             conn.execute(SQL_NODE_LOCK, (key,))

@@ -357,8 +357,12 @@ def _endpoint(conn: apsw.Connection, key: tuple) -> tuple[float | None, str | No
 
 def _note_pending(conn: apsw.Connection, rows: list[tuple]) -> None:
     """These jobs (origin, app_profile, transport, endpoint_hash, id) are pending again (a retry, a
-    released claim, orphans of a cancelled wake): later matches for their endpoints join them."""
+    released claim, orphans of a cancelled wake): later matches for their endpoints join them.
+    A decision about their endpoints like any other: under their node locks (several nodes), so a
+    match on another node either joins the wake or comes before it, and every write of an
+    endpoint's row is made holding its lock (no wait on a row between two lock holders)."""
     if rows:
+        lock_endpoints(conn, [tuple(r[:4]) for r in rows])
         conn.executemany(SQL_NOTE_PENDING, rows)
 
 

@@ -158,3 +158,47 @@ def test_a_write_asking_for_a_lock_below_one_it_holds_runs_again_with_its_locks_
         assert results[1] == sorted(lock_key(n) for n in names[0::2])  # taken first, in order
         assert runs[-1] == results[1] and store.lock_reorders >= 1
         assert store.write_sync(savepoint) == (True, True)
+
+
+def test_a_wake_pending_again_is_noted_under_its_endpoint_lock(tmp_path, pg_cluster):
+    """A retry (and a released claim, the orphans of a cancelled wake) names its endpoint's pending
+    wake holding the endpoint's node lock, like a match: it waits for another node's transaction
+    that holds it (deciding about the same device) instead of writing beside it."""
+    pytest.importorskip("appliance.store.postgres")
+    import asyncio
+    import time
+
+    from appliance.store import wakes
+    from appliance.store.postgres import PostgresStore
+
+    url = pg_cluster.new_database()
+    key = (1, "ios", "apns", "h1")
+    with PostgresStore(url, tmp_path / "data") as store:
+        def add(conn):
+            wakes.insert_job(conn, job_id="j1", origin=1, app_profile="ios", transport="apns", endpoint_hash="h1",
+                             event_id="e1", lease_pubkey="a" * 64, lease_d="dd", generation=1, cls="default",
+                             now=1_800_000_000.0, useful_age=3600, min_interval=0, claim_for=60)
+
+        store.write_sync(add)
+        side = psycopg.connect(url, autocommit=True)
+        try:
+            side.execute("BEGIN")
+            side.execute("SELECT pg_advisory_xact_lock(%s)", (lock_key(endpoint_lock_name(key)),))
+
+            async def retry():
+                write = store.write(lambda conn: wakes.reschedule(conn, "j1", 1_800_000_010.0, "503"))
+                deadline = time.monotonic() + 20
+                while not side.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' "
+                                       "AND NOT granted").fetchone()[0]:
+                    assert time.monotonic() < deadline, "the retry did not wait for the endpoint's lock"
+                    await asyncio.sleep(0.02)
+                assert not write.done()
+                side.execute("COMMIT")
+                await write
+
+            asyncio.run(retry())
+        finally:
+            side.close()
+        rows = store.read_sync(lambda conn: conn.execute(
+            "SELECT state, pending_wake FROM wake_jobs, wake_endpoints WHERE id = 'j1'").fetchall())
+        assert rows == [("pending", "j1")]
