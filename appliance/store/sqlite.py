@@ -69,7 +69,10 @@ INLINE_COOLDOWN = 10.0
 # box (load 9-11): read system calls per 50-event REQ 42 -> 3, the relay's CPU per REQ 0.69 ->
 # 0.57 ms (#p) and 0.63 -> 0.37 ms (authors). Only this connection maps the file: the mapped
 # pages count in the process's RSS once per mapping (they are the OS page cache's, shared and
-# reclaimable), and the reader threads are many.
+# reclaimable), and the reader threads are many. The file never shrinks while the relay runs (no
+# VACUUM, no auto_vacuum; a restore refuses a served data directory), so the mapping never reaches
+# past its end; a disk that fails a read there ends the process (SIGBUS) instead of failing one
+# query, and its supervisor starts it again.
 INLINE_CACHE_KIB = 32 * 1024
 INLINE_MMAP_BYTES = 2 * 1024 * 1024 * 1024
 

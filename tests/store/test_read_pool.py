@@ -266,3 +266,5 @@ async def test_the_loops_connection_maps_the_file_and_reads_every_commit(store):
         assert tuple(await store.read(totals, owner=owner, inline=True)) == expected
     assert store._pool.inline_reads == 6
     assert store._inline_conn.execute("PRAGMA mmap_size").fetchone()[0] == INLINE_MMAP_BYTES
+    # The mapped file never shrinks under the mapping (see INLINE_MMAP_BYTES): no auto_vacuum.
+    assert store._inline_conn.execute("PRAGMA auto_vacuum").fetchone()[0] == 0
