@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from appliance.store.sqlite import INLINE_MMAP_BYTES, QueryTimeout, ReadPool, SqliteStore, connect
+from appliance.store.sqlite import INLINE_MMAP_BYTES, WRITER_MMAP_BYTES, QueryTimeout, ReadPool, SqliteStore, connect
 
 pytestmark = [pytest.mark.anyio, pytest.mark.sqlite_only(
     "time slices and inline reads; a PostgreSQL read runs whole, bounded by statement_timeout")]
@@ -268,3 +268,5 @@ async def test_the_loops_connection_maps_the_file_and_reads_every_commit(store):
     assert store._inline_conn.execute("PRAGMA mmap_size").fetchone()[0] == INLINE_MMAP_BYTES
     # The mapped file never shrinks under the mapping (see INLINE_MMAP_BYTES): no auto_vacuum.
     assert store._inline_conn.execute("PRAGMA auto_vacuum").fetchone()[0] == 0
+    # The writer maps it too (the rows a write reads first are mostly not in its page cache).
+    assert await store.write(lambda conn: conn.execute("PRAGMA mmap_size").fetchone()[0]) == WRITER_MMAP_BYTES
