@@ -219,7 +219,11 @@ class Push:
         now = time.time()
         created = False
         fresh: list = []
-        for m in self.matcher.match(conn, origin, op.descriptor, op.push_kinds, ev, int(now)):
+        matches = self.matcher.match(conn, origin, op.descriptor, op.push_kinds, ev, int(now))
+        # Several nodes: the event's endpoints locked at once, in the one global order (then each
+        # insert_job finds its lock held), rather than in the order the matches came.
+        wakes.lock_endpoints(conn, [(origin, m.app_profile, m.transport, m.endpoint_hash) for m in matches])
+        for m in matches:
             job_id = wakes.new_job_id()
             # A wake due at once goes straight to a worker after the commit (already claimed, so a
             # crash before it is sent leaves a claim that lapses and is retried).
