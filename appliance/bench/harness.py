@@ -155,7 +155,7 @@ def cpu_seconds(pid: int) -> float:
 
 def rss_mb(pid: int) -> float:
     """The process's resident memory (VmRSS) less the pages of the SQLite database it maps (the
-    OS page cache's, shared and reclaimable: see appliance.store.sqlite.INLINE_MMAP_BYTES), in MB."""
+    OS page cache's, shared and reclaimable: see appliance.store.sqlite.WRITER_MMAP_BYTES), in MB."""
     try:
         with open(f"/proc/{pid}/status") as fh:
             rss = next((int(line.split()[1]) for line in fh if line.startswith("VmRSS:")), None)

@@ -60,29 +60,26 @@ INLINE_CHECK_STEPS = 1_000
 INLINE_COOLDOWN = 10.0
 # The page cache of the loop's own connection, which answers most REQs: larger than a reader
 # thread's (there is one of it), so a small relay's index and recent events stay in it between
-# queries instead of being read again from the OS page cache, a system call per page. Only while
-# nothing is written, though: in WAL mode a connection empties its whole page cache when its next
-# read finds that another connection has committed, and on a relay taking events that is nearly
-# every REQ. So this connection also maps the database file (up to INLINE_MMAP_BYTES of it): the
-# pages it reads again come from the OS page cache with no system call and no copy (pages newer
-# in the WAL are still read from the WAL). Measured right after 3,000-event bursts on the 2-core
-# box (load 9-11): read system calls per 50-event REQ 42 -> 3, the relay's CPU per REQ 0.69 ->
-# 0.57 ms (#p) and 0.63 -> 0.37 ms (authors). The reader threads do not map the file: the mapped
-# pages count in the process's RSS once per mapping (they are the OS page cache's, shared and
-# reclaimable), and the reader threads are many (the writer maps it as well: WRITER_MMAP_BYTES).
-# The file never shrinks while the relay runs (no VACUUM, no auto_vacuum; a restore refuses a
-# served data directory), so neither mapping ever reaches past its end; a disk that fails a read
-# there ends the process (SIGBUS) instead of failing one query, and its supervisor starts it again.
+# queries instead of being read again from the OS page cache, a system call per page. This
+# connection does not map the file (mmap): measured per query on the 2-core box (a 50-event #p
+# REQ over 20,000 events, in-process CPU time, 300 rounds alternating), a mapping cost more than
+# the read system calls it saves: 292 against 188 us right after another connection's commit
+# (SQLite drops a reader's whole mapping when it sees a commit, and every page is faulted in
+# again) and 190 against 160 us with nothing written meanwhile (a mapped page costs more per
+# access than a hit in this cache). Nor do the reader threads, which are many.
 INLINE_CACHE_KIB = 32 * 1024
-INLINE_MMAP_BYTES = 2 * 1024 * 1024 * 1024
-# The writer maps the file too (its page cache is never emptied by another connection's commit,
+# The writer maps the file (its page cache is never emptied by another connection's commit,
 # but the rows a write reads first - the lease and the event a wake is re-checked against, the
 # index pages a batch of events lands in - are mostly not in it yet): a page it reads is a page
 # fault on the OS page cache instead of a read system call and a copy. Measured on the peak wake
 # claim/outcome path (20,000 due wakes, 2-core box, load 4-5): the writer's CPU per wake, with
 # its checkpoints, 88 -> 74-79 us. Pages the writer changes are copied into its page cache and
-# written through the WAL as before.
-WRITER_MMAP_BYTES = INLINE_MMAP_BYTES
+# written through the WAL as before. The mapped pages count in the process's RSS (they are the
+# OS page cache's, shared and reclaimable). The file never shrinks while the relay runs (no
+# VACUUM, no auto_vacuum; a restore refuses a served data directory), so the mapping never
+# reaches past its end; a disk that fails a read there ends the process (SIGBUS) instead of
+# failing one write, and its supervisor starts it again.
+WRITER_MMAP_BYTES = 2 * 1024 * 1024 * 1024
 
 
 class QueryTimeout(StoreError):
@@ -789,7 +786,6 @@ class SqliteStore(WriterFront):
             conn = self._inline_conn = connect(self.path, sync_mode=self.sync_mode, readonly=True, reader=True)
             conn.set_busy_timeout(0)
             conn.execute(f"PRAGMA cache_size = -{INLINE_CACHE_KIB}")
-            conn.execute(f"PRAGMA mmap_size = {INLINE_MMAP_BYTES}")
             with self._lock:
                 self._reader_conns.append(conn)
         steps = 0

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from appliance.store.sqlite import INLINE_MMAP_BYTES, WRITER_MMAP_BYTES, QueryTimeout, ReadPool, SqliteStore, connect
+from appliance.store.sqlite import WRITER_MMAP_BYTES, QueryTimeout, ReadPool, SqliteStore, connect
 
 pytestmark = [pytest.mark.anyio, pytest.mark.sqlite_only(
     "time slices and inline reads; a PostgreSQL read runs whole, bounded by statement_timeout")]
@@ -242,10 +242,9 @@ async def test_an_inline_read_keeps_a_smaller_time_budget(store):
     assert store._pool.inline_abandoned == 1
 
 
-async def test_the_loops_connection_maps_the_file_and_reads_every_commit(store):
-    """The loop's connection reads the database file through a memory mapping (its page cache is
-    emptied at every commit elsewhere): each inline read sees every commit before it, whether its
-    pages are still in the WAL or checkpointed into the mapped file."""
+async def test_the_loops_reads_see_every_commit_and_the_writer_maps_the_file(store):
+    """Each inline read sees every commit before it, whether its pages are still in the WAL or
+    checkpointed into the database file (which the writer maps, the loop's connection not)."""
     owner = Owner()
     await store.write(lambda conn: conn.execute("CREATE TABLE scratch (x INTEGER PRIMARY KEY, pad TEXT)"))
 
@@ -265,8 +264,8 @@ async def test_the_loops_connection_maps_the_file_and_reads_every_commit(store):
                 other.close()
         assert tuple(await store.read(totals, owner=owner, inline=True)) == expected
     assert store._pool.inline_reads == 6
-    assert store._inline_conn.execute("PRAGMA mmap_size").fetchone()[0] == INLINE_MMAP_BYTES
-    # The mapped file never shrinks under the mapping (see INLINE_MMAP_BYTES): no auto_vacuum.
+    assert store._inline_conn.execute("PRAGMA mmap_size").fetchone()[0] == 0  # see INLINE_CACHE_KIB
+    # The mapped file never shrinks under the writer's mapping (see WRITER_MMAP_BYTES): no auto_vacuum.
     assert store._inline_conn.execute("PRAGMA auto_vacuum").fetchone()[0] == 0
     # The writer maps it too (the rows a write reads first are mostly not in its page cache).
     assert await store.write(lambda conn: conn.execute("PRAGMA mmap_size").fetchone()[0]) == WRITER_MMAP_BYTES
