@@ -233,8 +233,11 @@ class _Connection(asyncio.Protocol):
         self.capacity = asyncio.Event()  # set while a stream can be opened
         self.capacity.set()
         self.window = asyncio.Event()  # set when the peer widened a flow-control window
-        self.ready = asyncio.get_running_loop().create_future()
-        self.lost = asyncio.get_running_loop().create_future()
+        # The loop this connection lives on, kept: on Python 3.11 every asyncio.get_running_loop()
+        # is a getpid() system call, and a request asked for it two or three times.
+        self.loop = asyncio.get_running_loop()
+        self.ready = self.loop.create_future()
+        self.lost = self.loop.create_future()
         # The peer's settings as they concern us, and our send window for the connection.
         self.send_window = 65535
         self.initial_window = 65535
@@ -499,7 +502,7 @@ class _Connection(asyncio.Protocol):
         self._out += data
         if not self._flush_scheduled:
             self._flush_scheduled = True
-            asyncio.get_running_loop().call_soon(self._flush)
+            self.loop.call_soon(self._flush)
 
     def _flush(self) -> None:
         self._flush_scheduled = False
@@ -582,7 +585,7 @@ class _Connection(asyncio.Protocol):
         self._ping_sent = os.urandom(8)
         self._send(_frame(PING, 0, 0, self._ping_sent))
         self._flush()
-        self._ping_handle = asyncio.get_running_loop().call_later(self.client.ping_timeout, self._silent)
+        self._ping_handle = self.loop.call_later(self.client.ping_timeout, self._silent)
 
     def _silent(self) -> None:
         self._ping_handle = None
@@ -598,7 +601,7 @@ class _Connection(asyncio.Protocol):
         if self._sweep_handle is not None:
             self._sweep_handle.cancel()
         self._sweep_at = deadline
-        self._sweep_handle = asyncio.get_running_loop().call_at(deadline, self._sweep)
+        self._sweep_handle = self.loop.call_at(deadline, self._sweep)
 
     def _sweep(self) -> None:
         """The streams past their deadline fail with TimeoutError (and are reset, as a cancelled
@@ -606,7 +609,7 @@ class _Connection(asyncio.Protocol):
         cost a timer per request; this is one timer per connection (requests of one client share
         their timeout, so it rarely finds anything to do)."""
         self._sweep_at = self._sweep_handle = None
-        now = asyncio.get_running_loop().time()
+        now = self.loop.time()
         late = [sid for sid, stream in self.streams.items() if stream.deadline is not None and stream.deadline <= now]
         for sid in late:
             stream = self.streams.pop(sid)
@@ -644,7 +647,7 @@ class _Connection(asyncio.Protocol):
             self._released()
             raise _NotOpened("stream ids exhausted")
         self.next_stream_id += 2
-        future = asyncio.get_running_loop().create_future()
+        future = self.loop.create_future()
         stream = self.streams[stream_id] = _Stream(future, self.initial_window, deadline)
         if deadline is not None:
             self._watch(deadline)
@@ -745,7 +748,7 @@ class Http2Client:
         conn = self._conn
         if conn is not None and conn.can_start(body):
             # The usual case: nothing to wait for but the answer, timed by the connection's sweep.
-            return await conn.request(all_headers, body, asyncio.get_running_loop().time() + timeout)
+            return await conn.request(all_headers, body, conn.loop.time() + timeout)
         conn = None
         try:
             async with asyncio.timeout(timeout):
