@@ -82,6 +82,8 @@ class _Scripted(asyncio.Protocol):
                 return
             payload, self.buf = self.buf[9:9 + length], self.buf[9 + length:]
             self.seen.append((word & 0xFF, flags, sid, payload))
+            if word & 0xFF == 6 and not flags & 0x1:  # the client's PING (after a timeout): answered
+                self.transport.write(_frame(6, 0x1, 0, payload))
             if word & 0xFF == 1 and flags & 0x1 or word & 0xFF == 0 and flags & 0x1:  # request complete
                 self.script(self, sid)
 
