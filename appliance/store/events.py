@@ -579,13 +579,15 @@ def query_rows(
     live = [f for f in filters if not (_matches_nothing(f) or f.search is not None or f.limit == 0)]
     # (NIP-50 search is not supported: such a filter matches nothing here.)
     share = max_bytes // len(live) if max_bytes is not None and live else None
+    if len(live) == 1:  # one filter: its answer is in order and without duplicates already
+        f = live[0]
+        limit = min(f.limit if f.limit is not None else default_limit, max_limit)
+        return [(eid, raw) for _c, eid, raw in _filter_answer(conn, origin, f, scope, now, limit, share, raw_bytes)]
     found: dict[str, tuple[int, str | bytes]] = {}
     for f in live:
         limit = min(f.limit if f.limit is not None else default_limit, max_limit)
         for created_at, eid, raw in _filter_answer(conn, origin, f, scope, now, limit, share, raw_bytes):
             found[eid] = (created_at, raw)
-    if len(live) == 1:  # one filter: its answer is in order already
-        return [(eid, raw) for eid, (_c, raw) in found.items()]
     ordered = sorted(found.items(), key=lambda kv: (-kv[1][0], kv[0]))
     return [(eid, raw) for eid, (_c, raw) in ordered]
 
