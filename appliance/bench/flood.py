@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import random
+import secrets
 import shutil
 import sys
 import tempfile
@@ -65,6 +66,8 @@ class Phase:
     attacker_cpu: float = 0.0  # CPU seconds the attacker's process used in all
     answers: dict[str, int] = field(default_factory=dict)
     attacker_closed: str = ""
+    commits: int = 0  # write transactions the relay committed while the bystanders were timed
+    writes: int = 0  # ... and the writes in them (the attacker's accepted EVENTs)
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
@@ -220,8 +223,23 @@ def _flood_process(url: str, kind: str, stop, results, events: list[str]) -> Non
     results.put((phase.sent, phase.answers, phase.attacker_closed, time.process_time()))
 
 
+def _writer_totals(port: int, token: str) -> tuple[int, int]:
+    """(commits, writes) of the relay's writer so far, from its /admin/metrics."""
+    import urllib.request
+
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/admin/metrics", headers={"Authorization": f"Bearer {token}"})
+    with urllib.request.urlopen(req, timeout=30) as r:
+        text = r.read().decode()
+    totals = {}
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        if name in ("appliance_store_commits_total", "appliance_store_writes_total"):
+            totals[name] = int(float(value))
+    return totals.get("appliance_store_commits_total", 0), totals.get("appliance_store_writes_total", 0)
+
+
 def _phase(url: str, kind: str | None, args: argparse.Namespace, recipients: list[str], phase: Phase,
-           events: list[str], relay_pid: int) -> None:
+           events: list[str], relay_pid: int, port: int, token: str) -> None:
     import multiprocessing
 
     from appliance.bench.harness import cpu_seconds
@@ -234,9 +252,12 @@ def _phase(url: str, kind: str | None, args: argparse.Namespace, recipients: lis
         attacker.start()
         time.sleep(args.warmup)  # the flood is under way
     try:
+        commits0, writes0 = _writer_totals(port, token)
         cpu0, t0 = cpu_seconds(relay_pid), time.perf_counter()
         asyncio.run(_bystanders(url, args.seconds, recipients, args.seed, phase, args.bystanders, args.bystander_rate))
         phase.relay_cpu = (cpu_seconds(relay_pid) - cpu0) / (time.perf_counter() - t0)
+        commits1, writes1 = _writer_totals(port, token)
+        phase.commits, phase.writes = commits1 - commits0, writes1 - writes0
     finally:
         if attacker:
             stop.set()
@@ -272,6 +293,8 @@ def run(args: argparse.Namespace) -> int:
         for limits, extra in configs[1 if args.limits == "off" else 0:1 if args.limits == "defaults" else 2]:
             port = free_port()
             proc = appliance_process(work / "appliance", port, work / "appliance.log", "normal", [])
+            token = "flood-" + secrets.token_hex(8)
+            proc.env["APPLIANCE_METRICS_TOKEN"] = token  # (in its environment, not its argv)
             if limits == "defaults":  # appliance_process turns the rate limits off for throughput benches
                 for flag in ("--event-rate", "--req-rate"):
                     i = proc.args.index(flag)
@@ -282,7 +305,7 @@ def run(args: argparse.Namespace) -> int:
                 for kind in (None, *(args.floods or FLOODS)):
                     phase = Phase(kind or "quiet", limits)
                     info(f"{limits}: bystander REQs, {'quiet' if kind is None else 'one connection flooding ' + kind}")
-                    _phase(proc.url, kind, args, factory.recipients, phase, flood_events, proc.proc.pid)
+                    _phase(proc.url, kind, args, factory.recipients, phase, flood_events, proc.proc.pid, port, token)
                     phases.append(phase)
             finally:
                 proc.stop()
@@ -305,7 +328,8 @@ def run(args: argparse.Namespace) -> int:
             print("  bystander REQs refused: " + ", ".join(f"{k} {v}" for k, v in sorted(p.refused.items())))
         attacker = "" if p.name == "quiet" else (
             f"{p.sent:,} sent ({p.attacker_cpu:.1f} s CPU); answers " + ", ".join(f"{k} {v:,}" for k, v in sorted(p.answers.items()))
-            + (f"; {p.attacker_closed}" if p.attacker_closed else ""))
+            + (f"; {p.attacker_closed}" if p.attacker_closed else "")
+            + (f"; {p.writes:,} writes in {p.commits:,} commits" if p.writes else ""))
         print(f"{p.limits:<16} {('flood ' + p.name) if p.name != 'quiet' else 'quiet':<22} {len(p.latencies):>6} "
               f"{sum(p.refused.values()):>7} {p50:>8.2f} {p99:>8.2f} {ratio:>10.2f} {'yes' if met else 'NO':>6} {p.relay_cpu:>8.0%}  {attacker}")
     print(f"\ntarget: a well-behaved client's p99 under a one-connection flood within {TARGET_RATIO:g}x of quiet: "

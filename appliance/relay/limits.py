@@ -46,6 +46,16 @@ class TokenBucket:
         self._refill(time.monotonic())
         return max(0.0, (n - self.tokens) / self.rate)
 
+    def batch(self, seconds: float) -> float:
+        """Tokens in `seconds` of its refill: at least one, at most its burst (0 when unlimited)."""
+        return min(self.burst, max(1.0, self.rate * seconds)) if self.rate > 0 else 0.0
+
+    def wait_for_batch(self, seconds: float) -> float:
+        """Seconds until the bucket holds `batch(seconds)` tokens (0: now)."""
+        if self.rate <= 0:
+            return 0.0
+        return self.wait(self.batch(seconds))
+
     def charge(self, n: float) -> float:
         """Take `n` tokens whatever is left; the seconds until the bucket is out of debt (0: not in debt)."""
         if self.rate <= 0:

@@ -48,8 +48,9 @@ DEFAULT_MAX_PENDING_COUNTS = 32
 MAX_SUB_ID_LENGTH = 64
 # (REQ/COUNT queries one connection may have in the database at once, and their fair share of the
 # reader threads: see appliance.store.sqlite.ReadPool.)
-# Rate-limited messages a connection may send before it is closed: past this it is flooding (and
-# its address waits before connecting again, see the flood_backoff setting).
+# Rate-limited messages a connection may send within REFUSAL_WINDOW_SECONDS before it is closed
+# (each refusal counting for the batch it waits for, see REFUSAL_BATCH_SECONDS): past this it is
+# flooding (and its address waits before connecting again, see the flood_backoff setting).
 DEFAULT_MAX_REFUSALS = 1000
 REFUSAL_WINDOW_SECONDS = 60.0
 # Longest pause of a connection's reading after a refusal or while its receive budget is in debt.
@@ -57,6 +58,14 @@ REFUSAL_WINDOW_SECONDS = 60.0
 # then waits in the client's own socket (TCP backpressure) instead of costing the relay a frame
 # parse and a refusal each, so refusals stay cheap and few however fast the client sends.
 DEFAULT_MAX_PAUSE = 2.0
+# ... and once refused, a connection is read again when the bucket that refused it holds this
+# many seconds of its refill (at most its burst), not one token: a flood is then served in
+# batches (an EVENT flood at 100/s: ten events a tenth of a second, written with one commit,
+# their OKs with one system call, one wake-up of the connection) at the same sustained rate. One
+# token at a time, its steady 100 accepted and 100 refused EVENTs a second cost the relay a wake-up,
+# a commit and two writes each; on a busy machine that churn, not the events' own work, is what
+# made the other clients wait (issue #14).
+REFUSAL_BATCH_SECONDS = 0.1
 # A REQ/COUNT token buys this much CPU time of its query; a query that takes more costs one token
 # more for each further share, paid from the same buckets (they may go into debt, and the
 # connection is then read no faster than they refill). So the req_rate settings bound the database
@@ -237,15 +246,21 @@ class Session:
         self.queries.clear()
         self.counts.clear()
 
-    def refused(self, wait: float) -> None:
-        """Count a rate-limited message and read nothing more from this connection for `wait`
-        seconds (until the budget that refused it has a token again). A connection that keeps
-        sending them (so many within a minute) is closed, and its address backs off."""
+    def refused(self, mine: TokenBucket, shared: TokenBucket | None) -> None:
+        """A message was rate-limited by this connection's bucket `mine` or its address's `shared`:
+        read nothing more from this connection until both hold a batch of tokens again (see
+        REFUSAL_BATCH_SECONDS). The refusal counts for the messages of that batch (as many as one
+        refusal per token would have been); a connection refused for so many within a minute is
+        flooding: it is closed, and its address backs off."""
+        wait = mine.wait_for_batch(REFUSAL_BATCH_SECONDS)
+        if shared is not None:
+            wait = max(wait, shared.wait_for_batch(REFUSAL_BATCH_SECONDS))
         self.pause(wait)
         now = time.monotonic()
         if now - self.refusals_since > REFUSAL_WINDOW_SECONDS:
             self.refusals, self.refusals_since = 0, now
-        self.refusals += 1
+        batch = mine.batch(REFUSAL_BATCH_SECONDS) or (shared.batch(REFUSAL_BATCH_SECONDS) if shared else 0.0)
+        self.refusals += max(1.0, batch)
         if self.refusals > DEFAULT_MAX_REFUSALS:
             self.drop(1008, "flooding", notice="rate-limited: too many refused messages; closing")
             barred = self.relay.peers.flooded(self.peer_ip)
@@ -306,7 +321,7 @@ class Session:
             self._deferred = self._text
             self.pause(wait + 0.001)
             return WAIT
-        self.refused(wait)
+        self.refused(self.req_bucket, budget.req if budget is not None else None)
         return REFUSED
 
     def send_event(self, sub_id: str, raw: str) -> None:
@@ -466,7 +481,7 @@ class Session:
             wait = self._take(self.message_bucket, budget.message if budget is not None else None)
             if wait:
                 self.notice("rate-limited: too many messages, slow down")
-                self.refused(wait)
+                self.refused(self.message_bucket, budget.message if budget is not None else None)
                 return
         # A str of n characters is at most 4n UTF-8 bytes: only long messages need encoding.
         if len(text) > s.max_message_length or (len(text) * 4 > s.max_message_length
@@ -560,7 +575,7 @@ class Session:
         wait = self._take(self.event_bucket, budget.event if budget is not None else None)
         if wait:
             self.ok(event_id, False, "rate-limited: publishing too fast")
-            self.refused(wait)
+            self.refused(self.event_bucket, budget.event if budget is not None else None)
             return
         try:
             ev = parse_event(obj)

@@ -202,6 +202,35 @@ async def test_an_event_flood_is_refused_with_ok_false_rate_limited(make_server,
     await publisher.close()
 
 
+async def test_a_refused_event_flood_is_read_again_in_batches_not_a_token_at_a_time(make_server, alice):
+    """Once refused, a connection is read again when its bucket holds a tenth of a second's refill
+    (5 tokens at 50/s), so a pipelined flood gets several EVENTs accepted for each one refused,
+    not one each (the refusals, wake-ups and commits of a flood are what cost the relay)."""
+    server = make_server("--event-rate", "50", "--event-burst", "10", "--ip-event-rate", "0")
+    publisher = await client_from(server.url, "203.0.113.11")
+    events = [alice.sign(1, [], f"b{i}").to_dict() for i in range(150)]
+    for ev in events:  # pipelined
+        await publisher.send(["EVENT", ev])
+    oks = [await publisher.expect(lambda m, i=ev["id"]: m[0] == "OK" and m[1] == i, timeout=60) for ev in events]
+    refused = [m for m in oks if not m[2]]
+    assert refused and all(m[3] == "rate-limited: publishing too fast" for m in refused)
+    accepted = len(oks) - len(refused)
+    # After the burst (10), at least ~5 tokens have come each time reading resumes, however slow
+    # the machine (a slower one only lets more come): one token at a time would give about one
+    # accepted per refused.
+    assert accepted - 10 >= 3 * (len(refused) - 1), (accepted, len(refused))
+    await publisher.close()
+
+
+def test_a_bucket_waits_for_a_batch_of_at_most_its_burst():
+    from appliance.relay.limits import TokenBucket
+
+    bucket = TokenBucket(1000, 2)
+    bucket.tokens = 0.0
+    assert bucket.wait_for_batch(0.1) <= 0.002  # two tokens (its burst), not a hundred
+    assert TokenBucket(0, 1).wait_for_batch(0.1) == 0.0  # unlimited
+
+
 async def test_without_the_loopback_exemption_local_connections_share_one_budget(make_server):
     server = make_server("--loopback-exempt", "false", "--ip-req-rate", "1", "--ip-req-burst", "10")
     one = await client_from(server.url, None)
