@@ -20,8 +20,8 @@ What it checks, in Apple's order of concern (status and reason as Apple document
     empty body / body over 4096 bytes              400 PayloadEmpty / 413 PayloadTooLarge
     behaviour forced for the token (`behave`,      whatever the test asked, optionally with
       or a sequence of answers: `script`)          Retry-After and a delay
-    a connection fault forced (`disrupt`)          no answer: GOAWAY (the request unprocessed)
-                                                   or the TCP connection reset
+    a connection fault forced (`disrupt`)          no answer: GOAWAY (the request unprocessed),
+                                                   the TCP connection reset, or silence
     token unregistered (`unregister`)              410 Unregistered with its timestamp (ms)
     otherwise                                      200; apns-unique-id too in the sandbox
 
@@ -217,8 +217,10 @@ class ApnsEmulator:
     def disrupt(self, kind: str, times: int = 1) -> None:
         """The next `times` requests get no answer: `goaway` sends GOAWAY (NO_ERROR, Apple's
         `{"reason": "Shutdown"}`, the request's stream past the last one processed) and closes the
-        connection; `reset` aborts the TCP connection (RST) mid-request."""
-        if kind not in ("goaway", "reset"):
+        connection; `reset` aborts the TCP connection (RST) mid-request; `silent` leaves the
+        connection open but reads and answers nothing more on it, PING included (a dead peer
+        behind a path that never resets)."""
+        if kind not in ("goaway", "reset", "silent"):
             raise ValueError(f"unknown disruption {kind!r}")
         with self._lock:
             self._disruptions.extend([kind] * times)
@@ -537,6 +539,7 @@ class _Connection(asyncio.Protocol):
         self.binding: dict = {"id": emulator._connections}
         self.transport: asyncio.Transport | None = None
         self.lost = asyncio.get_running_loop().create_future()
+        self.silent = False  # `disrupt("silent")`: nothing more is read or answered
 
     def connection_made(self, transport) -> None:
         self.transport = transport
@@ -559,6 +562,8 @@ class _Connection(asyncio.Protocol):
             self.transport.close()
 
     def data_received(self, data: bytes) -> None:
+        if self.silent:
+            return
         try:
             events = self.h2.receive_data(data)
         except h2.exceptions.ProtocolError:
@@ -581,6 +586,8 @@ class _Connection(asyncio.Protocol):
                 self.streams.pop(event.stream_id, None)
             elif isinstance(event, h2.events.ConnectionTerminated):
                 self.transport.close()
+            if self.silent:
+                return
         data = self.h2.data_to_send()
         if data:
             self.transport.write(data)
@@ -593,7 +600,9 @@ class _Connection(asyncio.Protocol):
         fault = self.emulator._take_disruption()
         if fault is not None:
             self.emulator.disrupted += 1
-            if fault == "goaway":
+            if fault == "silent":
+                self.silent = True
+            elif fault == "goaway":
                 self.h2.close_connection(error_code=h2.errors.ErrorCodes.NO_ERROR,
                                          additional_data=b'{"reason":"Shutdown"}',
                                          last_stream_id=max(0, stream_id - 2))
@@ -612,7 +621,7 @@ class _Connection(asyncio.Protocol):
             self._respond(stream_id, answer, record)
 
     def _respond(self, stream_id: int, answer: _Answer, record: Record) -> None:
-        if self.transport is None or self.transport.is_closing():
+        if self.silent or self.transport is None or self.transport.is_closing():
             return
         headers = [(":status", str(answer.status))]
         if answer.apns_id is not None:

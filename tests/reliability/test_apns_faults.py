@@ -97,3 +97,20 @@ async def test_a_slow_apns_holds_no_publisher_back(world):
     assert len(events_stored) == 5
     apns.emulator.clear(None)
     await delivered_once(apns, server, bobs, events)
+
+
+async def test_a_silent_connection_is_dropped_and_the_wake_goes_on_a_new_one(world):
+    """APNs stops reading and answering on the open connection (PING included) without closing
+    it. The wake's attempt times out (30 s), the PING after it goes unanswered, the connection is
+    dropped, and the retry is delivered on a new connection, with the same apns-id."""
+    apns, server, alice, bobs = world
+    warm = await alice.publish(9, [["p", bobs[0].pubkey]])
+    await delivered_once(apns, server, bobs[:1], [warm])
+    connections = apns.emulator._connections
+    apns.emulator.disrupt("silent")
+    ev = await alice.publish(9, [["p", bobs[1].pubkey]])
+    (job,) = await delivered_once(apns, server, bobs[1:2], [ev], timeout=150)
+    assert apns.emulator.disrupted >= 1 and apns.emulator._connections == connections + 1
+    assert job["attempts"] == 2
+    (record,) = apns.emulator.accepted(bobs[1].token)
+    assert record.header("apns-id") == job["id"]
