@@ -109,7 +109,7 @@ async def test_a_silent_connection_is_dropped_and_the_wake_goes_on_a_new_one(wor
     connections = apns.emulator._connections
     apns.emulator.disrupt("silent")
     ev = await alice.publish(9, [["p", bobs[1].pubkey]])
-    (job,) = await delivered_once(apns, server, bobs[1:2], [ev], timeout=150)
+    (job,) = await delivered_once(apns, server, bobs[1:2], [ev], timeout=100)
     assert apns.emulator.disrupted >= 1 and apns.emulator._connections == connections + 1
     assert job["attempts"] == 2
     (record,) = apns.emulator.accepted(bobs[1].token)
