@@ -1,0 +1,74 @@
+"""A filter's stored answer: its limit, its byte budget and NIP-01's order (newest first, ties by
+the lowest id), the same whether it is read in one pass (one row per event) or row by row (a
+driving tag with several values). Order and sizes, never speed."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from appliance.nostr.filters import parse_filter
+from appliance.relay.authz import AUTHOR_ONLY_KINDS, GATED_KINDS
+from appliance.store.events import ReadScope, query_rows
+from appliance.store.sqlite import SqliteStore
+
+SCOPE = ReadScope(None, GATED_KINDS, AUTHOR_ONLY_KINDS)
+P, NOBODY, AUTHOR = "a" * 64, "f" * 64, "b" * 64
+NOW = 2_000_000_000
+
+
+@pytest.fixture
+def store(tmp_path):
+    s = SqliteStore(tmp_path / "data", sync_mode="normal", reader_threads=1).open()
+    yield s
+    s.close()
+
+
+def fill(store, rng: random.Random, n: int) -> dict[str, tuple[int, int]]:
+    """n kind-1 events by AUTHOR tagging P, a few per second (many ties), of varied sizes:
+    {id: (created_at, size of raw)}."""
+    made: dict[str, tuple[int, int]] = {}
+
+    def write(conn):
+        conn.execute("INSERT OR IGNORE INTO origins (id, origin) VALUES (1, 'wss://answers.example')")
+        for i in range(n):
+            eid = f"{rng.getrandbits(256):064x}"
+            created_at = 1_000 + rng.randrange(n // 3 + 1)
+            raw = '{"id":"%s","content":"%s"}' % (eid, "x" * rng.randrange(10, 400))
+            rowid = conn.execute(
+                "INSERT INTO events (origin, id, pubkey, created_at, kind, raw) VALUES (1, ?, ?, ?, 1, ?) "
+                "RETURNING rowid", (eid, AUTHOR, created_at, raw)).fetchone()[0]
+            conn.execute("INSERT INTO tags (event, origin, name, value, created_at, kind) VALUES (?, 1, 'p', ?, ?, 1)",
+                         (rowid, P, created_at))
+            made[eid] = (created_at, len(raw))
+
+    store.write_sync(write)
+    return made
+
+
+def answer(store, flt: dict, limit: int, max_bytes: int | None) -> list[str]:
+    f = parse_filter({**flt, "limit": limit})
+    rows = store.read_sync(lambda conn: query_rows(conn, 1, [f], SCOPE, NOW, default_limit=limit, max_limit=limit,
+                                                   max_bytes=max_bytes))
+    return [eid for eid, _raw in rows]
+
+
+def test_one_pass_and_row_by_row_answers_agree_on_limits_budgets_and_ties(store):
+    rng = random.Random(15)
+    made = fill(store, rng, 120)
+    everything = sorted(made, key=lambda eid: (-made[eid][0], eid))
+    for limit in (1, 2, 3, 5, 8, 13, 50, 119, 120, 121, 500):
+        for max_bytes in (None, 1, 150, 1_000, 5_000, 20_000, 10_000_000):
+            one_pass = answer(store, {"kinds": [1], "#p": [P]}, limit, max_bytes)
+            by_author = answer(store, {"authors": [AUTHOR]}, limit, max_bytes)
+            row_by_row = answer(store, {"kinds": [1], "#p": [P, NOBODY]}, limit, max_bytes)
+            assert one_pass == by_author == row_by_row, (limit, max_bytes)
+            # NIP-01: the newest, ties by the lowest id; within the limit and, past the first
+            # event, the byte budget.
+            assert one_pass == everything[:len(one_pass)]
+            assert 1 <= len(one_pass) <= limit
+            if max_bytes is None or sum(made[e][1] for e in everything[:limit]) <= max_bytes:
+                assert len(one_pass) == min(limit, len(everything))
+            else:
+                assert len(one_pass) == 1 or sum(made[e][1] for e in one_pass) <= max_bytes
