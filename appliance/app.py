@@ -455,6 +455,7 @@ def _wire_push(app: "Appliance", origins: list[Origin]) -> None:
     app.relay.admission[LEASE_KIND] = push.admit
     app.relay.store_hooks.add_check(push.check, kind=LEASE_KIND)
     app.relay.store_hooks.add_stored(push.stored)
+    app.relay.store_hooks.add_stored_batch(push.stored_batch)
     app.nip11_extensions.append(push.nip11)
 
 

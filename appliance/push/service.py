@@ -5,7 +5,8 @@ Wiring (see appliance.app.build): `relay.admission[30350] = push.admit` (steps 1
 authentication before signature), `relay.store_hooks.add_check(push.check, kind=30350)` (step 7
 quotas/uniqueness and step 8 inside the write transaction), `add_stored(push.stored)` (leases:
 effective state, watermark and match index; other events: matching and wake jobs, all in the
-event's transaction), `push.nip11` (descriptor), `push.delivery.run()` (the workers, a
+event's transaction), `add_stored_batch(push.stored_batch)` (events written together: matched and
+their endpoints locked at once), `push.nip11` (descriptor), `push.delivery.run()` (the workers, a
 background task).
 """
 
@@ -216,13 +217,17 @@ class Push:
         op = self.origins.get(origin)
         if op is None or ev.kind not in op.push_kinds:
             return
-        now = time.time()
         created = False
         fresh: list = []
-        matches = self.matcher.match(conn, origin, op.descriptor, op.push_kinds, ev, int(now))
-        # Several nodes: the event's endpoints locked at once, in the one global order (then each
-        # insert_job finds its lock held), rather than in the order the matches came.
-        wakes.lock_endpoints(conn, [(origin, m.app_profile, m.transport, m.endpoint_hash) for m in matches])
+        early = ctx.pop("push_matches", None)  # matched by `stored_batch`, endpoints locked already
+        if early is not None:
+            matches, now = early
+        else:
+            now = time.time()
+            matches = self.matcher.match(conn, origin, op.descriptor, op.push_kinds, ev, int(now))
+            # Several nodes: the event's endpoints locked at once, in the one global order (then
+            # each insert_job finds its lock held), rather than in the order the matches came.
+            wakes.lock_endpoints(conn, [(origin, m.app_profile, m.transport, m.endpoint_hash) for m in matches])
         for m in matches:
             job_id = wakes.new_job_id()
             # A wake due at once goes straight to a worker after the commit (already claimed, so a
@@ -241,6 +246,25 @@ class Push:
             ctx.setdefault("after_commit", []).append(lambda: self.delivery.submit(fresh))
         if created:  # after the commit: the workers look for due wakes
             ctx.setdefault("after_commit", []).append(self.delivery.nudge)
+
+    def stored_batch(self, conn: apsw.Connection, origin: int, run: list) -> None:
+        """Before the "event stored" hooks of events written together (store.events, the batched
+        path): match them all and lock every endpoint they wake at once, in the one global order
+        (several nodes: no write of the batch then asks for a lock below one it holds); each
+        event's `stored` takes its matches from its context."""
+        op = self.origins.get(origin)
+        if op is None:
+            return
+        now = time.time()
+        keys: list = []
+        for ev, ctx in run:
+            if ev.kind == LEASE_KIND or ev.kind not in op.push_kinds:
+                continue
+            matches = self.matcher.match(conn, origin, op.descriptor, op.push_kinds, ev, int(now))
+            ctx["push_matches"] = (matches, now)
+            keys.extend((origin, m.app_profile, m.transport, m.endpoint_hash) for m in matches)
+        if keys:
+            wakes.lock_endpoints(conn, keys)
 
     def _lease_stored(self, conn: apsw.Connection, origin: int, ev, ctx: dict) -> None:
         lease = ctx.get("lease")

@@ -56,6 +56,8 @@ class StoreResult:
 
 
 Hook = Callable[[apsw.Connection, int, Event, dict], None]
+# Before the `stored` hooks of events written together: (conn, origin, [(event, context), ...]).
+BatchHook = Callable[[apsw.Connection, int, list], None]
 
 
 @dataclass
@@ -73,6 +75,9 @@ class WriteHooks:
     stored: list[Hook] = field(default_factory=list)
     # For each check_any hook, which events it needs to see (None: all of them).
     check_wants: list[Callable[[Event], bool] | None] = field(default_factory=list)
+    # Run once for the events of one origin written together (the batched path), before their
+    # `stored` hooks: to do at once what those would do each (the push matcher's endpoint locks).
+    stored_batch: list[BatchHook] = field(default_factory=list)
 
     def add_check(self, hook: Hook, kind: int | None = None, wants: Callable[[Event], bool] | None = None) -> None:
         """Add a check hook for one kind, or for every event `wants` selects (all when None)."""
@@ -90,6 +95,9 @@ class WriteHooks:
 
     def add_stored(self, hook: Hook) -> None:
         self.stored.append(hook)
+
+    def add_stored_batch(self, hook: BatchHook) -> None:
+        self.stored_batch.append(hook)
 
 
 SQL_EXISTS_ID = "SELECT 1 FROM events WHERE origin = ? AND id = ?"
@@ -355,6 +363,11 @@ def store_events_batch(conn: apsw.Connection, items: list["PendingEvent"]) -> li
             conn.execute(SQL_INSERT_EVENTS, (origin, orjson.dumps(rows).decode()))
             if tag_rows:
                 conn.execute(SQL_INSERT_TAGS, (orjson.dumps(tag_rows).decode(), origin))
+        hooks = items[accepted[0]].hooks if accepted else None
+        if hooks is not None and hooks.stored_batch and all(items[i].hooks is hooks for i in accepted):
+            run = [(items[i].ev, items[i].context) for i in accepted]
+            for batch_hook in hooks.stored_batch:
+                batch_hook(conn, origin, run)
         for i in accepted:
             item = items[i]
             if item.hooks is not None:

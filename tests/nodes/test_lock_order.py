@@ -101,8 +101,10 @@ async def test_two_nodes_locking_endpoints_in_opposite_orders_both_commit(nodes,
         jobs = n.rows("SELECT count(*) FROM wake_jobs")[0][0]
         deadlocks = n.rows("SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()")[0][0]
         assert jobs == len(sent) and deadlocks == 0
-        # One of the two orders descends somewhere, whatever the keys: that node ran it again.
-        assert metric(a, "appliance_store_lock_reorders_total") + metric(b, "appliance_store_lock_reorders_total") >= 1
+        if kind != 9:
+            # One of the two orders descends somewhere, whatever the keys: that node ran a write
+            # again. (Written together, the three events' endpoints are locked at once, in order.)
+            assert metric(a, "appliance_store_lock_reorders_total") + metric(b, "appliance_store_lock_reorders_total") >= 1
         assert {e1, e2, e3, e4} == set(by_pubkey.values())
     finally:
         for g in gates:
