@@ -61,7 +61,10 @@ async def test_goaway_and_connection_resets_are_retried_on_a_new_connection(worl
         events = await mention_each(alice, bobs)
         done = await delivered_once(apns, server, bobs, events)
         assert apns.emulator.disrupted == before + 3
-        assert sum(j["attempts"] for j in done) >= len(done) + 1  # some wakes needed another attempt
+        if kind == "reset":  # a request in flight on a dropped connection costs its wake an attempt
+            assert sum(j["attempts"] for j in done) >= len(done) + 1  # some wakes needed another attempt
+        # (A request a GOAWAY left unprocessed is sent once more on a new connection within the same
+        # attempt; only a wake refused twice so takes another, which depends on how the three land.)
 
 
 async def test_a_429_storm_delays_but_loses_nothing(world):
