@@ -1,10 +1,12 @@
 """The two commands and CI, as a fresh machine sees them: `.ci/run` installs the tools the suite
-needs that the machine lacks and then runs the README's test command; `make run` and `make test`
-set up `.venv` only when `pyproject.toml` changed.
+needs that the machine lacks and then runs the README's test command (the suite on SQLite, then on
+PostgreSQL); `make run` and `make test` set up `.venv` only when `pyproject.toml` changed.
 
-`.ci/run` runs here with a PATH of stand-ins (apt-get and make record their arguments), so what it
-would install on a machine missing each tool is seen without installing anything. The Makefile is
-asked with `make -n` (what it would run) in a copy whose file times the test sets.
+`.ci/run` runs here with a PATH of stand-ins (apt-get and make record their arguments) and a
+stand-in root for the files it looks at or writes outside its checkout (CI_ROOT: PostgreSQL's
+binaries, postgresql-common's createcluster.conf), so what it would install on a machine missing
+each tool is seen without installing anything. The Makefile is asked with `make -n` (what it would
+run) in a copy whose file times the test sets.
 """
 
 from __future__ import annotations
@@ -19,7 +21,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 # Tools .ci/run itself uses from PATH (besides bash, which runs it).
-SCRIPT_TOOLS = ("dirname", "mktemp", "rm")
+SCRIPT_TOOLS = ("dirname", "mktemp", "rm", "mkdir", "grep", "sed")
+# The README's test command, which .ci/run ends with.
+TEST_COMMAND = "make test && make test-postgres"
 
 
 def _readme_commands() -> list[str]:
@@ -34,10 +38,13 @@ def _stub(path: Path, body: str) -> None:
     path.chmod(0o755)
 
 
-def _run_ci(tmp_path: Path, present: dict[str, str | None], *, venv: bool = False) -> tuple[list[str], list[str]]:
+def _run_ci(tmp_path: Path, present: dict[str, str | None], *, venv: bool = False,
+            postgresql: bool = False, apt_hook: str = "") -> tuple[list[str], list[str]]:
     """Run .ci/run with only `present` tools on PATH (name -> real path, or None for a stand-in
-    that succeeds), in a fresh clone (with a .venv already when `venv`). apt-get installs make's
-    stand-in when asked for make. Returns (apt-get calls, make calls)."""
+    that succeeds), in a fresh clone (with a .venv already when `venv`), over a stand-in root
+    (tmp_path/root, with PostgreSQL's initdb when `postgresql`). apt-get installs make's stand-in
+    when asked for make, and runs `apt_hook` (shell, seeing its arguments). Returns (apt-get calls,
+    make calls)."""
     bin_dir, log = tmp_path / "bin", tmp_path / "calls.log"
     bin_dir.mkdir()
     for tool in SCRIPT_TOOLS:
@@ -48,7 +55,7 @@ def _run_ci(tmp_path: Path, present: dict[str, str | None], *, venv: bool = Fals
         else:
             _stub(bin_dir / name, "exit 0\n")
     _stub(tmp_path / "make", f'echo "make $*" >> {log}\n')
-    _stub(bin_dir / "apt-get", f'echo "apt-get $*" >> {log}\n'
+    _stub(bin_dir / "apt-get", f'echo "apt-get $*" >> {log}\n' + apt_hook +
           f'for p in "$@"; do [ "$p" = make ] && {shutil.which("cp")} {tmp_path / "make"} {bin_dir / "make"}; done; exit 0\n')
     if "make" in present:
         shutil.copy(tmp_path / "make", bin_dir / "make")
@@ -58,11 +65,20 @@ def _run_ci(tmp_path: Path, present: dict[str, str | None], *, venv: bool = Fals
     if venv:
         (clone / ".venv" / "bin").mkdir(parents=True)
         _stub(clone / ".venv" / "bin" / "python", "exit 0\n")
+    root = tmp_path / "root"
+    root.mkdir()
+    if postgresql:
+        _stub(_mkdirs(root / "usr/lib/postgresql/15/bin") / "initdb", "exit 0\n")
     out = subprocess.run([shutil.which("bash"), str(clone / ".ci" / "run")], capture_output=True, text=True, timeout=60,
-                         env={"PATH": str(bin_dir), "HOME": str(tmp_path)})
+                         env={"PATH": str(bin_dir), "HOME": str(tmp_path), "CI_ROOT": str(root)})
     assert out.returncode == 0, out.stdout + out.stderr
     calls = log.read_text().splitlines() if log.exists() else []
     return [c for c in calls if c.startswith("apt-get")], [c for c in calls if c.startswith("make")]
+
+
+def _mkdirs(path: Path) -> Path:
+    path.mkdir(parents=True)
+    return path
 
 
 def _installed(apt: list[str]) -> set[str]:
@@ -72,27 +88,49 @@ def _installed(apt: list[str]) -> set[str]:
 
 def test_ci_runs_the_readme_test_command():
     run_cmd, test_cmd = _readme_commands()[:2]
-    assert run_cmd == "make run" and test_cmd == "make test"
+    assert run_cmd == "make run" and test_cmd == TEST_COMMAND
     script = (ROOT / ".ci" / "run").read_text()
     assert script.rstrip().splitlines()[-1] == test_cmd
 
 
 def test_ci_installs_what_a_bare_machine_lacks(tmp_path):
-    """A machine with python3 (but no venv module), and none of make, npm, objdump or chromium."""
+    """A machine with python3 (but no venv module), and none of make, npm, objdump, chromium or
+    PostgreSQL's server."""
     python = tmp_path / "python3"
     _stub(python, 'case "$*" in *venv*) exit 1;; esac\nexit 0\n')  # Debian's python3 without python3-venv
     apt, make = _run_ci(tmp_path, {"python3": str(python)})
-    wanted = {"python3-venv", "make", "npm", "binutils", "chromium"}
+    wanted = {"python3-venv", "make", "npm", "binutils", "chromium", "postgresql-common", "postgresql"}
     assert wanted <= _installed(apt), apt
-    assert make == ["make test"]
+    assert make == ["make test", "make test-postgres"]
+
+
+def test_ci_installs_postgresql_without_a_system_cluster(tmp_path):
+    """postgresql-common first, then createcluster.conf says no main cluster, then postgresql (whose
+    install would otherwise create and start one)."""
+    root = tmp_path / "root"
+    conf = root / "etc/postgresql-common/createcluster.conf"
+    python = tmp_path / "python3"
+    _stub(python, "exit 0\n")
+    # postgresql-common's install writes its default configuration (a stand-in apt-get here).
+    marker = tmp_path / "conf-at-postgresql"
+    present = {"python3": str(python), "make": None, "npm": None, "objdump": None, "chromium": None}
+    apt, make = _run_ci(tmp_path, present, venv=True, apt_hook=(
+        f'case "$*" in *" postgresql-common"*) mkdir -p {conf.parent}; '
+        f'printf "# Default values\\ncreate_main_cluster = true\\n" > {conf};; '
+        f'*" postgresql"*) {shutil.which("cp")} {conf} {marker};; esac\n'))
+    installs = [call for call in apt if " install " in f" {call} " and "postgresql" in call]
+    assert [c.split()[-1] for c in installs] == ["postgresql-common", "postgresql"], apt
+    assert "create_main_cluster = false" in marker.read_text().splitlines()
+    assert "create_main_cluster = true" not in marker.read_text()
+    assert make == ["make test", "make test-postgres"]
 
 
 def test_ci_installs_nothing_on_a_machine_that_has_it_all(tmp_path):
     tools = {name: shutil.which(name) for name in ("python3", "npm", "objdump")}
     if not all(tools.values()):
         pytest.skip(f"this machine lacks {[n for n, p in tools.items() if not p]}")
-    apt, make = _run_ci(tmp_path, {**tools, "make": None, "chromium": None}, venv=True)
-    assert apt == [] and make == ["make test"]
+    apt, make = _run_ci(tmp_path, {**tools, "make": None, "chromium": None}, venv=True, postgresql=True)
+    assert apt == [] and make == ["make test", "make test-postgres"]
 
 
 # -- the Makefile: .venv only when pyproject.toml changed -----------------------------------------
