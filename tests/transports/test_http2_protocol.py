@@ -397,16 +397,18 @@ async def test_a_goaway_while_a_body_waits_for_its_window_ends_the_request(h2ser
 # -- a silent connection ------------------------------------------------------------------------------
 
 
+def _silent_after_first_request(conn, sid, request):
+    """The first connection answers its first request, then stops reading and answering (PING included)."""
+    if conn.index == 0 and sid > 1:
+        conn.silent = True
+        return
+    _ok(conn, sid, request)
+
+
 async def test_a_silent_connection_is_dropped_and_later_requests_use_a_new_one(h2server):
     """The server stops reading and answering (PING included): a request times out, the client's
     PING goes unanswered, and the connection is dropped; the next request opens a new one."""
-    def handler(conn, sid, request):
-        if conn.index == 0 and sid > 1:
-            conn.silent = True
-            return
-        _ok(conn, sid, request)
-
-    script, c = await h2server(handler, ping_timeout=0.5)
+    script, c = await h2server(_silent_after_first_request, ping_timeout=0.5)
     assert (await c.request("POST", "/p", [], b"x", GUARD)).status == 200
     with pytest.raises(TimeoutError):
         await c.request("POST", "/p", [], b"x", 0.5)
@@ -419,13 +421,7 @@ async def test_a_silent_connection_is_dropped_and_later_requests_use_a_new_one(h
 async def test_requests_made_while_the_ping_is_unanswered_go_on_the_new_connection(h2server):
     """A request made right after the timeout (the PING not yet answered) waits: once the silent
     connection is dropped it goes on a new one, instead of failing with the dead connection."""
-    def handler(conn, sid, request):
-        if conn.index == 0 and sid > 1:
-            conn.silent = True
-            return
-        _ok(conn, sid, request)
-
-    script, c = await h2server(handler, ping_timeout=0.5)
+    script, c = await h2server(_silent_after_first_request, ping_timeout=0.5)
     assert (await c.request("POST", "/p", [], b"x", GUARD)).status == 200
     with pytest.raises(TimeoutError):
         await c.request("POST", "/p", [], b"x", 0.5)
