@@ -6,6 +6,7 @@ import asyncio
 import itertools
 import logging
 import os
+import resource
 import threading
 import time
 import weakref
@@ -51,13 +52,23 @@ READER_IDLE_SECONDS = 5.0
 # and, for reads waiting on the disk, in wall-clock time (generous: on a busy machine the loop is
 # preempted now and then, which must not throw finished work away): past any of them, it is
 # abandoned and goes to the reader threads like any other read (at most this much work is spent
-# twice), and its owner's reads go there for INLINE_COOLDOWN seconds. A 50-event #p REQ at 1M
-# stored events takes about 4,400 steps, a COUNT of 3,000 index entries about 42,000.
+# twice). A read that was really too long for the loop - past the steps or the CPU bound, or
+# past the wall-clock bound while this thread read from the disk (its block reads, getrusage's
+# ru_inblock, grew) - also sends its owner's reads there for INLINE_COOLDOWN seconds. One past
+# the wall-clock bound alone, with nothing read from the disk, did not cost the loop that time:
+# the thread was preempted (a busy machine) or waited for the GIL, as a reader thread would
+# have, so only that read leaves the loop (as one the database was busy for: this connection
+# never waits for a lock), not its owner's next ones - they would cost 0.2-0.4 ms more each on
+# the reader threads, for nothing. A 50-event #p REQ at 1M stored events takes about 4,400
+# steps, a COUNT of 3,000 index entries about 42,000.
 INLINE_MAX_STEPS = 64_000
 INLINE_MAX_CPU_SECONDS = 0.004
 INLINE_MAX_SECONDS = 0.025
 INLINE_CHECK_STEPS = 1_000
 INLINE_COOLDOWN = 10.0
+# What `SqliteStore._read_inline` returns for a read abandoned without its owner's next reads
+# leaving the loop (see INLINE_COOLDOWN); None is a read too long for the loop.
+INLINE_STALLED = "stalled"
 # The page cache of the loop's own connection, which answers most REQs: larger than a reader
 # thread's (there is one of it), so a small relay's index and recent events stay in it between
 # queries instead of being read again from the OS page cache, a system call per page. This
@@ -239,7 +250,8 @@ class ReadPool:
         self.pauses = 0
         self.evictions = 0
         self.inline_reads = 0  # run on the loop's thread (see INLINE_MAX_STEPS)
-        self.inline_abandoned = 0  # started there, too long: handed to the reader threads
+        self.inline_abandoned = 0  # started there, abandoned: handed to the reader threads
+        self.inline_stalled = 0  # of those, stalled (preempted, busy), not too long: no cooldown
         # owner -> until when its reads skip the loop (one of them was too long for it)
         self._inline_until: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._evicting = 0  # evicted reads still unwinding (their threads about to be free)
@@ -291,6 +303,10 @@ class ReadPool:
                 return False
             del self._inline_until[owner]
         outcome = self._store._read_inline(read.fn, read.timeout)
+        if outcome is INLINE_STALLED:  # the reader threads do it; the owner's next read may not
+            self.inline_abandoned += 1
+            self.inline_stalled += 1
+            return False
         if outcome is None:  # too long for the loop: the reader threads do it, and its next reads
             self.inline_abandoned += 1
             self._inline_until[owner] = time.monotonic() + INLINE_COOLDOWN
@@ -505,6 +521,15 @@ class _ReaderThread(threading.Thread):
                     pass
         finally:
             store._forget_reader(conn)
+
+
+# Linux counts block reads per thread; elsewhere the process's count (more reads count as the disk's).
+_RUSAGE_WHO = getattr(resource, "RUSAGE_THREAD", resource.RUSAGE_SELF)
+
+
+def _blocks_read() -> int:
+    """Blocks this thread has read from the disk (not from the OS page cache) so far."""
+    return resource.getrusage(_RUSAGE_WHO).ru_inblock
 
 
 def _trim_heap() -> None:
@@ -778,11 +803,13 @@ class SqliteStore(WriterFront):
         conn.close()
 
     def _read_inline(self, fn: Callable[[apsw.Connection], T],
-                     timeout: float | None = None) -> tuple[Any, BaseException | None] | None:
+                     timeout: float | None = None) -> tuple[Any, BaseException | None] | str | None:
         """`fn(conn)` in one read transaction on the calling (the loop's) thread's own connection,
         abandoned past INLINE_MAX_STEPS VM steps, INLINE_MAX_CPU_SECONDS of this thread's CPU time
-        or INLINE_MAX_SECONDS (or `timeout`, the read's own budget, when smaller): (result, exception), or
-        None when abandoned (or the database was busy: this connection never waits for a lock)."""
+        or INLINE_MAX_SECONDS (or `timeout`, the read's own budget, when smaller): (result, exception);
+        None when abandoned as too long for the loop; INLINE_STALLED when abandoned on the wall clock
+        alone with nothing read from the disk meanwhile, or the database was busy (this connection
+        never waits for a lock)."""
         conn = self._inline_conn
         if conn is None:
             conn = self._inline_conn = connect(self.path, sync_mode=self.sync_mode, readonly=True, reader=True)
@@ -791,22 +818,28 @@ class SqliteStore(WriterFront):
             with self._lock:
                 self._reader_conns.append(conn)
         steps = 0
+        stalled = False
         clock, cpu_clock = time.monotonic, time.thread_time
         start, cpu_start = clock(), cpu_clock()
+        blocks_start = _blocks_read()
         wall = INLINE_MAX_SECONDS if timeout is None else min(INLINE_MAX_SECONDS, timeout)
 
         def progress() -> bool:
-            nonlocal steps
+            nonlocal steps, stalled
             steps += INLINE_CHECK_STEPS
-            return (steps > INLINE_MAX_STEPS or cpu_clock() - cpu_start > INLINE_MAX_CPU_SECONDS
-                    or clock() - start > wall)
+            if steps > INLINE_MAX_STEPS or cpu_clock() - cpu_start > INLINE_MAX_CPU_SECONDS:
+                return True
+            stalled = clock() - start > wall
+            return stalled
 
         conn.set_progress_handler(progress, INLINE_CHECK_STEPS, id="inline")
         try:
             with conn:
                 return fn(conn), None
-        except (apsw.InterruptError, apsw.BusyError):
-            return None
+        except apsw.InterruptError:
+            return INLINE_STALLED if stalled and _blocks_read() == blocks_start else None
+        except apsw.BusyError:
+            return INLINE_STALLED
         except Exception as exc:  # noqa: BLE001 - handed to the waiter, as from a reader thread
             return None, exc
         finally:

@@ -7,12 +7,15 @@ one 10 ms time slice on any machine, so the assertions are about order, not abou
 from __future__ import annotations
 
 import asyncio
+import os
+import resource
 import threading
 import time
 
 import pytest
 
-from appliance.store.sqlite import WRITER_MMAP_BYTES, QueryTimeout, ReadPool, SqliteStore, connect
+from appliance.store.sqlite import (INLINE_MAX_SECONDS, WRITER_MMAP_BYTES, QueryTimeout, ReadPool, SqliteStore,
+                                    connect)
 
 pytestmark = [pytest.mark.anyio, pytest.mark.sqlite_only(
     "time slices and inline reads; a PostgreSQL read runs whole, bounded by statement_timeout")]
@@ -240,6 +243,86 @@ async def test_an_inline_read_keeps_a_smaller_time_budget(store):
     with pytest.raises(QueryTimeout):
         await store.read(napping_read, timeout=0.004, owner=Owner(), inline=True)
     assert store._pool.inline_abandoned == 1
+
+
+def stalling_read(stall):
+    """A read whose first row calls `stall()` (the thread held up off the CPU past the loop's
+    wall-clock bound) and whose next few thousand VM steps use little CPU: far below the loop's
+    step and CPU bounds, past its wall-clock one."""
+
+    def run(conn):
+        conn.create_scalar_function("stall", lambda x: (x == 1 and stall()) or 1)
+        return conn.execute("WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < 500) "
+                            "SELECT sum(stall(x)) FROM c").fetchone()[0]
+
+    return run
+
+
+def preempted():
+    """The loop's thread off the CPU, as when the machine runs something else."""
+    time.sleep(INLINE_MAX_SECONDS + 0.005)
+
+
+async def test_an_inline_read_stalled_off_the_cpu_keeps_its_owner_on_the_loop(store):
+    """A read past the loop's wall-clock bound only, with nothing read from the disk (the loop's
+    thread was preempted): that read goes to a reader thread, its owner's next read still runs on
+    the loop (no cooldown for the machine's business)."""
+    pool = store._pool
+    owner = Owner()
+    seen: list[str] = []
+    assert await store.read(noting_thread(stalling_read(preempted), seen), owner=owner, inline=True) == 500
+    assert seen == ["loop", "reader"]
+    assert pool.inline_abandoned == 1 and pool.inline_stalled == 1
+    assert await store.read(noting_thread(short_read, seen), owner=owner, inline=True) == 42
+    assert seen[2:] == ["loop"] and pool.inline_reads == 1
+
+
+def uncached_reads(path):
+    """Reads of `path` that go to the disk: its pages dropped from the OS page cache first."""
+
+    def read_from_disk():
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            for offset in range(0, os.fstat(fd).st_size, 1 << 16):
+                os.pread(fd, 4096, offset)
+        finally:
+            os.close(fd)
+
+    return read_from_disk
+
+
+def blocks_read():
+    return resource.getrusage(resource.RUSAGE_THREAD).ru_inblock
+
+
+async def test_an_inline_read_waiting_on_the_disk_sends_its_owner_to_the_readers(store, tmp_path):
+    """A read past the loop's wall-clock bound while its thread read from the disk (a database
+    larger than the page cache) was really too slow for the loop: its owner's next reads go to
+    the reader threads too."""
+    scratch = tmp_path / "cold"
+    with open(scratch, "wb") as f:
+        f.write(os.urandom(4 << 20))
+        f.flush()
+        os.fsync(f.fileno())
+    from_disk = uncached_reads(scratch)
+    before = blocks_read()
+    from_disk()
+    if blocks_read() == before:
+        pytest.skip("this filesystem keeps no per-thread count of block reads (tmpfs?)")
+
+    def cold_and_slow():
+        from_disk()
+        time.sleep(INLINE_MAX_SECONDS + 0.005)
+
+    pool = store._pool
+    owner = Owner()
+    seen: list[str] = []
+    assert await store.read(noting_thread(stalling_read(cold_and_slow), seen), owner=owner, inline=True) == 500
+    assert seen == ["loop", "reader"]
+    assert pool.inline_abandoned == 1 and pool.inline_stalled == 0
+    assert await store.read(noting_thread(short_read, seen), owner=owner, inline=True) == 42
+    assert seen[2:] == ["reader"] and pool.inline_reads == 0
 
 
 async def test_the_loops_reads_see_every_commit_and_the_writer_maps_the_file(store):
