@@ -7,7 +7,8 @@ mentioned; other users replace and revoke their leases all the time. Each round:
 notes and mentions (each mention wakes one leased device), the churners send new lease
 generations and tombstones, and after a random 0.2..2.5 s the appliance gets SIGKILL. Then:
 
-1. `PRAGMA integrity_check` on the database as the kill left it: `ok`.
+1. `PRAGMA integrity_check` on the database as the kill left it, read-only (its WAL stays for the
+   restart to recover): `ok`.
 2. The appliance starts again on the same directory, and
    - every event that got `OK true` is served by REQ (a replaced lease: a newer version is);
    - every stored mention has exactly one wake job per (origin, app profile, transport,
@@ -222,7 +223,9 @@ push_kinds = [9]
     # -- checks --------------------------------------------------------------------------------------
 
     def integrity(self) -> None:
-        conn = sqlite3.connect(self.data / "appliance.sqlite3", timeout=30)
+        # Read-only: a read-write connection, closed last, would checkpoint the WAL into the
+        # database and delete it, and the restart would never recover the state the kill left.
+        conn = sqlite3.connect(f"file:{self.data / 'appliance.sqlite3'}?mode=ro", uri=True, timeout=30)
         try:
             result = conn.execute("PRAGMA integrity_check").fetchall()
         finally:

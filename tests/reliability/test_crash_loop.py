@@ -20,3 +20,27 @@ async def test_five_sigkills_under_load_lose_nothing_acknowledged(tmp_path):
     # The load was real: events acknowledged before kills, mentions stored and woken, lease churn.
     assert report.acked > 50 and report.mentions_stored > 20 and report.wakes > 20
     assert report.lease_versions > 10
+
+
+async def test_the_integrity_check_leaves_the_killed_wal_for_the_restart(tmp_path):
+    """The check between kill and restart reads the database read-only: a read-write connection,
+    closed last, checkpoints the WAL into the database and deletes it, and the restart would never
+    recover the state a SIGKILL leaves."""
+    loop = CrashLoop(tmp_path, seed=3, wake_users=3, churn_users=1, log=lambda _line: None)
+    loop.proc.start()
+    try:
+        await loop.setup()
+        await loop.round()  # load, then SIGKILL
+        wal = loop.data / "appliance.sqlite3-wal"
+        before = wal.read_bytes() if wal.exists() else b""
+        assert before, "the kill left no WAL to recover"
+        loop.integrity()
+        assert loop.report.violations == []
+        after = wal.read_bytes() if wal.exists() else b""
+        assert after == before, f"the check rewrote the crash state: WAL {len(before)} -> {len(after)} bytes"
+        loop.proc.start()  # the appliance recovers the WAL itself
+        await loop.verify()
+        assert loop.report.violations == [], "\n".join(loop.report.violations[:20])
+    finally:
+        loop.proc.stop()
+        loop.emu.stop_thread()
