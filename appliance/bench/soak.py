@@ -16,7 +16,7 @@ Every `--interval` seconds (10 by default) a row goes into `soak.csv`: the appli
 memory and open files (from /proc), its event-loop lag and wake queue depth (from /admin/metrics),
 the database size, and in that interval the events published, OK, REQ and event-to-APNs
 latencies, wakes delivered and errors. At the end `soak.svg` plots the columns over time and
-the summary compares the first and last thirds of the run (a growth trend shows there).
+the summary gives each column's first and last thirds and its trend after the warm-up (`verdict`).
 
 Errors: an OK false, a REQ CLOSED, a dropped connection, an APNs answer other than 200, a
 failed metrics scrape, a line at ERROR or worse in the appliance's log, and at the end any wake
@@ -421,9 +421,8 @@ def _esc(text: str) -> str:
 # -- the trend -----------------------------------------------------------------------------------------
 
 
-def slope_per_hour(rows: list[dict], col: str) -> float:
-    """Least-squares slope of `col` against time, per hour."""
-    pts = [(float(r["elapsed_s"]), v) for r in rows if (v := _num(r.get(col))) is not None]
+def least_squares_per_hour(pts: list[tuple[float, float]]) -> float:
+    """Least-squares slope of (elapsed_s, value) points, per hour."""
     if len(pts) < 3:
         return float("nan")
     xs, ys = zip(*pts)
@@ -432,46 +431,85 @@ def slope_per_hour(rows: list[dict], col: str) -> float:
     return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / den * 3600 if den else float("nan")
 
 
-def thirds(rows: list[dict], col: str) -> tuple[float, float]:
-    """Median of `col` over the first and the last third of the samples."""
-    vals = [v for r in rows if (v := _num(r.get(col))) is not None]
-    k = max(1, len(vals) // 3)
-    if not vals:
-        return float("nan"), float("nan")
-    return statistics.median(vals[:k]), statistics.median(vals[-k:])
+def theil_sen_per_hour(points: list[tuple[float, float]]) -> float:
+    """Median of the slopes between every pair of samples (Theil-Sen), per hour: the trend of a
+    series that a few spikes (other jobs on the box, a GC pause) do not tilt, as they would a
+    least-squares line. NaN for fewer than 3 samples."""
+    if len(points) < 3:
+        return float("nan")
+    step = -(-len(points) // 600)  # at most 600 samples: 180,000 pairs
+    pts = points[::step]
+    slopes = [(y2 - y1) / (x2 - x1) for i, (x1, y1) in enumerate(pts) for x2, y2 in pts[i + 1:] if x2 > x1]
+    return statistics.median(slopes) * 3600 if slopes else float("nan")
 
 
-def settled_halves(rows: list[dict], col: str) -> tuple[float, float]:
-    """Median of `col` over the two halves of the run after its first third (the warm-up: page
-    caches filling, the first events expiring): a leak keeps growing there, a cache does not."""
-    vals = [v for r in rows[len(rows) // 3:] if (v := _num(r.get(col))) is not None]
-    if not vals:
-        return float("nan"), float("nan")
-    k = max(1, len(vals) // 2)
-    return statistics.median(vals[:k]), statistics.median(vals[-k:])
+# The trend rule (docs/reliability.md, "The growth verdict"). The first 20 % of the run, and at
+# least its first 5 minutes (never more than half of it), is warm-up: caches filling, the first
+# events expiring. After it, a column is growing when the Theil-Sen slope of the settled samples
+# projects past its limit per hour, and the slope of the settled samples' second half does too
+# (still growing at the end: a cache that filled and levelled off, or a one-off step, is not a
+# trend). A settled stretch under 5 minutes is too short to tell a leak from noise: no verdict.
+WARM_UP_SHARE = 0.2
+WARM_UP_S = 300.0
+MIN_SETTLED_S = 300.0
+# (column, what it is, unit, limit per hour). Memory: resident less SQLite's own (its page caches
+# are bounded by their cache_size, so they fill and stop); 10 MB/h is 240 MB a day, the smallest
+# leak a 30-minute run tells from the allocator's steps. One file descriptor, or 30 queued wakes,
+# or 100 ms of event-loop lag more every hour is growth nothing in the appliance should have.
+GROWTH_LIMITS = (
+    ("heap_mb", "memory outside SQLite's caches", "MB", 10.0),
+    ("open_files", "open files", "", 1.0),
+    ("queue_depth", "the wake queue", "", 30.0),
+    ("loop_lag_ms", "event-loop lag", "ms", 100.0),
+)
 
 
-# Growth the verdict tolerates between the halves of the settled run (after the first third):
-# allocator and cache churn (SQLite's page caches, up to their limits) is not a leak.
-RSS_TOLERANCE_MB = 15.0
-FILES_TOLERANCE = 5
+def _series(rows: list[dict], col: str) -> list[tuple[float, float]]:
+    """(elapsed_s, value) of `col`; heap_mb is rss_mb less sqlite_mb (rss_mb where SQLite's is unknown)."""
+    out = []
+    for r in rows:
+        if col == "heap_mb":
+            rss, sql = _num(r.get("rss_mb")), _num(r.get("sqlite_mb"))
+            v = None if rss is None else rss - (sql or 0.0)
+        else:
+            v = _num(r.get(col))
+        if v is not None:
+            out.append((float(r["elapsed_s"]), v))
+    return out
+
+
+def settled(rows: list[dict]) -> list[dict]:
+    """The samples after the warm-up; [] when what is left is too short to judge a trend."""
+    if not rows:
+        return []
+    t0, t1 = float(rows[0]["elapsed_s"]), float(rows[-1]["elapsed_s"])
+    run = t1 - t0
+    warm = min(max(WARM_UP_SHARE * run, WARM_UP_S), run / 2)
+    if run - warm < MIN_SETTLED_S:
+        return []
+    return [r for r in rows if float(r["elapsed_s"]) >= t0 + warm]
+
+
+def trends(rows: list[dict], cols=None) -> dict[str, tuple[float, float]]:
+    """Per column (the verdict's by default): the Theil-Sen slope per hour of the settled samples,
+    and of their second half; {} when the run is too short to judge."""
+    after = settled(rows)
+    late = after[len(after) // 2:]
+    cols = cols or [c for c, _what, _unit, _limit in GROWTH_LIMITS]
+    return {col: (theil_sen_per_hour(_series(after, col)), theil_sen_per_hour(_series(late, col)))
+            for col in cols} if after else {}
 
 
 def verdict(rows: list[dict]) -> list[str]:
-    """Lines naming any growth between the halves of the settled run beyond the tolerances."""
+    """Lines naming every column whose settled trend projects past its limit per hour."""
     bad = []
-    a, b = settled_halves(rows, "rss_mb")
-    if b - a > max(RSS_TOLERANCE_MB, 0.1 * a):
-        bad.append(f"resident memory grew from {a:.1f} to {b:.1f} MB")
-    a, b = settled_halves(rows, "open_files")
-    if b - a > FILES_TOLERANCE:
-        bad.append(f"open files grew from {a:.0f} to {b:.0f}")
-    a, b = settled_halves(rows, "queue_depth")
-    if b - a > 50:
-        bad.append(f"the wake queue grew from {a:.0f} to {b:.0f}")
-    a, b = settled_halves(rows, "loop_lag_ms")
-    if b > max(4 * a, 100):
-        bad.append(f"event-loop lag grew from {a:.1f} to {b:.1f} ms")
+    slopes = trends(rows)
+    for col, what, unit, limit in GROWTH_LIMITS:
+        whole, late = slopes.get(col, (float("nan"), float("nan")))
+        if whole > limit and late > limit:
+            u = f" {unit}" if unit else ""
+            bad.append(f"{what}: {whole:+.1f}{u}/h ({whole * 24:+,.0f}{u} a day), {late:+.1f}{u}/h over the last "
+                       f"half, past the limit of {limit:g}{u}/h")
     return bad
 
 
@@ -586,16 +624,23 @@ def run(args: argparse.Namespace) -> int:
     print(f"published {pub:,} events, {soak.wakes_expected:,} of them waking: {soak.wakes_delivered:,} wakes "
           f"delivered; {sum(r['reqs'] for r in rows):,} REQs; {soak.live_received:,} of {soak.live_expected:,} "
           "live deliveries")
-    print("  column       first third   last third  max            slope (whole run)   settled halves")
-    for col, unit in (("rss_mb", "MB"), ("sqlite_mb", "MB"), ("open_files", ""), ("loop_lag_ms", "ms"), ("queue_depth", ""),
-                      ("ok_p99_ms", "ms"), ("req_p99_ms", "ms"), ("wake_p99_ms", "ms"), ("db_mb", "MB")):
-        a, b = thirds(rows, col)
-        vals = [v for r in rows if (v := _num(r.get(col))) is not None]
+    columns = (("rss_mb", "MB"), ("sqlite_mb", "MB"), ("heap_mb", "MB"), ("open_files", ""), ("loop_lag_ms", "ms"),
+               ("queue_depth", ""), ("ok_p99_ms", "ms"), ("req_p99_ms", "ms"), ("wake_p99_ms", "ms"), ("db_mb", "MB"))
+    slopes = trends(rows, [c for c, _u in columns])
+    print("  column       first third   last third  max            slope (whole run)   settled trend, last half")
+    for col, unit in columns:
+        pts = _series(rows, col)
+        vals = [v for _t, v in pts]
+        k = max(1, len(vals) // 3)
+        a, b = (statistics.median(vals[:k]), statistics.median(vals[-k:])) if vals else (float("nan"),) * 2
         top = max(vals) if vals else float("nan")
-        h1, h2 = settled_halves(rows, col)
-        print(f"  {col:<12} {a:9.2f}    {b:9.2f}    {top:9.2f} {unit:<3}  {slope_per_hour(rows, col):+9.2f}/h   "
-              f"{h1:9.2f} -> {h2:.2f}")
+        trend = (f"{slopes[col][0]:+9.2f}/h {slopes[col][1]:+9.2f}/h" if col in slopes else "")
+        print(f"  {col:<12} {a:9.2f}    {b:9.2f}    {top:9.2f} {unit:<3}  {least_squares_per_hour(pts):+9.2f}/h   "
+              f"{trend}")
+    limits = ", ".join(f"{what} {limit:g}{' ' + unit if unit else ''}/h" for _c, what, unit, limit in GROWTH_LIMITS)
     print("growth: " + ("; ".join(growth) if growth else
-                        "none beyond tolerance (the two halves of the run after its first third)"))
+                        f"none past the limits ({limits}; Theil-Sen slope after the warm-up, and over its last half)"
+                        if slopes else "not judged: under 5 minutes after the warm-up (a run of 10 minutes or more "
+                        "gets a verdict)"))
     print("errors: " + (", ".join(f"{n}x {k}" for k, n in sorted(soak.errors.items())) if soak.errors else "none"))
     return 1 if total_errors or growth else 0
