@@ -10,7 +10,7 @@ import pytest
 
 from appliance.nostr.filters import parse_filter
 from appliance.relay.authz import AUTHOR_ONLY_KINDS, GATED_KINDS
-from appliance.store.events import ReadScope, query_rows
+from appliance.store.events import ReadScope, count_events, query_rows
 from appliance.store.sqlite import SqliteStore
 
 SCOPE = ReadScope(None, GATED_KINDS, AUTHOR_ONLY_KINDS)
@@ -72,3 +72,34 @@ def test_one_pass_and_row_by_row_answers_agree_on_limits_budgets_and_ties(store)
                 assert len(one_pass) == min(limit, len(everything))
             else:
                 assert len(one_pass) == 1 or sum(made[e][1] for e in one_pass) <= max_bytes
+
+
+def test_expired_events_not_yet_purged_are_neither_answered_nor_counted(store):
+    """NIP-40: an event past its expiration is never served, whether or not it was purged yet; the
+    check is the event row's own (a REQ reads the row) or the expiration index (an index-only
+    COUNT), the same answer either way, for every driving index."""
+
+    def write(conn):
+        conn.execute("INSERT OR IGNORE INTO origins (id, origin) VALUES (1, 'wss://answers.example')")
+        for i, expiration in enumerate([None, NOW - 1, NOW, NOW + 1, None, NOW - 100]):
+            eid = f"{i:064x}"
+            rowid = conn.execute(
+                "INSERT INTO events (origin, id, pubkey, created_at, kind, expiration, raw) "
+                "VALUES (1, ?, ?, ?, 1, ?, ?) RETURNING rowid",
+                (eid, AUTHOR, 1_000 + i, expiration, '{"id":"%s"}' % eid)).fetchone()[0]
+            conn.execute("INSERT INTO tags (event, origin, name, value, created_at, kind) VALUES (?, 1, 'p', ?, ?, 1)",
+                         (rowid, P, 1_000 + i))
+
+    store.write_sync(write)
+    live = [f"{i:064x}" for i in (4, 3, 0)]  # newest first; expiration NOW means expired at NOW
+    shapes = [{"#p": [P]}, {"kinds": [1], "#p": [P]}, {"#p": [P, NOBODY]}, {"authors": [AUTHOR]}, {"kinds": [1]},
+              {"ids": [f"{i:064x}" for i in range(6)]}, {}]
+    for flt in shapes:
+        assert answer(store, flt, 10, None) == live, flt
+        assert answer(store, flt, 2, None) == live[:2], flt
+        f = parse_filter(flt)
+        assert store.read_sync(lambda conn, f=f: count_events(conn, 1, [f], SCOPE, NOW)) == 3, flt
+    both = [parse_filter({"authors": [AUTHOR]}), parse_filter({"#p": [P]})]
+    assert store.read_sync(lambda conn: count_events(conn, 1, both, SCOPE, NOW)) == 3
+    rows = store.read_sync(lambda conn: query_rows(conn, 1, both, SCOPE, NOW, default_limit=10, max_limit=10))
+    assert [eid for eid, _raw in rows] == live
