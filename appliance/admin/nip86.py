@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections import OrderedDict
 from typing import Any, Callable
 
 from starlette.requests import Request
@@ -21,6 +20,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 
 from appliance.commands import moderation
 from appliance.errors import ConfigError
+from appliance.store.admin import spend_auth_event
 from appliance.nostr.nip98 import HttpAuthError, verify_http_auth
 from appliance.relay.peers import url_as_reached
 
@@ -29,9 +29,9 @@ log = logging.getLogger("appliance.admin")
 CONTENT_TYPE = "application/nostr+json+rpc"
 # Largest call accepted (a method name and a few short parameters).
 MAX_BODY = 64 * 1024
-# NIP-98 events authorizing a change are single-use within the time window (bounded memory).
+# Seconds a NIP-98 event's created_at may be from now. One authorizing a change is spent in the
+# store (every node sees it) and kept there until this window has closed for it.
 AUTH_WINDOW = 60
-MAX_SEEN = 100_000
 
 
 def _http_form(url: str) -> str:
@@ -69,7 +69,6 @@ async def _bounded_body(request: Request) -> bytes | None:
 class Management:
     def __init__(self, app):
         self.app = app
-        self.seen: OrderedDict[str, int] = OrderedDict()
         s = app.settings
         # method -> (handler(conn, origin_id, params) -> result, writes?)
         self.methods: dict[str, tuple[Callable, bool]] = {
@@ -129,16 +128,12 @@ class Management:
                 urls += [reached, reached.replace("http", "ws", 1)]
         return list(dict.fromkeys(urls + [u.rstrip("/") if u.endswith("/") else u + "/" for u in urls]))
 
-    def _burn(self, event_id: str, now: int) -> bool:
-        """Remember a NIP-98 event id; False if it was used already."""
-        while self.seen and next(iter(self.seen.values())) < now - 2 * AUTH_WINDOW:
-            self.seen.popitem(last=False)
-        if event_id in self.seen:
-            return False
-        self.seen[event_id] = now
-        if len(self.seen) > MAX_SEEN:
-            self.seen.popitem(last=False)
-        return True
+    async def _spend(self, event, now: int) -> bool:
+        """Spend the authorization event of a change in the store; False if it was spent already
+        (here, before a restart, or on another node). Committed before the change is made: a call
+        refused afterwards has used its event all the same."""
+        expires_at = event.created_at + AUTH_WINDOW + 1
+        return await self.app.store.write(lambda conn: spend_auth_event(conn, event.id, expires_at, now))
 
     async def handle(self, request: Request, origin) -> Response:
         ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
@@ -186,7 +181,7 @@ class Management:
         handler, writes = entry
         # A change is made once per authorization event (a replayed request cannot undo a later
         # decision); reads may repeat (a client listing twice within a second signs the same event).
-        if writes and not self._burn(event.id, now):
+        if writes and not await self._spend(event, now):
             return JSONResponse({"error": "unauthorized: this authorization event was already used"}, status_code=401)
         try:
             if writes:

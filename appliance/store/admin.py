@@ -1,6 +1,6 @@
-"""The dashboard's rows: the operator password and setup token, sessions, moderation notes and
-settings saved from the dashboard. Functions take an apsw connection (writes inside the writer's
-transaction)."""
+"""The dashboard's rows: the operator password and setup token, sessions, moderation notes,
+settings saved from the dashboard, and NIP-86 calls' spent authorization events. Functions take an
+apsw connection (writes inside the writer's transaction)."""
 
 from __future__ import annotations
 
@@ -35,6 +35,11 @@ SQL_SAVE_NOTE = (
     "ON CONFLICT (origin, subject, value) DO UPDATE SET reason = excluded.reason, created_at = excluded.created_at"
 )
 SQL_DROP_NOTE = "DELETE FROM moderation_notes WHERE origin = ? AND subject = ? AND value = ?"
+
+# A NIP-86 call's authorization event is spent by the insert itself: of two requests (or nodes)
+# carrying one event, only one inserts the row (its primary key), whatever the order.
+SQL_SPEND_AUTH_EVENT = "INSERT INTO admin_auth_events (event_id, expires_at) VALUES (?, ?) ON CONFLICT DO NOTHING"
+SQL_PURGE_AUTH_EVENTS = "DELETE FROM admin_auth_events WHERE expires_at < ?"
 
 SQL_STORED_SETTINGS = "SELECT name, value FROM stored_settings"
 SQL_SAVE_SETTING = (
@@ -102,6 +107,14 @@ def save_note(conn: apsw.Connection, origin: int, subject: str, value: str, reas
 
 def drop_note(conn: apsw.Connection, origin: int, subject: str, value: str) -> None:
     conn.execute(SQL_DROP_NOTE, (origin, subject, value))
+
+
+def spend_auth_event(conn: apsw.Connection, event_id: str, expires_at: int, now: int) -> bool:
+    """Spend a NIP-86 call's authorization event (kept until `expires_at`); False if it was spent
+    before, by this node or another. Spent events whose window has closed go first."""
+    conn.execute(SQL_PURGE_AUTH_EVENTS, (now,))
+    conn.execute(SQL_SPEND_AUTH_EVENT, (event_id, expires_at))
+    return conn.changes() == 1
 
 
 def stored_settings(conn: apsw.Connection) -> dict[str, Any]:

@@ -3,7 +3,7 @@
 The tables, columns and their meaning are SQLite's (schema.py); the types are PostgreSQL's
 (BIGINT for SQLite's 64-bit INTEGER, DOUBLE PRECISION, BYTEA) and text compares bytewise (COLLATE
 "C", as SQLite's BINARY), so ids, pubkeys and tag values order the same on both backends.
-Migration 1 is SQLite's schema version 10, migration 2 its 11 and 12; later steps follow
+Migration 1 is SQLite's schema version 10, migration 2 its 11 and 12, 3 its 13; later steps follow
 schema.py's where the tables change.
 """
 
@@ -334,12 +334,20 @@ MIGRATIONS: tuple[str, ...] = (
     """
     DROP INDEX wake_endpoints_sent;
     """,
+    # 4: SQLite's 14: NIP-86 calls' spent authorization events, shared by every node.
+    """
+    CREATE TABLE admin_auth_events (
+        event_id    TEXT COLLATE "C" PRIMARY KEY,
+        expires_at  BIGINT NOT NULL
+    );
+    CREATE INDEX admin_auth_events_expiry ON admin_auth_events(expires_at);
+    """,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)
 # The SQLite schema version whose tables migration SCHEMA_VERSION matches (migrate-to-postgres
 # copies only from a database at that version).
-SQLITE_SCHEMA_VERSION = 13
+SQLITE_SCHEMA_VERSION = 14
 
 # Serialises migrations between nodes starting at once (pg_advisory_xact_lock key).
 MIGRATION_LOCK = 0x6170706C69616E63

@@ -425,6 +425,16 @@ MIGRATIONS: tuple[str, ...] = (
     """
     DROP INDEX wake_endpoints_sent;
     """,
+    # 14: NIP-86 calls' spent authorization events (NIP-98 ids), kept until the event's time window
+    # closes: a captured change request is refused after a restart and on every node, not only by
+    # the process that took it first.
+    """
+    CREATE TABLE admin_auth_events (
+        event_id    TEXT PRIMARY KEY,
+        expires_at  INTEGER NOT NULL
+    ) WITHOUT ROWID;
+    CREATE INDEX admin_auth_events_expiry ON admin_auth_events(expires_at);
+    """,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)
