@@ -16,6 +16,8 @@ Lease rejections (NIP-PL) are `Rejected` with the spec's exact reason strings.
 
 from __future__ import annotations
 
+import re
+
 # NIP-01 machine-readable prefixes for OK / CLOSED messages.
 PREFIXES = frozenset(
     {
@@ -36,14 +38,28 @@ class ApplianceError(Exception):
     """Base class of every error the appliance raises deliberately."""
 
 
+# What a secret key looks like when it is pasted where something else goes: an nsec (NIP-19; NIP-49's
+# ncryptsec) or 64 hex characters, the form of a pubkey and of a secret key alike (an error cannot
+# tell them apart, so it repeats neither). Error messages reach the terminal and the service's journal.
+_SECRET_LIKE = re.compile(r"n(?:crypt)?sec1[0-9a-z]*|(?<![0-9a-z])[0-9a-f]{64}(?![0-9a-z])", re.I)
+REDACTED = "(not shown: it looks like a secret key)"
+
+
+def redact_secret_like(text: str) -> str:
+    """`text` with every nsec and every run of 64 hex characters replaced by a note."""
+    return _SECRET_LIKE.sub(lambda m: "nsec1... " + REDACTED if m.group()[0] in "nN" else REDACTED, text)
+
+
 class ConfigError(ApplianceError):
-    """An invalid setting: the message names the setting, the value and a hint."""
+    """An invalid setting: the message names the setting, the value and a hint. A value (or a part
+    of the hint) that looks like a secret key is not repeated."""
 
     def __init__(self, name: str, value: object, hint: str):
         self.name = name
-        self.value = value
-        self.hint = hint
-        super().__init__(f"setting {name!r}: invalid value {value!r}: {hint}")
+        self.value = REDACTED if _SECRET_LIKE.search(repr(value)) else value
+        self.hint = redact_secret_like(hint)
+        shown = REDACTED if self.value is REDACTED else repr(value)
+        super().__init__(redact_secret_like(f"setting {name!r}: invalid value {shown}: {self.hint}"))
 
 
 class StoreError(ApplianceError):

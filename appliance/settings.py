@@ -116,6 +116,8 @@ def _pubkeys(value: Any) -> tuple[str, ...]:
     else:
         items = [v for v in _str(value).replace(",", " ").split() if v]
     for item in items:
+        if item.lower().startswith("nsec1"):  # never repeated: ConfigError hides it too
+            raise ValueError("an nsec is a secret key: give the pubkey (64 lowercase hex), and keep the nsec private")
         if len(item) != 64 or any(c not in "0123456789abcdef" for c in item):
             raise ValueError(f"{item!r} is not a pubkey (64 lowercase hex characters, not an npub)")
     return tuple(dict.fromkeys(items))
@@ -463,6 +465,9 @@ def _check_cross(values: dict[str, Any]) -> None:
         raise ConfigError("default_limit", values["default_limit"],
                           f"must not exceed max_limit ({values['max_limit']}); lower default_limit too")
     pk = values["relay_pubkey"]
+    if pk.lower().startswith("nsec1"):
+        raise ConfigError("relay_pubkey", pk, "an nsec is a secret key: give the pubkey (64 lowercase hex), "
+                          "and keep the nsec private")
     if pk and (len(pk) != 64 or any(c not in "0123456789abcdef" for c in pk)):
         raise ConfigError("relay_pubkey", pk, "expected 64 lowercase hex characters (a pubkey, not an npub)")
 

@@ -171,3 +171,60 @@ def test_serve_refuses_unknown_config_key(tmp_path):
     )
     assert out.returncode != 0
     assert "acces_policy" in out.stderr and "unknown setting" in out.stderr
+
+
+def _secret_like() -> dict[str, str]:
+    from appliance.nostr.keys import generate_secret
+    from appliance.nostr.nip19 import encode_key
+
+    secret = generate_secret()
+    return {"nsec": encode_key(bytes.fromhex(secret), "nsec"), "HEX": secret.upper(), "hex": secret}
+
+
+@pytest.mark.parametrize("source", ["flag", "env", "file"])
+@pytest.mark.parametrize("name, form", [("admin_pubkeys", "nsec"), ("relay_pubkey", "nsec"),
+                                        ("relay_pubkey", "HEX"), ("admin_pubkeys", "hex-beside-an-npub")])
+def test_a_secret_key_given_for_a_pubkey_is_never_repeated(tmp_path, source, name, form):
+    """An nsec (or a secret key in hex) pasted where a pubkey goes: the error names the setting and
+    says why, and stderr (the service's journal) never holds the key, whole or in part."""
+    keys = _secret_like()
+    secret = keys["nsec"] if form == "nsec" else keys["HEX"] if form == "HEX" else keys["hex"]
+    value = secret if form != "hex-beside-an-npub" else f"{secret},npub1notapubkey"
+    args, env = [], {}
+    setting = BY_NAME[name]
+    if source == "flag":
+        args = [setting.flag, value]
+    elif source == "env":
+        env = {setting.env: value}
+    else:
+        cfg = tmp_path / "appliance.toml"
+        cfg.write_text(f"{name} = " + (f'"{value}"\n' if name == "relay_pubkey" else
+                                       "[" + ", ".join(f'"{v}"' for v in value.split(",")) + "]\n"))
+        args = ["--config", str(cfg)]
+    out = subprocess.run(
+        [sys.executable, "-m", "appliance", "serve", "--data-dir", str(tmp_path / "data"), *args],
+        capture_output=True, text=True, env=_env(tmp_path / "data") | env, cwd=ROOT, timeout=60,
+    )
+    assert out.returncode == 2 and f"setting {name!r}" in out.stderr, out.stderr
+    assert "not shown" in out.stderr and "Traceback" not in out.stderr, out.stderr
+    hex_form = keys["hex"]
+    for part in (secret, secret[5:25], secret[-20:], hex_form[:20], hex_form[-20:]):
+        assert part.lower() not in out.stderr.lower(), out.stderr
+    if form == "nsec":
+        assert "an nsec is a secret key" in out.stderr, out.stderr
+
+
+def test_errors_never_repeat_what_looks_like_a_secret_key():
+    from appliance.commands.moderation import _hex64
+
+    keys = _secret_like()
+    for value in (keys["nsec"], keys["HEX"], [keys["hex"], "x"], {"k": keys["nsec"]}, "ncryptsec1qgg9947rlpvqu"):
+        for error in (ConfigError("any_setting", value, "a hint"), ConfigError(f"x {value}", 1, f"hint {value}")):
+            text = str(error)
+            assert "not shown: it looks like a secret key" in text, text
+            assert all(k.lower() not in text.lower() for k in keys.values()) and "9947rlpvqu" not in text, text
+    with pytest.raises(ConfigError) as info:  # a CLI or NIP-86 moderation call given an nsec
+        _hex64(keys["nsec"], "pubkey")
+    assert keys["nsec"] not in str(info.value) and info.value.value != keys["nsec"]
+    # Other values are still repeated, so the message says what was wrong.
+    assert "'npub1xyz'" in str(ConfigError("relay_pubkey", "npub1xyz", "a hint"))
