@@ -4,30 +4,39 @@ rule-breaking mutation of one is refused with that rule's exact OK message and l
 event, the lease row and the watermark of the previously accepted lease unchanged.
 
 The generators and mutations are the ones of `test_properties.py` (which runs them through the
-pure pipeline with many more examples); here each example is a round trip, so fewer run."""
+pure pipeline with many more examples); here each example is a round trip, so fewer run in the
+default suite. These are fuzz tests too: `pytest -m fuzz --fuzz-scale N` runs N times as many,
+including any text at all (any JSON, one member of a valid lease replaced by anything) as a lease,
+which is accepted or refused with a prefix, a refusal changing nothing."""
 
 from __future__ import annotations
 
 import copy
 import json
+import re
 import secrets
 import time
 
 import nostr_sdk as sdk
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from websockets.sync.client import connect as ws_connect
 
+from appliance.errors import PREFIXES
 from appliance.nostr.event import sign_event
 from appliance.push.errors import reason_message
 from tests.conftest import Server
+from tests.fuzzing import fuzz
 from tests.push.e2e_helpers import current_key, db_rows, lease_state
 from tests.push.helpers import AUTHOR, AUTHOR_HEX, DESCRIPTOR
 from tests.pg import on_postgres
 from tests.push.test_properties import ACTIVE_ONLY, ANY
 from tests.push.test_properties import active_lease as any_active_lease
 from tests.push.test_properties import inactive_lease
+from tests.security.test_fuzz_parsers import json_values
+
+pytestmark = pytest.mark.fuzz
 
 
 def active_lease():
@@ -49,8 +58,9 @@ class_support = {{ apns = ["silent", "default", "time_sensitive", "urgent"], fcm
 max_leases_per_pubkey = 100000
 """
 
-E2E = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow,
-                                                                      HealthCheck.function_scoped_fixture])
+PREFIX = re.compile(r"^(%s):" % "|".join(sorted(PREFIXES)))
+# Members of a lease plaintext (NIP-PL), one of which a text fuzz example replaces.
+MEMBERS = ["v", "active", "origin", "app_profile", "transport", "endpoint", "generation", "subscriptions", "new"]
 
 
 class SyncClient:
@@ -127,7 +137,7 @@ def new_d() -> str:
     return "prop-" + secrets.token_urlsafe(18)
 
 
-@E2E
+@fuzz(25)
 @given(pt=st.one_of(active_lease(), inactive_lease()))
 def test_generated_valid_lease_accepted(server, client, exec_key, pt):
     d = new_d()
@@ -142,8 +152,7 @@ def test_generated_valid_lease_accepted(server, client, exec_key, pt):
 
 
 @pytest.mark.parametrize("mutation", ANY + ACTIVE_ONLY, ids=lambda m: m.__name__)
-@settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.too_slow,
-                                                               HealthCheck.function_scoped_fixture])
+@fuzz(3)
 @given(data=st.data())
 def test_mutation_refused_with_exact_message_and_state_unchanged(server, client, exec_key, mutation, data):
     active = mutation in ACTIVE_ONLY or data.draw(st.booleans())
@@ -160,4 +169,31 @@ def test_mutation_refused_with_exact_message_and_state_unchanged(server, client,
     ok, msg = client.publish(signed(mutated, exec_key, d, now))
     assert (ok, msg) == (False, reason_message(code)), mutation.__name__
     assert client.req_ids(d) == [base["id"]]
+    assert lease_state(server.data_dir, AUTHOR_HEX) == before
+
+
+@fuzz(10)
+@given(base=active_lease(), text=st.none() | st.text(min_size=1, max_size=200) | json_values.map(json.dumps),
+       member=st.sampled_from(MEMBERS), value=json_values)
+def test_any_text_as_a_lease_is_accepted_or_refused_and_a_refusal_changes_nothing(server, client, exec_key, base,
+                                                                                 text, member, value):
+    """Over an accepted lease at the same address: any text at all, or a valid successor with one
+    member replaced by any JSON value. A valid successor may be accepted; anything else is refused
+    with a NIP-01 prefix, and leaves the leases, watermarks and stored lease events as they were."""
+    d = new_d()
+    now = int(time.time())
+    base = unique(base)
+    first = signed(base, exec_key, d, now - 10)
+    assert client.publish(first) == (True, "")
+    before = lease_state(server.data_dir, AUTHOR_HEX)
+    if text is None:
+        successor = copy.deepcopy(base)
+        successor["generation"] = min(base["generation"] + 1, 2**53 - 1)
+        successor[member] = value
+        text = json.dumps(successor)
+    ok, msg = client.publish(signed(text, exec_key, d, now))
+    if ok:
+        return
+    assert PREFIX.match(msg), msg
+    assert client.req_ids(d) == [first["id"]]
     assert lease_state(server.data_dir, AUTHOR_HEX) == before
