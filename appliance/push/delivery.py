@@ -36,7 +36,9 @@ import apsw
 import orjson
 
 from appliance.nostr.event import InvalidEvent, parse_event
+from appliance.errors import StorageFull
 from appliance.store import wakes
+from appliance.store.faultlog import FaultLog
 from appliance.store.wakes import WakeJob
 from appliance.transports import (
     ACCEPTED,
@@ -139,6 +141,9 @@ class Delivery:
         self._flushing = False  # a batch of outcomes is with the writer (the next one waits for it)
         self._recording = 0  # outcomes sent to the writer and not yet committed
         self.stats = {"sent": 0, "accepted": 0, "failed": 0, "dropped": 0}
+        # Failures that repeat each cycle while they last (a full disk): once, then once a minute.
+        self._cycle_faults = FaultLog(log, "wake delivery cycle", clock=monotonic)
+        self._record_faults = FaultLog(log, "recording wake outcomes", clock=monotonic)
 
     def nudge(self) -> None:
         """New wakes may be due (called after the commit that wrote them)."""
@@ -399,7 +404,9 @@ class Delivery:
             self._recording -= len(batch)
             exc = None if fut.cancelled() else fut.exception()
             if exc is not None:  # their claims lapse and they are tried again (same job ids)
-                log.error("recording %d wake outcome(s) failed: %s", len(batch), exc)
+                self._record_faults.failed(exc, note=f"{len(batch)} wake outcome(s)")
+            elif not fut.cancelled():
+                self._record_faults.recovered()
             for wake, _outcome, _latency in batch:
                 if self._held.get(wake.job.id) is wake:
                     del self._held[wake.job.id]
@@ -506,9 +513,13 @@ class Delivery:
                     await self._cycle(n)
                 except asyncio.CancelledError:
                     raise
-                except Exception:
-                    log.exception("wake delivery cycle failed")
+                except Exception as exc:
+                    # A full disk fails every cycle's claim: its cause is enough. Anything else
+                    # is a bug: its traceback. Either way once, then once a minute (FaultLog).
+                    self._cycle_faults.failed(exc, traceback=not isinstance(exc, StorageFull))
                     await asyncio.sleep(1.0)
+                else:
+                    self._cycle_faults.recovered()
         finally:
             self._running = False
             for task in workers:

@@ -17,6 +17,7 @@ import apsw
 import apsw.bestpractice
 
 from appliance.errors import StoreError
+from appliance.store.faultlog import FaultLog
 from appliance.store.schema import migrate
 from appliance.store.writer import Writer, WriterFront
 
@@ -116,10 +117,18 @@ WAL_RESTART_BACKOFF = 1.0
 _bestpractice_applied = False
 
 
+# SQLite reports a full disk on every statement it aborts (commits, each WAL checkpoint round):
+# the first is logged, then one line a minute, and one when a commit fits again (_wal_hook).
+_disk_full = FaultLog(sqlite_log, "SQLite: writing to the disk")
+
+
 def _sqlite_log(code: int, message: str) -> None:
     """SQLite's error log, into the `appliance.sqlite` logger. A statement re-prepared after a
     schema change (SQLITE_SCHEMA, routine at start while migrations run) is DEBUG, not news."""
     primary = code & 0xFF
+    if primary == apsw.SQLITE_FULL:
+        _disk_full.failed(f"{message} (SQLITE_FULL)")
+        return
     if code == apsw.SQLITE_SCHEMA or primary == apsw.SQLITE_INTERRUPT:
         # Re-prepares after a schema change; reads abandoned on purpose (query_timeout).
         level = logging.DEBUG
@@ -695,6 +704,7 @@ class SqliteStore(WriterFront):
 
     def _wal_hook(self, _conn: apsw.Connection, _db: str, pages: int) -> int:
         """After each commit (writer thread): past half WAL_RESTART_PAGES, wake the checkpointer."""
+        _disk_full.recovered()
         self.wal_pages = pages
         if pages >= WAL_RESTART_PAGES // 2:
             self._wal_big.set()

@@ -12,6 +12,7 @@ from typing import Any, Callable, TypeVar
 import apsw
 
 from appliance.errors import StorageFull
+from appliance.store.faultlog import FaultLog
 from appliance.store.meta import LockOrder
 
 log = logging.getLogger("appliance.store")
@@ -58,6 +59,9 @@ class Writer:
         # When a write last failed for lack of disk space (time.time()), until a later ordinary
         # write commits: the health check's own one-row probe often still fits, so it cannot tell.
         self.full_since: float | None = None
+        # A commit that keeps failing (a full disk: each one, for as long as it lasts) is logged
+        # once, then once a minute, and once when a commit succeeds again.
+        self.faults = FaultLog(log, "writing to the database")
         # Run on the writer thread after each batch is committed and answered (WAL upkeep).
         self.after_commit: Callable[[], None] | None = None
 
@@ -123,7 +127,7 @@ class Writer:
         means SQLite itself rolled the transaction back (disk full, I/O error); the waiters get the
         error that did it. Anything else is a bug, logged in full."""
         if isinstance(exc, TransactionLost):
-            log.error("transaction rolled back by SQLite, %d writes lost: %s", len(batch), exc.cause)
+            self.faults.failed(exc.cause, note=f"SQLite rolled the transaction back, {len(batch)} writes lost")
             exc = exc.cause
         else:
             log.error("write batch failed, %d writes rolled back", len(batch), exc_info=exc)
@@ -142,7 +146,7 @@ class Writer:
             conn = self._conn
             conn.execute(self.BEGIN)
         except self.ERRORS as exc:  # the database is unusable: fail every waiter loudly
-            log.error("writer could not begin a transaction: %s", exc)
+            self.faults.failed(exc, note="could not begin a transaction")
             self._deliver([(fut, loop, None, exc) for _op, fut, loop in batch])
             return
         i = 0
@@ -170,7 +174,7 @@ class Writer:
         try:
             conn.execute("COMMIT")
         except self.ERRORS as exc:
-            log.error("commit failed, %d writes rolled back: %s", len(outcomes), exc)
+            self.faults.failed(exc, note=f"commit, {len(outcomes)} writes rolled back")
             if conn.in_transaction:  # SQLite may have rolled it back already (disk full)
                 try:
                     conn.execute("ROLLBACK")
@@ -180,6 +184,7 @@ class Writer:
             return
         self.commits += 1
         self.writes += len(outcomes)
+        self.faults.recovered()
         if self.full_since is not None and any(
                 exc is None and not getattr(op, "probe", False) for op, _f, _l, _r, exc in outcomes):
             self.full_since = None  # an ordinary write fitted again
