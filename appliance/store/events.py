@@ -412,22 +412,28 @@ def _in(column: str, values: Iterable, params: list) -> str:
 
 
 def _scope_sql(scope: ReadScope, now: int, params: list, *, kinds: frozenset[int] | None = None,
-               kind_col: str = "e.kind", rowid_col: str = "e.rowid", row_read: bool = False) -> tuple[str, bool]:
+               kind_col: str = "e.kind", rowid_col: str = "e.rowid", row_read: bool = False,
+               expired: bool = True) -> tuple[str, bool]:
     """The read-authorization rule as SQL (mirrors relay.authz.can_read), and whether it needs
     the event row `e` (its pubkey or group). `kinds` (the filter's own, when it names them) drops
     the clauses about kinds it cannot match; `kind_col`/`rowid_col` may name the tag index's copies
     of the event's kind and rowid, so a scan of that index needs no event row. `row_read`: the
-    statement reads each event row `e` anyway (it selects the event)."""
+    statement reads each event row `e` anyway (it selects the event). `expired`: False when the
+    read's snapshot holds no expired event not purged yet (see `any_expired`)."""
     if row_read:
         # Expired events not purged yet: the row at hand says so. (The list below, built again by
         # every run of the statement, was a third of a 50-event REQ's SQL time.)
         clauses = ["(e.expiration IS NULL OR e.expiration > ?)"]
-    else:
+        params.append(now)
+    elif expired:
         # Expired events not purged yet, found through the partial index on expiration (a handful
         # at any time): the check needs no event row, so index-only scans (COUNT by kind) stay
-        # index-only.
+        # index-only. It costs every row scanned a probe (a COUNT of 20,000 events by kind: 1.1
+        # against 0.46 ms without it): left out when there are none.
         clauses = [f"{rowid_col} NOT IN (SELECT rowid FROM events WHERE expiration IS NOT NULL AND expiration <= ?)"]
-    params.append(now)
+        params.append(now)
+    else:
+        clauses = []
     needs_row = False
 
     def relevant(ks: frozenset[int]) -> list[int]:
@@ -455,13 +461,23 @@ def _scope_sql(scope: ReadScope, now: int, params: list, *, kinds: frozenset[int
         clauses.append("(e.grp IS NULL OR e.grp NOT IN (SELECT value FROM json_each(?)))")
         params.append(orjson.dumps(sorted(scope.hidden_groups)).decode())
         needs_row = True
-    return " AND ".join(clauses), needs_row
+    return " AND ".join(clauses) or "TRUE", needs_row
+
+
+SQL_ANY_EXPIRED = "SELECT 1 FROM events WHERE expiration IS NOT NULL AND expiration <= ? LIMIT 1"
+
+
+def any_expired(conn, now: int) -> bool:
+    """Whether the read's snapshot holds an expired event not purged yet (one step down the
+    partial index on expiration)."""
+    return conn.execute(SQL_ANY_EXPIRED, (now,)).fetchone() is not None
 
 
 def build_query(origin: int, f: Filter, scope: ReadScope | None, now: int, limit: int, *, count: bool = False,
                 rowids: bool = False, condition: bool = False, raw_bytes: bool = False,
-                at_second: int | None = None):
-    """SQL and bindings for one filter: pick the most selective index to drive the scan."""
+                at_second: int | None = None, expired: bool = True):
+    """SQL and bindings for one filter: pick the most selective index to drive the scan.
+    `expired`: as for `_scope_sql`."""
     params: list = []
     where: list[str] = []
     tag_items = sorted(f.tags.items(), key=lambda kv: (_TAG_PREFERENCE.index(kv[0])
@@ -506,7 +522,8 @@ def build_query(origin: int, f: Filter, scope: ReadScope | None, now: int, limit
         return " AND ".join(where[1:]) or "TRUE", params[1:]
     if scope is not None:
         scope_sql, scope_needs_row = _scope_sql(scope, now, params, kinds=f.kinds, kind_col=kind_col,
-                                                rowid_col=rowid_col, row_read=not (count or rowids))
+                                                rowid_col=rowid_col, row_read=not (count or rowids),
+                                                expired=expired)
         where.append(scope_sql)
         needs_row = needs_row or scope_needs_row
     clause = " AND ".join(where)
@@ -704,8 +721,9 @@ def count_events(conn: apsw.Connection, origin: int, filters: list[Filter], scop
     live = [f for f in filters if not _matches_nothing(f) and f.search is None]
     if not live:
         return 0
+    expired = any_expired(conn, now)
     if len(live) == 1:
-        sql, params = build_query(origin, live[0], scope, now, 0, count=True)
+        sql, params = build_query(origin, live[0], scope, now, 0, count=True, expired=expired)
         return conn.execute(sql, params).fetchone()[0]
     # Broad filters (kinds, times, secondary tags; no ids, authors or driving tag): one pass over
     # the origin's events with all of them OR-ed, each event counted once. Selective filters: the
@@ -721,12 +739,12 @@ def count_events(conn: apsw.Connection, origin: int, filters: list[Filter], scop
         params += cond_params
     else:
         scope_params: list = []
-        scope_sql, _needs_row = _scope_sql(scope, now, scope_params)
+        scope_sql, _needs_row = _scope_sql(scope, now, scope_params, expired=expired)
         sql = f"SELECT count(*) FROM events e WHERE e.origin = ? AND ({' OR '.join(conditions)}) AND {scope_sql}"
         return conn.execute(sql, [origin, *params, *scope_params]).fetchone()[0]
     parts, params = [], []
     for f in live:
-        part, part_params = build_query(origin, f, scope, now, 0, rowids=True)
+        part, part_params = build_query(origin, f, scope, now, 0, rowids=True, expired=expired)
         parts.append(part)
         params += part_params
     return conn.execute(f"SELECT count(*) FROM ({' UNION '.join(parts)})", params).fetchone()[0]

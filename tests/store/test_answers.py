@@ -10,7 +10,7 @@ import pytest
 
 from appliance.nostr.filters import parse_filter
 from appliance.relay.authz import AUTHOR_ONLY_KINDS, GATED_KINDS
-from appliance.store.events import ReadScope, count_events, query_rows
+from appliance.store.events import ReadScope, any_expired, count_events, query_rows
 from appliance.store.sqlite import SqliteStore
 
 SCOPE = ReadScope(None, GATED_KINDS, AUTHOR_ONLY_KINDS)
@@ -103,3 +103,21 @@ def test_expired_events_not_yet_purged_are_neither_answered_nor_counted(store):
     assert store.read_sync(lambda conn: count_events(conn, 1, both, SCOPE, NOW)) == 3
     rows = store.read_sync(lambda conn: query_rows(conn, 1, both, SCOPE, NOW, default_limit=10, max_limit=10))
     assert [eid for eid, _raw in rows] == live
+
+
+def test_a_count_checks_expiration_only_while_an_expired_event_is_stored(store):
+    """COUNT leaves the expiration check out of its statement when the snapshot holds no expired
+    event (every row scanned would pay for it), and counts the same either way."""
+    fill(store, random.Random(3), 30)
+    flt = [parse_filter({"kinds": [1]})]
+
+    def count(conn):
+        return any_expired(conn, NOW), count_events(conn, 1, flt, SCOPE, NOW)
+
+    assert store.read_sync(count) == (False, 30)
+    store.write_sync(lambda conn: conn.execute("UPDATE events SET expiration = ? WHERE rowid IN "
+                                               "(SELECT rowid FROM events ORDER BY rowid LIMIT 4)", (NOW,)))
+    assert store.read_sync(count) == (True, 26)
+    store.write_sync(lambda conn: conn.execute("UPDATE events SET expiration = ? WHERE expiration IS NOT NULL",
+                                               (NOW + 1,)))
+    assert store.read_sync(count) == (False, 30)
