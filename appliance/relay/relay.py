@@ -78,7 +78,14 @@ class Verifier:
     elsewhere (a native websocket front end, a sharded process) can replace it.
     """
 
+    # It checks on the caller's thread: the relay may call `check` directly (see
+    # Relay.publish_then). An implementation that checks elsewhere sets this False.
+    inline = True
+
     async def verify(self, ev: Event) -> bool:
+        return verify_event(ev)
+
+    def check(self, ev: Event) -> bool:
         return verify_event(ev)
 
     def close(self) -> None:
@@ -220,35 +227,17 @@ class Relay:
             if not await self.verifier.verify(ev):
                 raise Rejected("invalid", "bad signature")
             context = {}
-        try:
-            expiration = event_expiration(ev)
-        except InvalidEvent as exc:
-            raise Rejected("invalid", exc.reason) from None
-        if expiration is not None and expiration <= now:
-            raise Rejected("invalid", "event has expired")
+        expiration = self._expiration(ev, now)
         if is_ephemeral(ev.kind):
-            for check in self.ephemeral_checks:
-                check(origin, ev)
-            self.broadcast(origin, ev, ev.to_json())
-            for announce in self.on_ephemeral:
-                announce(origin, ev)
+            self._ephemeral(origin, ev)
             return ""
         raw = ev.to_json()
-        pending = PendingEvent(origin.id, ev, raw, expiration, now, self.store_hooks, context)
-        unbroadcast = self.unbroadcast
-        unbroadcast[ev.id] = unbroadcast.get(ev.id, 0) + 1
+        pending = self._pending(origin, ev, raw, expiration, now, context)
         try:
-            # Plain events are written a batch at a time; the rest one by one (same rules either way).
             result = await self.store.write(pending if batchable(ev, self.store_hooks) else pending.__call__)
-            self.stats["accepted"] += 1
-            # Committed: apply in-memory state changes before anything else is broadcast.
-            for apply in result.extra.get("after_commit", ()):
-                apply()
-            self.broadcast(origin, ev, raw)
+            self._committed(origin, ev, raw, result)
         finally:
-            left = unbroadcast.pop(ev.id) - 1
-            if left:
-                unbroadcast[ev.id] = left
+            self._broadcast_done(ev.id)
         for extra in result.extra.get("broadcast", ()):
             self.broadcast(origin, extra, extra.to_json())
         for callback in self.on_stored:
@@ -257,6 +246,95 @@ class Relay:
             except Exception:  # a listener's failure must not turn an accepted event into an error
                 log.exception("on_stored callback failed for event %s", ev.id)
         return result.message
+
+    def publish_then(self, origin: Origin, authed: str | None, ev: Event,
+                     done: Callable[[str | None, Exception | None], None]) -> bool:
+        """`publish` with no task and no future, for events that need nothing awaited (no admission
+        hook of their kind, a verifier that checks inline, no `on_stored` callback): the same
+        checks in the same order, then `done(message, None)` once committed and broadcast, or
+        `done(None, exc)` (a refusal counted, as `publish` raises it). Called on the loop; `done`
+        runs on it, possibly before this returns. False (and nothing done) for any other event:
+        the caller awaits `publish`."""
+        if ev.kind in self.admission or self.on_stored or not getattr(self.verifier, "inline", False):
+            return False
+        now = int(time.time())
+        try:
+            self.check_envelope(ev, now)
+            self.check_write_access(origin, authed, ev)
+            if not self.verifier.check(ev):
+                raise Rejected("invalid", "bad signature")
+            expiration = self._expiration(ev, now)
+            if is_ephemeral(ev.kind):
+                self._ephemeral(origin, ev)
+                done("", None)
+                return True
+            raw = ev.to_json()
+            pending = self._pending(origin, ev, raw, expiration, now, {})
+        except Rejected as exc:
+            self.rejected(origin, ev, exc)
+            done(None, exc)
+            return True
+
+        def committed(result, exc: BaseException | None) -> None:  # on the loop, after the commit
+            try:
+                if exc is None:
+                    self._committed(origin, ev, raw, result)
+            except Exception as failed:  # as `publish` would raise it
+                exc = failed
+            finally:
+                self._broadcast_done(ev.id)
+            if exc is None:
+                for extra in result.extra.get("broadcast", ()):
+                    self.broadcast(origin, extra, extra.to_json())
+                done(result.message, None)
+                return
+            if isinstance(exc, Rejected):
+                self.rejected(origin, ev, exc)
+            done(None, exc)
+
+        self.store.write_then(pending if batchable(ev, self.store_hooks) else pending.__call__, committed)
+        return True
+
+    @staticmethod
+    def _expiration(ev: Event, now: int) -> int | None:
+        """NIP-40: the event's expiration, refused when malformed or already past."""
+        try:
+            expiration = event_expiration(ev)
+        except InvalidEvent as exc:
+            raise Rejected("invalid", exc.reason) from None
+        if expiration is not None and expiration <= now:
+            raise Rejected("invalid", "event has expired")
+        return expiration
+
+    def _ephemeral(self, origin: Origin, ev: Event) -> None:
+        """An ephemeral event admitted: checked, broadcast, announced; never stored."""
+        for check in self.ephemeral_checks:
+            check(origin, ev)
+        self.broadcast(origin, ev, ev.to_json())
+        for announce in self.on_ephemeral:
+            announce(origin, ev)
+
+    def _pending(self, origin: Origin, ev: Event, raw: str, expiration: int | None, now: int,
+                 context: dict) -> PendingEvent:
+        """The write of an admitted event; its id counts as not broadcast yet until
+        `_broadcast_done` (see `unbroadcast`)."""
+        pending = PendingEvent(origin.id, ev, raw, expiration, now, self.store_hooks, context)
+        unbroadcast = self.unbroadcast
+        unbroadcast[ev.id] = unbroadcast.get(ev.id, 0) + 1
+        return pending
+
+    def _committed(self, origin: Origin, ev: Event, raw: str, result) -> None:
+        """Committed: in-memory state changes applied before anything else is broadcast."""
+        self.stats["accepted"] += 1
+        for apply in result.extra.get("after_commit", ()):
+            apply()
+        self.broadcast(origin, ev, raw)
+
+    def _broadcast_done(self, event_id: str) -> None:
+        unbroadcast = self.unbroadcast
+        left = unbroadcast.pop(event_id) - 1
+        if left:
+            unbroadcast[event_id] = left
 
     def broadcast(self, origin: Origin, ev: Event, raw: str) -> None:
         """Send `ev` to every live subscription at `origin` whose owner may read it."""

@@ -582,32 +582,46 @@ class Session:
         except InvalidEvent as exc:
             self.ok(event_id, False, f"invalid: {exc.reason}")
             return
-        self.inflight += 1  # counted before the task runs, so the receive loop sees it at once
-        self.spawn(self._publish(ev))
+        self.inflight += 1  # counted before it is answered, so the receive loop sees it at once
+        # Most events need nothing awaited: checked here and answered from the writer's commit,
+        # with no task; the others (a kind with its own admission, say) take a task.
+        if not self.relay.publish_then(self.origin, self.reader, ev,
+                                       lambda message, exc: self._published(ev, message, exc)):
+            self.spawn(self._publish(ev))
 
     async def _publish(self, ev) -> None:
         try:
-            try:
-                message = await self.relay.publish(self.origin, self.reader, ev)
-            except AlreadyStored as exc:  # NIP-01: accepted, already stored
+            message = await self.relay.publish(self.origin, self.reader, ev)
+        except Exception as exc:
+            self._published(ev, None, exc)
+        except BaseException:
+            self._settled()
+            raise
+        else:
+            self._published(ev, message, None)
+
+    def _published(self, ev, message: str | None, exc: Exception | None) -> None:
+        """An EVENT's outcome: its OK, and room for the next EVENT."""
+        try:
+            if exc is None:
+                self.ok(ev.id, True, message)
+            elif isinstance(exc, AlreadyStored):  # NIP-01: accepted, already stored
                 self.relay.stats["duplicate"] += 1
                 self.ok(ev.id, True, exc.wire)
-                return
-            except Rejected as exc:  # counted by the relay
+            elif isinstance(exc, Rejected):  # counted by the relay
                 self.ok(ev.id, False, exc.wire)
-                return
-            except StorageFull:  # the writer logged it; the operator frees space, the client retries
+            elif isinstance(exc, StorageFull):  # the writer logged it; the operator frees space, the client retries
                 self.ok(ev.id, False, DISK_FULL_MESSAGE)
-                return
-            except Exception:
-                log.exception("failed to store event %s", ev.id)
+            else:
+                log.error("failed to store event %s", ev.id, exc_info=exc)
                 self.ok(ev.id, False, "error: could not store the event, try again")
-                return
-            self.ok(ev.id, True, message)
         finally:
-            self.inflight -= 1
-            if self.inflight < DEFAULT_MAX_INFLIGHT:
-                self.drained.set()
+            self._settled()
+
+    def _settled(self) -> None:
+        self.inflight -= 1
+        if self.inflight < DEFAULT_MAX_INFLIGHT:
+            self.drained.set()
 
     # -- REQ / COUNT / CLOSE --------------------------------------------------------------------
 

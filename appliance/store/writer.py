@@ -75,6 +75,11 @@ class Writer:
         self._queue.put((op, fut, loop))
         return fut
 
+    def submit_then(self, op: WriteOp, done: Callable[[Any, BaseException | None], None]) -> None:
+        """Queue `op(conn)` with no future: `done(result, exc)` runs on the caller's event loop once
+        the batch holding it committed (or failed), as a future's waiter would be woken."""
+        self._queue.put((op, _Then(done), asyncio.get_running_loop()))
+
     def run_sync(self, op: WriteOp) -> Any:
         """Run `op` through the writer from a non-async thread and wait for the commit."""
         done = threading.Event()
@@ -283,6 +288,33 @@ class Writer:
                 pass
 
 
+class _Then:
+    """A write's answer given to a callback (`Writer.submit_then`) instead of a future: the same
+    surface `_resolve_all` uses, and answered once, like a future."""
+
+    __slots__ = ("fn", "answered")
+
+    def __init__(self, fn: Callable[[Any, BaseException | None], None]):
+        self.fn = fn
+        self.answered = False
+
+    def done(self) -> bool:
+        return self.answered
+
+    def set_result(self, result: Any) -> None:
+        self._call(result, None)
+
+    def set_exception(self, exc: BaseException) -> None:
+        self._call(None, exc)
+
+    def _call(self, result: Any, exc: BaseException | None) -> None:
+        self.answered = True
+        try:
+            self.fn(result, exc)
+        except Exception:  # the other writes of the batch are still answered
+            log.exception("write callback failed")
+
+
 def _resolve_all(items: list) -> None:
     for fut, result, exc in items:
         if fut.done():  # cancelled, or answered already (a batch that failed after a commit)
@@ -327,6 +359,12 @@ class WriterFront:
         """Run `op(conn)` in the shared write transaction; awaitable, resolves after COMMIT."""
         assert self._writer is not None, "store is not open"
         return self._writer.submit(op)
+
+    def write_then(self, op: WriteOp, done: Callable[[Any, BaseException | None], None]) -> None:
+        """Run `op(conn)` in the shared write transaction, with no future or task: `done(result,
+        exc)` runs on this event loop after COMMIT (see `Writer.submit_then`)."""
+        assert self._writer is not None, "store is not open"
+        self._writer.submit_then(op, done)
 
     def write_sync(self, op: WriteOp) -> Any:
         """Blocking variant of `write` for threads without an event loop (CLI, tests)."""

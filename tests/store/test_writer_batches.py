@@ -94,3 +94,42 @@ def test_what_is_not_batchable():
     assert not batchable(sign_event(SECRET, 30023, [["d", "x"]], ""), hooks)  # addressable
     assert not batchable(sign_event(SECRET, 5, [["e", "0" * 64]], ""), hooks)  # deletion
     assert not batchable(sign_event(SECRET, 1, [["h", "g"]], ""), hooks)  # group-scoped
+
+
+def test_write_then_answers_on_the_loop_after_the_commit(store):
+    """`write_then`: no future, the callback runs on the caller's loop thread once the batch
+    committed (the row is readable by then), with each write's own result or refusal; a callback
+    that raises does not keep the batch's other writes unanswered."""
+    import threading
+
+    evs = [sign_event(SECRET, 1, [["t", "then"]], str(i)) for i in range(5)]
+    ops = [pending(ev) for ev in evs] + [pending(evs[0])]
+
+    async def run():
+        loop = asyncio.get_running_loop()
+        answers: dict[int, tuple] = {}
+        all_in = loop.create_future()
+
+        def done_for(i):
+            def done(result, exc):
+                stored = store.read_sync(lambda c: c.execute("SELECT count(*) FROM events").fetchone()[0])
+                answers[i] = (threading.get_ident(), result, exc, stored)
+                if len(answers) == len(ops) and not all_in.done():
+                    all_in.set_result(None)
+                if i == 1:
+                    raise RuntimeError("a failing callback")
+            return done
+
+        for i, op in enumerate(ops):
+            store.write_then(op, done_for(i))
+        await asyncio.wait_for(all_in, 30)
+        return answers
+
+    answers = asyncio.run(run())
+    assert sorted(answers) == list(range(6))
+    assert {thread for thread, *_ in answers.values()} == {threading.get_ident()}
+    for i in range(5):
+        _thread, result, exc, stored = answers[i]
+        assert exc is None and result.message == "" and stored >= i + 1  # FIFO: its batch and those before
+    _thread, result, exc, _stored = answers[5]
+    assert result is None and isinstance(exc, AlreadyStored)
