@@ -8,6 +8,10 @@
 - Open connections per client address are capped (`max_connections_per_ip`): the TCP peer here,
   or, behind a trusted proxy (loopback or `trusted_proxies`), the address it forwards, counted by
   the app (`appliance.app`).
+- A websocket client's stream is parsed into messages a few KiB at a time, the next piece once
+  the app has taken every message parsed so far: one read from a client that pipelines (up to
+  256 KiB: thousands of small frames) is not parsed in one go, which held the event loop, and
+  every other client, for tens of milliseconds (issue #14).
 - A text frame that is not UTF-8 is closed with 1007 by uvicorn, which also logs a traceback at
   ERROR for each one: here it is one DEBUG line and a counter, so a client cannot fill the log.
 - SIGTERM: the relay first stops taking new work, lets the writer commit what is in flight, sends
@@ -41,6 +45,12 @@ DEFAULT_MAX_HEADERS = 100
 DEFAULT_HEAD_TIMEOUT = 10.0
 # Seconds SIGTERM waits for in-flight events and for clients to answer the close frame.
 DEFAULT_SHUTDOWN_GRACE = 10.0
+# Bytes of a websocket client's stream parsed into messages at a time (see GuardedWebSocketProtocol).
+# uvloop reads up to 256 KiB at once; parsed whole, a read of a pipelining client's small frames
+# (a REQ/CLOSE flood: about 3,800 frames in 125 KiB) held the loop for 23 ms on the 2-core box,
+# and every other client waited that long. 4 KiB is at most about 500 of the smallest frames,
+# typically 10-100 messages; an ordinary client's read is smaller and is parsed as it comes.
+DEFAULT_WS_PARSE_BYTES = 4 * 1024
 
 _STATUS = {
     414: b"HTTP/1.1 414 URI Too Long\r\n",
@@ -177,12 +187,61 @@ class GuardedHttpProtocol(HttpToolsProtocol):
 
 
 class GuardedWebSocketProtocol(WebSocketsSansIOProtocol):
-    """uvicorn's sans-I/O websocket protocol that releases its address slot and logs bad UTF-8 quietly."""
+    """uvicorn's sans-I/O websocket protocol that releases its address slot, logs bad UTF-8
+    quietly, and parses what a client sent DEFAULT_WS_PARSE_BYTES at a time.
+
+    uvicorn parses a whole read at once, queues every message in it for the app, and reads again
+    once the app has taken them all. Here, past the handshake, a read is parsed a piece at a time:
+    a piece, then (once it has given the app a message) nothing more until the app has taken every
+    message queued; the rest of the read waits in `unparsed`, and the socket is not read meanwhile
+    (the client's further messages wait in its own socket, as before). The order of messages,
+    control frames and the client's close is unchanged, and what was read before the connection
+    was lost is still parsed and handed over before the app hears of the disconnect; once the app
+    has closed, everything read is parsed as it comes (messages are dropped then), so the
+    client's answer to the close frame is not held up."""
 
     guard: Guard
     ip_slot: str | None = None
+    unparsed: memoryview | None = None  # the rest of the last read, not parsed yet
+
+    def data_received(self, data: bytes) -> None:
+        if not self.handshake_complete or (len(data) <= DEFAULT_WS_PARSE_BYTES and self.unparsed is None):
+            super().data_received(data)
+            return
+        self.unparsed = memoryview(data if self.unparsed is None else bytes(self.unparsed) + data)
+        self._parse_some()
+
+    def _parse_some(self) -> None:
+        """Parse pieces of `unparsed` until one gives the app a message (or nothing is left); all
+        of it once the app has closed (messages are dropped then, and the client's answer to the
+        close frame is behind them)."""
+        if self.close_sent and self.unparsed is not None:
+            rest, self.unparsed = self.unparsed, None
+            super().data_received(bytes(rest))
+            return
+        queue = self.queue
+        while self.unparsed is not None and queue.empty():
+            rest = self.unparsed
+            self.unparsed = rest[DEFAULT_WS_PARSE_BYTES:] if len(rest) > DEFAULT_WS_PARSE_BYTES else None
+            super().data_received(bytes(rest[:DEFAULT_WS_PARSE_BYTES]))
+        if self.unparsed is not None and not self.read_paused:
+            self.read_paused = True  # nothing more is read while part of a read is unparsed
+            self.transport.pause_reading()
+
+    async def receive(self):
+        message = await self.queue.get()
+        if self.queue.empty():
+            if self.unparsed is not None:
+                self._parse_some()
+            if self.read_paused and self.unparsed is None and self.queue.empty():
+                self.read_paused = False
+                self.transport.resume_reading()
+        return message
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self.unparsed is not None:  # what was read still reaches the app, before the disconnect
+            rest, self.unparsed = self.unparsed, None
+            super().data_received(bytes(rest))
         if self.ip_slot is not None:
             self.guard.peers.release(self.ip_slot)
             self.ip_slot = None

@@ -155,6 +155,7 @@ class Session:
         proto = getattr(getattr(ws, "_receive", None), "__self__", None)
         inbox = getattr(proto, "queue", None)
         self._inbox: asyncio.Queue | None = inbox if isinstance(inbox, asyncio.Queue) else None
+        self._proto = proto  # (its `unparsed`: received, not parsed yet, see appliance.server)
 
     # -- output ---------------------------------------------------------------------------------
 
@@ -300,7 +301,7 @@ class Session:
         """Whether this client's next messages have arrived already (it sends without waiting for
         answers)."""
         inbox = self._inbox
-        return inbox is None or not inbox.empty()
+        return inbox is None or not inbox.empty() or getattr(self._proto, "unparsed", None) is not None
 
     def _req_token(self) -> str | None:
         """Spend a REQ/COUNT token: None when spent. Without one, a client that waits for this

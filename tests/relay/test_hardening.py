@@ -504,3 +504,107 @@ def test_management_api_bodies_are_bounded(server, framing):
     assert answer.startswith(b"HTTP/1.1 413"), answer[:80]
     assert sent < 16 * 1024 * 1024, f"the server kept reading ({sent} bytes)"
     assert rss_kib(server.proc.pid) - before < 32 * 1024
+
+
+async def test_a_pipelined_read_is_parsed_a_piece_at_a_time_and_every_message_arrives_in_order():
+    """A client that pipelines: its ~130 KB of small frames (and one of 100 KB), written at once, reach the
+    app in order, all of them, but never more than one piece's worth waiting parsed at a time (uvicorn alone
+    parses a whole read, thousands of frames, in one go, holding the event loop meanwhile)."""
+    from websockets.client import ClientProtocol
+    from websockets.uri import parse_uri
+
+    from appliance.server import DEFAULT_WS_PARSE_BYTES
+
+    http_class, ws_class = protocol_classes(Guard(PeerLimits(0)))
+    seen: list[tuple[str, int]] = []  # (message, messages still queued parsed when the app took it)
+    done = asyncio.Event()
+
+    async def app(scope, receive, send):
+        if scope["type"] != "websocket":
+            return
+        queue = receive.__self__.queue
+        await receive()
+        await send({"type": "websocket.accept"})
+        while (message := await receive())["type"] != "websocket.disconnect":
+            seen.append((message["text"], queue.qsize()))
+        done.set()
+
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, http=http_class, ws=ws_class,
+                                           lifespan="off", log_level="warning", ws_max_size=1 << 20))
+    task = asyncio.create_task(server.serve())
+    while not server.started:
+        await asyncio.sleep(0.01)
+    try:
+        client = ClientProtocol(parse_uri(f"ws://127.0.0.1:{port}/"))
+        client.send_request(client.connect())
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"".join(client.data_to_send()))
+        while not client.handshake_exc and client.state.name == "CONNECTING":
+            client.receive_data(await reader.read(4096))
+        assert client.state.name == "OPEN"
+        sent = [json.dumps(["REQ", f"s{i}", {"kinds": [1], "limit": 500}]) for i in range(3000)]
+        sent.insert(1500, json.dumps(["EVENT", {"content": "x" * 100_000}]))
+        for text in sent:
+            client.send_text(text.encode())
+        client.send_close(1000)
+        writer.write(b"".join(client.data_to_send()))  # all of it at once
+        await writer.drain()
+        await asyncio.wait_for(done.wait(), 60)
+        writer.close()
+    finally:
+        server.should_exit = True
+        await task
+    assert [text for text, _queued in seen] == sent
+    smallest = 2 + 4 + len(sent[0])  # the smallest frame: header, mask, payload
+    assert max(queued for _text, queued in seen) < DEFAULT_WS_PARSE_BYTES // smallest
+
+
+async def test_a_pipelining_client_closed_by_the_app_gets_its_close_handshake_completed():
+    """The app closes a client whose pipelined frames are still unparsed: the rest of them is dropped
+    and the client's answer to the close frame behind them is read, so the connection ends at once (not
+    when the server's close timeout, made an hour here, would cut it)."""
+    from websockets.client import ClientProtocol
+    from websockets.uri import parse_uri
+
+    http_class, ws_class = protocol_classes(Guard(PeerLimits(0)))
+    closed = asyncio.Event()
+
+    async def app(scope, receive, send):
+        if scope["type"] != "websocket":
+            return
+        await receive()
+        await send({"type": "websocket.accept"})
+        await receive()  # the first message only
+        receive.__self__.close_timeout = 3600.0
+        await send({"type": "websocket.close", "code": 1008, "reason": "flooding"})
+        closed.set()
+
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, http=http_class, ws=ws_class,
+                                           lifespan="off", log_level="warning"))
+    task = asyncio.create_task(server.serve())
+    while not server.started:
+        await asyncio.sleep(0.01)
+    try:
+        client = ClientProtocol(parse_uri(f"ws://127.0.0.1:{port}/"))
+        client.send_request(client.connect())
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"".join(client.data_to_send()))
+        while client.state.name == "CONNECTING":
+            client.receive_data(await reader.read(4096))
+        for i in range(3000):
+            client.send_text(f'["REQ","s{i}",{{"kinds":[1]}}]'.encode())
+        writer.write(b"".join(client.data_to_send()))
+        await asyncio.wait_for(closed.wait(), 60)
+        while client.close_rcvd is None:  # the server's close frame; the client answers it
+            client.receive_data(await asyncio.wait_for(reader.read(65536), 60))
+            writer.write(b"".join(client.data_to_send()))
+        assert client.close_rcvd.code == 1008
+        # The server ends the TCP connection once it has read the answer.
+        while await asyncio.wait_for(reader.read(65536), 60):
+            pass
+        writer.close()
+    finally:
+        server.should_exit = True
+        await task
