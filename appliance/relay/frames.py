@@ -11,6 +11,7 @@ is checked, not assumed.
 from __future__ import annotations
 
 import asyncio
+import struct
 from typing import Any, Awaitable, Callable
 
 RAW_SEND_KEY = "appliance.raw_send"
@@ -49,7 +50,7 @@ def frame_header(n: int) -> bytes:
     if n < 126:
         return _SMALL_HEADERS[n]
     if n < 65536:
-        return b"\x81\x7e" + n.to_bytes(2, "big")
+        return _MEDIUM_HEADER(0x81, 126, n)
     return b"\x81\x7f" + n.to_bytes(8, "big")
 
 
@@ -57,11 +58,12 @@ def frame_events(prefix: bytes, raws: list[bytes], tail: bytes) -> Frames:
     """`prefix + raw + b"]"` for each raw, then `tail`, each as one text frame, in one bytes object."""
     parts: list[bytes] = []
     append = parts.append
-    small = _SMALL_HEADERS
+    small, medium = _SMALL_HEADERS, _MEDIUM_HEADER
     extra = len(prefix) + 1
     for raw in raws:
         n = len(raw) + extra
-        append(small[n] if n < 126 else frame_header(n))
+        # (most events are 126 to 65,535 bytes: one C call for their header, no Python one)
+        append(small[n] if n < 126 else medium(0x81, 126, n) if n < 65536 else frame_header(n))
         append(prefix)
         append(raw)
         append(b"]")
@@ -158,3 +160,5 @@ class FrameWriter:
 
 # FIN + text opcode, then the 7-bit payload length.
 _SMALL_HEADERS = [bytes((0x81, n)) for n in range(126)]
+# FIN + text opcode, 126, then the 16-bit payload length.
+_MEDIUM_HEADER = struct.Struct(">BBH").pack
