@@ -60,6 +60,8 @@ class Phase:
     name: str
     limits: str
     latencies: list[float] = field(default_factory=list)
+    timeline: list[tuple[int, float, float]] = field(default_factory=list)  # (bystander, sent at, latency)
+    origin: float = 0.0  # when the timing began (time.perf_counter: the monotonic clock on Linux)
     refused: dict[str, int] = field(default_factory=dict)  # bystander REQs answered CLOSED, by reason
     sent: int = 0
     relay_cpu: float = 0.0  # CPU seconds the relay used per second of the bystanders' timing
@@ -88,6 +90,11 @@ def add_args(p: argparse.ArgumentParser) -> None:
                         "filled its socket buffers by then, and what is timed is the relay under a steady flood)")
     p.add_argument("--seed", type=int, default=1, help="random seed (default 1)")
     p.add_argument("--data-dir", metavar="DIR", help="keep the work directory here (default: a temporary one)")
+    p.add_argument("--latencies", metavar="CSV",
+                   help="write every timed bystander REQ here (limits, phase, bystander, seconds into the phase "
+                        "when sent, latency in ms, and when sent on the machine's monotonic clock, as the "
+                        "relay's time.monotonic): whether the slow ones were slow together tells a stall of "
+                        "the relay from one client's bad luck")
 
 
 async def _connect(url: str, address: str):
@@ -100,42 +107,57 @@ async def _connect(url: str, address: str):
 
 async def _bystanders(url: str, seconds: float, recipients: list[str], seed: int, phase: Phase, n: int,
                      rate: float) -> None:
-    await asyncio.gather(*(_bystander(url, seconds, recipients, random.Random(seed * 1000 + k), phase,
-                                      f"{BYSTANDER_NETWORK}{k + 1}", rate) for k in range(n)))
-
-
-async def _bystander(url: str, seconds: float, recipients: list[str], rng: random.Random, phase: Phase,
-                     address: str, rate: float) -> None:
-    """Sequential REQs at `rate` per second (each sent once the previous one's EOSE is in and its
-    time slot has come), timed from send to EOSE."""
-    ws = await _connect(url, address)
-    perf = time.perf_counter
+    clients = [await _connect(url, f"{BYSTANDER_NETWORK}{k + 1}") for k in range(n)]
     try:
-        await ws.recv()  # AUTH
-        start = perf()
-        deadline = start + seconds
-        await asyncio.sleep(rng.random() / rate)  # the bystanders out of step with each other
-        i = 0
-        while perf() < deadline:
-            i += 1
-            sub = f"b{i}"
-            f = {"kinds": [1], "#p": [rng.choice(recipients)], "limit": 50}
-            t0 = perf()
-            await ws.send(orjson.dumps(["REQ", sub, f]).decode())
-            async with asyncio.timeout(60):
-                while True:
-                    msg = orjson.loads(await ws.recv())
-                    if msg[1] == sub and msg[0] != "EVENT":
-                        break
-            phase.latencies.append(perf() - t0)
-            if msg[0] == "EOSE":
-                await ws.send(orjson.dumps(["CLOSE", sub]).decode())
-            else:
-                reason = str(msg[2]).split(":")[0] if len(msg) > 2 else msg[0]
-                phase.refused[reason] = phase.refused.get(reason, 0) + 1
-            await asyncio.sleep(max(0.0, t0 + 1 / rate - perf()))
+        for ws in clients:
+            await ws.recv()  # AUTH
+        origin = phase.origin = time.perf_counter()
+        await asyncio.gather(*(_bystander(ws, seconds, recipients, random.Random(seed * 1000 + k), phase, rate, k,
+                                          origin, n) for k, ws in enumerate(clients)))
     finally:
-        await ws.close()
+        for ws in clients:
+            await ws.close()
+
+
+async def _bystander(ws, seconds: float, recipients: list[str], rng: random.Random, phase: Phase, rate: float,
+                     number: int, start: float, of: int) -> None:
+    """Sequential REQs at `rate` per second (each sent once the previous one's EOSE is in and its
+    time slot has come), timed from send to EOSE, on `ws` (connected, its AUTH read).
+
+    The time slots are fixed from `start`: bystander `number` of `of` sends its i-th REQ at
+    start + (number + u) / (of * rate) + i / rate (u random in [0, 1)), or as soon as its previous
+    answer is in when that is later. So the bystanders stay out of step with each other, as
+    independent clients are. (Each REQ used to be sent 1/rate after the previous one was sent:
+    every late wake-up then moved all of its later REQs, and within a second or two the
+    bystanders of one process drifted into step and sent together, queueing behind each other at
+    the relay and meeting any stall all at once.)"""
+    perf = time.perf_counter
+    deadline = start + seconds
+    first = start + (number + rng.random()) / (of * rate)
+    i = 0
+    while True:
+        slot = first + i / rate
+        if slot >= deadline:
+            break
+        await asyncio.sleep(max(0.0, slot - perf()))
+        i += 1
+        sub = f"b{i}"
+        f = {"kinds": [1], "#p": [rng.choice(recipients)], "limit": 50}
+        t0 = perf()
+        await ws.send(orjson.dumps(["REQ", sub, f]).decode())
+        async with asyncio.timeout(60):
+            while True:
+                msg = orjson.loads(await ws.recv())
+                if msg[1] == sub and msg[0] != "EVENT":
+                    break
+        latency = perf() - t0
+        phase.latencies.append(latency)
+        phase.timeline.append((number, t0 - start, latency))
+        if msg[0] == "EOSE":
+            await ws.send(orjson.dumps(["CLOSE", sub]).decode())
+        else:
+            reason = str(msg[2]).split(":")[0] if len(msg) > 2 else msg[0]
+            phase.refused[reason] = phase.refused.get(reason, 0) + 1
 
 
 async def _flood(url: str, kind: str, stop: asyncio.Event, phase: Phase, events: list[str]) -> None:
@@ -313,6 +335,13 @@ def run(args: argparse.Namespace) -> int:
     finally:
         if not keep:
             shutil.rmtree(work, ignore_errors=True)
+    if args.latencies:
+        with open(args.latencies, "w") as out:
+            out.write("limits,phase,bystander,sent_s,latency_ms,sent_clock\n")
+            for p in phases:
+                for number, sent, latency in p.timeline:
+                    out.write(f"{p.limits},{p.name},{number + 1},{sent:.4f},{latency * 1000:.3f},"
+                              f"{p.origin + sent:.4f}\n")
     print(f"\nappliance bench flood: {args.events:,} stored events, {args.seconds:g} s per phase, "
           f"load average {load_average()}")
     print(f"{'limits':<16} {'phase':<22} {'REQs':>6} {'refused':>7} {'p50 ms':>8} {'p99 ms':>8} {'p99/quiet':>10} "
