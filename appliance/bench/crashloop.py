@@ -86,6 +86,7 @@ class Report:
     repeats: int = 0  # the same apns-id accepted again after a crash (W11)
     lease_versions: int = 0
     restarts_s: list[float] = field(default_factory=list)
+    wal_bytes: list[int] = field(default_factory=list)  # the WAL each kill left for the restart
     violations: list[str] = field(default_factory=list)
 
 
@@ -364,6 +365,8 @@ push_kinds = [9]
             for _ in range(kills):
                 await self.round()
                 self.integrity()
+                wal = self.data / "appliance.sqlite3-wal"
+                self.report.wal_bytes.append(wal.stat().st_size if wal.exists() else 0)
                 t = time.monotonic()
                 self.proc.start()
                 self.report.restarts_s.append(time.monotonic() - t)
@@ -404,6 +407,9 @@ def run(args: argparse.Namespace) -> int:
           f"{not any('integrity' in v for v in report.violations)}")
     if restarts:
         print(f"  restart to listening: median {restarts[len(restarts) // 2]:.2f} s, max {restarts[-1]:.2f} s")
+        wals = sorted(report.wal_bytes)
+        print(f"  each restart on the WAL its kill left: {sum(1 for w in wals if w)} of {len(wals)} non-empty, "
+              f"median {wals[len(wals) // 2] / 1e6:.1f} MB, max {wals[-1] / 1e6:.1f} MB")
     print("violations: " + ("none" if not report.violations else str(len(report.violations))))
     for v in report.violations[:50]:
         print(f"  {v}")

@@ -20,6 +20,8 @@ async def test_five_sigkills_under_load_lose_nothing_acknowledged(tmp_path):
     # The load was real: events acknowledged before kills, mentions stored and woken, lease churn.
     assert report.acked > 50 and report.mentions_stored > 20 and report.wakes > 20
     assert report.lease_versions > 10
+    # Each restart recovered the WAL its kill left (the check between them reads it read-only).
+    assert len(report.wal_bytes) == 5 and all(report.wal_bytes), report.wal_bytes
 
 
 async def test_the_integrity_check_leaves_the_killed_wal_for_the_restart(tmp_path):
