@@ -21,6 +21,11 @@ from appliance.nostr.keys import generate_secret, public_key
 from tests.leaks import LOGS, check_log, sensitive
 
 ROOT = Path(__file__).resolve().parents[1]
+# The --log-level of every appliance the suite starts (its own servers and the benches'): debug, so
+# the check for secrets in logs reads every line an operator's log could hold, at any level (about
+# 19x the bytes of info, no measurable time: docs/security-tests.md). APPLIANCE_TEST_LOG_LEVEL
+# sets another.
+LOG_LEVEL = os.environ.get("APPLIANCE_TEST_LOG_LEVEL", "debug")
 
 
 def pytest_addoption(parser):
@@ -38,6 +43,9 @@ def pytest_configure(config):
     if storage is not None:
         pg.STORAGE = storage
         os.environ["APPLIANCE_TEST_STORAGE"] = storage
+    from appliance.bench import harness
+
+    harness.LOG_LEVEL = LOG_LEVEL
     scale = config.getoption("--fuzz-scale")
     if scale is not None:
         fuzzing.SCALE = scale
@@ -90,7 +98,7 @@ class Server:
 
     def start(self) -> "Server":
         args = [sys.executable, "-m", "appliance", "serve", "--data-dir", str(self.data_dir),
-                "--port", str(self.port), "--log-level", "warning", *self.extra]
+                "--port", str(self.port), "--log-level", LOG_LEVEL, *self.extra]
         if self.config is not None:
             cfg = self.data_dir.parent / f"config-{self.port}.toml"
             cfg.write_text(self.config)
@@ -227,11 +235,12 @@ class Identity:
 
 
 def pytest_sessionfinish(session, exitstatus):
-    """Every server log of the run, against every secret registered by its end; on PostgreSQL,
-    the databases the run made are dropped."""
+    """Every server log of the run (the suite's servers and the appliances benches started), against
+    every secret registered by its end; on PostgreSQL, the databases the run made are dropped."""
+    from appliance.bench.harness import APPLIANCE_LOGS
     from tests import pg
 
-    leaked = {str(p): found for p in LOGS if (found := check_log(p))}
+    leaked = {str(p): found for p in dict.fromkeys([*LOGS, *APPLIANCE_LOGS]) if (found := check_log(p))}
     if leaked:
         session.config.pluginmanager.get_plugin("terminalreporter").write_line(
             f"SECRETS IN SERVER LOGS: {leaked}", red=True)

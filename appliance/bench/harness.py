@@ -107,10 +107,19 @@ def appliance_command() -> list[str]:
     return [sys.executable] if getattr(sys, "frozen", False) else [sys.executable, "-m", "appliance"]
 
 
+# The --log-level of the appliances benches start: warnings and errors only, so logging costs the
+# measured process nothing (an argument in `extra`, such as --server-arg=--log-level=info, wins).
+# The test suite raises it, so its check for secrets in logs reads what info lines say too.
+LOG_LEVEL = "warning"
+# Every log file an appliance started here wrote to (the test suite checks them for secrets).
+APPLIANCE_LOGS: list[Path] = []
+
+
 def appliance_process(data_dir: Path, port: int, log_path: Path, sync_mode: str, extra: list[str],
                       storage: str = "sqlite") -> RelayProcess:
     args = [*appliance_command(), "serve", "--data-dir", str(data_dir), "--port", str(port),
-            "--event-rate", "0", "--req-rate", "0", "--log-level", "warning", "--sync-mode", sync_mode, *extra]
+            "--event-rate", "0", "--req-rate", "0", "--log-level", LOG_LEVEL, "--sync-mode", sync_mode, *extra]
+    APPLIANCE_LOGS.append(log_path)
     return RelayProcess("appliance", args, port, log_path, env={"APPLIANCE_STORAGE": storage})
 
 

@@ -11,11 +11,30 @@ from appliance.bench.crashloop import CrashLoop
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
 
+def assert_log_holds_no_secret(loop: CrashLoop) -> None:
+    """The appliance's log (at the suite's level, info) holds none of the secret keys, pubkeys and
+    device tokens the bench minted, nor anything of its key file."""
+    from appliance.nostr.keys import public_key
+    from tests.leaks import check_log, sensitive
+
+    for secret, pubkey, token in loop.wake_users:
+        sensitive(secret, pubkey, token)
+    for secret in loop.publishers:
+        sensitive(secret, public_key(secret))
+    for address in loop.addresses:
+        sensitive(address.secret, address.pubkey)
+    sensitive((loop.data / "appliance.key").read_bytes())
+    log = loop.work / "appliance.log"
+    assert "INFO" in log.read_text(errors="replace")  # the check reads info lines too
+    assert check_log(log) == []
+
+
 async def test_five_sigkills_under_load_lose_nothing_acknowledged(tmp_path):
     lines: list[str] = []
     loop = CrashLoop(tmp_path, seed=14, wake_users=12, churn_users=3, log=lines.append)
     report = await loop.run(5)
     assert report.violations == [], "\n".join(report.violations[:20] + lines)
+    assert_log_holds_no_secret(loop)
     assert report.kills == 5
     # The load was real: events acknowledged before kills, mentions stored and woken, lease churn.
     assert report.acked > 50 and report.mentions_stored > 20 and report.wakes > 20

@@ -12,7 +12,7 @@ import xml.dom.minidom
 import pytest
 
 from appliance.bench.soak import COLUMNS, verdict
-from tests.conftest import ROOT
+from tests.conftest import LOG_LEVEL, ROOT
 
 
 def _run(minutes=30, rss_per_h=0.0, files_per_h=0.0, queue_per_h=0.0, lag_per_h=0.0, seed=14):
@@ -80,9 +80,17 @@ def test_a_short_soak_samples_every_column_and_finds_no_error(tmp_path):
     storage = [f"--server-arg=--storage={database_for(out / 'data')}"] if on_postgres() else []
     run = subprocess.run(
         [sys.executable, "-m", "appliance", "bench", "soak", "--minutes", "0.3", "--interval", "3", "--rate", "10",
-         "--wake-users", "20", "--subscribers", "3", "--churn-users", "3", "--out", str(out), *storage],
+         "--wake-users", "20", "--subscribers", "3", "--churn-users", "3", "--out", str(out), *storage,
+         f"--server-arg=--log-level={LOG_LEVEL}"],
         capture_output=True, text=True, cwd=ROOT, timeout=240, env=process_env())
     assert run.returncode == 0, run.stdout + run.stderr[-3000:]
+    # Its appliance's log, at the suite's level, goes to the check for secrets (here and at the end).
+    from tests.leaks import LOGS, check_log, sensitive
+
+    LOGS.append(out / "appliance.log")
+    sensitive((out / "data" / "appliance.key").read_bytes())
+    assert "INFO" in (out / "appliance.log").read_text(errors="replace")
+    assert check_log(out / "appliance.log") == []
     assert "errors: none" in run.stdout
     with open(out / "soak.csv") as fh:
         rows = list(csv.DictReader(fh))

@@ -7,6 +7,7 @@ import base64
 import json
 import os
 import stat
+import time
 
 import websockets
 
@@ -91,3 +92,48 @@ def test_the_log_check_finds_registered_secrets_and_jwts(tmp_path):
                  "authorization: Nostr eyJpZCI6ImFiYyIsInB1YmtleSI6ImRlZiJ9", "00" + tok + "ff"):
         log.write_text("INFO " + leak + "\n")
         assert check_log(log), leak
+
+
+def test_the_log_check_reads_what_a_real_server_logs_at_info(tmp_path):
+    """The suite's servers run at --log-level debug, so a secret in an info (or debug) line fails
+    the test that leaked it. The carrier here: the gateway listener's
+    request line (uvicorn's access log, info), which repeats the path a client sent. At warning,
+    the level the suite used before, the same request leaves the log clean and the check blind."""
+    import secrets as stdlib_secrets
+
+    import httpx
+    import pytest
+
+    from tests.conftest import LOG_LEVEL, Server, free_port
+    from tests.gateway.helpers import GatewaySetup
+    from tests.leaks import sensitive
+
+    assert LOG_LEVEL in ("info", "debug")
+    setup = GatewaySetup(tmp_path)
+    for level in ("warning", LOG_LEVEL):
+        secret = stdlib_secrets.token_hex(32)
+        sensitive(secret)
+        port = free_port()
+        extra = ("--log-level", "warning") if level == "warning" else ()
+        server = Server(tmp_path / f"data-{level}", "--gateway-listen", f"127.0.0.1:{port}", *extra,
+                        config=setup.config()).start()
+        try:
+            for _ in range(200):  # the gateway's listener starts beside the relay's
+                try:
+                    httpx.post(f"http://127.0.0.1:{port}/v1/{secret}", content=b"{}")
+                    break
+                except httpx.ConnectError:
+                    time.sleep(0.05)
+            else:
+                raise AssertionError("the gateway's listener never answered")
+        finally:
+            if level == "warning":
+                server.stop()  # nothing at warning: the check passes
+                assert secret not in server.log_path.read_text()
+            else:
+                with pytest.raises(AssertionError, match="secrets in the server log"):
+                    server.stop()
+        if level != "warning":
+            lines = [line for line in server.log_path.read_text().splitlines() if secret in line]
+            assert lines and all(line.startswith("INFO") for line in lines), lines
+            server.log_path.unlink()  # planted on purpose: not a leak for the end-of-run check
