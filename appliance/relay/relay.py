@@ -274,6 +274,9 @@ class Relay:
             self.rejected(origin, ev, exc)
             done(None, exc)
             return True
+        except Exception as exc:  # a failing hook: an error OK, as `publish` raising it gives
+            done(None, exc)
+            return True
 
         def committed(result, exc: BaseException | None) -> None:  # on the loop, after the commit
             try:
@@ -292,7 +295,11 @@ class Relay:
                 self.rejected(origin, ev, exc)
             done(None, exc)
 
-        self.store.write_then(pending if batchable(ev, self.store_hooks) else pending.__call__, committed)
+        try:
+            self.store.write_then(pending if batchable(ev, self.store_hooks) else pending.__call__, committed)
+        except Exception as exc:  # the store is closed
+            self._broadcast_done(ev.id)
+            done(None, exc)
         return True
 
     @staticmethod

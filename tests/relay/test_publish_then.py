@@ -1,0 +1,59 @@
+"""Relay.publish_then (the EVENT path with no task): a hook that fails with an unexpected error
+gives the event an error answer, as the awaited path does, and the relay goes on."""
+
+from __future__ import annotations
+
+import asyncio
+
+from appliance.app import build
+from appliance.nostr.keys import generate_secret
+from appliance.nostr.event import sign_event
+from appliance.settings import load
+from tests.pg import storage_env
+
+SECRET = generate_secret()
+
+
+def test_failing_hooks_answer_with_an_error_and_the_relay_goes_on(tmp_path):
+    data_dir = tmp_path / "data"
+    settings = load(flags={"data_dir": str(data_dir)}, environ=storage_env(data_dir), config_path=None)
+    app = build(settings)
+    relay = app.relay
+    origin = relay.origins.origins[0]
+
+    def failing_ephemeral(_origin, ev):
+        if ev.content == "boom":
+            raise RuntimeError("an ephemeral check failed")
+
+    def failing_stored(_conn, _origin, ev, _ctx):
+        if ev.content == "boom":
+            raise RuntimeError("a stored hook failed")
+
+    relay.ephemeral_checks.append(failing_ephemeral)
+    relay.store_hooks.add_stored(failing_stored)
+
+    async def publish(ev):
+        loop = asyncio.get_running_loop()
+        answer = loop.create_future()
+        assert relay.publish_then(origin, None, ev, lambda message, exc: answer.set_result((message, exc)))
+        return await asyncio.wait_for(answer, 30)
+
+    async def run():
+        out = {}
+        for name, kind, content in (("ephemeral boom", 20001, "boom"), ("stored boom", 1, "boom"),
+                                    ("ephemeral ok", 20001, "fine"), ("stored ok", 1, "fine")):
+            out[name] = await publish(sign_event(SECRET, kind, [], content))
+        return out
+
+    try:
+        out = asyncio.run(run())
+    finally:
+        relay.close()
+        app.store.close()
+    message, exc = out["ephemeral boom"]
+    assert message is None and isinstance(exc, RuntimeError)
+    message, exc = out["stored boom"]
+    assert message is None and isinstance(exc, RuntimeError)
+    assert out["ephemeral ok"] == ("", None)
+    assert out["stored ok"] == ("", None)
+    assert relay.unbroadcast == {}
