@@ -421,8 +421,11 @@ def _scope_sql(scope: ReadScope, now: int, params: list, *, kinds: frozenset[int
     statement reads each event row `e` anyway (it selects the event). `expired`: False when the
     read's snapshot holds no expired event not purged yet (see `any_expired`)."""
     if row_read:
-        # Expired events not purged yet: the row at hand says so. (The list below, built again by
-        # every run of the statement, was a third of a 50-event REQ's SQL time.)
+        # Expired events not purged yet: the row at hand says so, with no list of them built for
+        # the statement (the list below). Measured in-process, each variant first in turn: a
+        # 50-event #p REQ's SQL 72 -> 66 us (138 -> 120 with the CPU caches emptied between
+        # queries), limit 1 12 -> 9 us, authors unchanged; the server's CPU per REQ moved within
+        # its noise.
         clauses = ["(e.expiration IS NULL OR e.expiration > ?)"]
         params.append(now)
     elif expired:
