@@ -265,7 +265,9 @@ SETTINGS: tuple[Setting, ...] = (
        "SQLite durability: 'full' fsyncs every group commit (survives power loss), 'normal' survives "
        "process crashes only but is faster on slow disks.", choices=("full", "normal")),
     _s("write_batch", _int, 500,
-       "Most writes grouped into one commit. Larger batches amortise fsync; 500 keeps OK latency low.",
+       "Most writes grouped into one commit. Larger batches amortise fsync; 500 keeps OK latency low. "
+       "Under load (16 or more writes waiting) the writer waits up to 10 ms for more while they keep "
+       "coming, so one commit carries them.",
        minimum=1, maximum=100000),
     _s("reader_threads", _int, 4,
        "REQ/COUNT queries running at once (each on its own reader thread and connection). Connections "
