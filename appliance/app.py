@@ -7,6 +7,7 @@ import contextlib
 import gc
 import json
 import logging
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -52,6 +53,15 @@ RPC_CORS = {"Access-Control-Allow-Methods": "GET, POST, OPTIONS"}
 # Seconds a connection attempt from an address barred for flooding waits for its 429 (see ws_endpoint).
 DEFAULT_BARRED_HOLD = 1.0
 
+# How long a thread holding the GIL runs before one waiting for it gets its turn (CPython's default
+# is 5 ms). The event loop lets the GIL go for every C call that can wait (a socket write, each
+# step of an inline SQLite read): while a reader thread builds a large answer in Python, the loop
+# waited up to the whole interval to get it back, each time. Measured with `appliance bench
+# flood` (the latencies CSV): a bystander REQ that met the flooder's admitted 500-event REQ took
+# 5-6 ms instead of 1.2, one at a time, every few tenths of a second, which alone missed the 2x
+# target against a quiet p99 of 2.3 ms (docs/reliability.md). 0.5 ms bounds that wait; a thread
+# that runs Python without pause just changes hands more often while another waits.
+DEFAULT_SWITCH_INTERVAL = 0.0005
 DEFAULT_ORIGIN_KEY = "default_origin"
 
 
@@ -582,6 +592,8 @@ def asgi(app: Appliance):
         # waiting, which alone put the bystanders' p99 of `appliance bench flood` past 2x.
         gc.collect()
         gc.freeze()
+        # See DEFAULT_SWITCH_INTERVAL.
+        sys.setswitchinterval(DEFAULT_SWITCH_INTERVAL)
         try:
             yield
         finally:
