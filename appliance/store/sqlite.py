@@ -207,8 +207,8 @@ class _Read:
         self.evicted = False  # gave its thread up to another owner's first read (see ReadPool)
 
     def cancel(self) -> None:
-        """Its answer is not wanted: a read not started yet never runs, a started one finishes
-        (its slot taken until then) and `done` is not called."""
+        """Its answer is not wanted: a read not started yet never runs, a started one is
+        abandoned at its next progress check (its slot taken until then) and `done` is not called."""
         self.cancelled = True
 
     def is_cancelled(self) -> bool:
@@ -226,7 +226,9 @@ class ReadPool:
     Among owners with as many running, the one served longest ago goes first (round robin). An
     owner never has more than `per_owner` reads started. A read's time budget counts from when
     it was submitted, waiting and pauses included. A read whose waiter was cancelled before it
-    started never runs; one already started finishes, its owner's slot taken until then.
+    started never runs; one already started is abandoned at its next progress check (every
+    PROGRESS_STEPS VM steps), so a CLOSE sent right after a REQ (a pipelining client's pattern)
+    frees the thread and its owner's slot instead of building an answer nobody waits for.
 
     Threads: one per started read (running or paused), created as needed up to `max_threads`,
     each with its own connection; idle ones wait for the next read. When every thread holds a
@@ -517,7 +519,7 @@ class _ReaderThread(threading.Thread):
                     if read.deadline is not None and time.monotonic() >= read.deadline:
                         raise QueryTimeout(f"query took longer than {read.timeout:g} s (waiting for a reader)")
                     result, exc = store._read_on(conn, read.fn, read.deadline, read.timeout,
-                                                 lambda read=read: pool.maybe_pause(read)), None
+                                                 lambda read=read: read.is_cancelled() or pool.maybe_pause(read)), None
                 except BaseException as e:  # noqa: BLE001 - handed to the waiter
                     result, exc = None, e
                 pool._finished(read, self)

@@ -352,3 +352,22 @@ async def test_the_loops_reads_see_every_commit_and_the_writer_maps_the_file(sto
     assert store._inline_conn.execute("PRAGMA auto_vacuum").fetchone()[0] == 0
     # The writer maps it too (the rows a write reads first are mostly not in its page cache).
     assert await store.write(lambda conn: conn.execute("PRAGMA mmap_size").fetchone()[0]) == WRITER_MMAP_BYTES
+
+
+async def test_a_started_read_whose_waiter_is_gone_stops(store):
+    """A REQ closed while its read runs on a reader thread (a pipelining client sends REQ then
+    CLOSE): the read is abandoned at its next progress check, not run to its end; its thread and
+    its owner's slot are free for the next read. Endless: only the cancellation can end it."""
+    pool = use_pool(store, slice_seconds=3600)
+    endless = LONG.replace("WHERE x < 3000000", "")
+    answered: list = []
+    handle = store.read_then(lambda conn: conn.execute(endless).fetchone()[0],
+                             lambda result, exc: answered.append((result, exc)), owner="closer")
+    while pool._started.get("closer", 0) == 0:
+        await asyncio.sleep(0.001)
+    handle.cancel()
+    assert await asyncio.wait_for(store.read(short_read, owner="closer"), 60) == 42
+    while pool._started.get("closer", 0):
+        await asyncio.sleep(0.001)
+    await asyncio.sleep(0.05)  # a late `done` would have been scheduled on the loop by now
+    assert answered == []
