@@ -228,6 +228,14 @@ class GuardedWebSocketProtocol(WebSocketsSansIOProtocol):
             self.read_paused = True  # nothing more is read while part of a read is unparsed
             self.transport.pause_reading()
 
+    async def send(self, message) -> None:
+        await super().send(message)
+        if self.close_sent and self.unparsed is not None:
+            # The app closed with part of a read unparsed (it stops receiving once it closes): the
+            # client's own close frame may be in there, and its answer ends the connection now,
+            # not at the close timeout.
+            self._parse_some()
+
     async def receive(self):
         message = await self.queue.get()
         if self.queue.empty():

@@ -264,36 +264,50 @@ class Relay:
             if not self.verifier.check(ev):
                 raise Rejected("invalid", "bad signature")
             expiration = self._expiration(ev, now)
-            if is_ephemeral(ev.kind):
+            ephemeral = is_ephemeral(ev.kind)
+            if ephemeral:
                 self._ephemeral(origin, ev)
-                done("", None)
-                return True
-            raw = ev.to_json()
-            pending = self._pending(origin, ev, raw, expiration, now, {})
+            else:
+                raw = ev.to_json()
+                pending = self._pending(origin, ev, raw, expiration, now, {})
         except Rejected as exc:
-            self.rejected(origin, ev, exc)
+            try:
+                self.rejected(origin, ev, exc)
+            except Exception as failed:  # a listener failing: an error OK, as `publish` raising it gives
+                exc = failed
             done(None, exc)
             return True
         except Exception as exc:  # a failing hook: an error OK, as `publish` raising it gives
             done(None, exc)
             return True
+        if ephemeral:
+            done("", None)
+            return True
 
         def committed(result, exc: BaseException | None) -> None:  # on the loop, after the commit
+            # `done` is called exactly once, whatever fails here: a client without its OK would
+            # hold one of its connection's in-flight places for good.
+            message = None
             try:
+                try:
+                    if exc is None:
+                        self._committed(origin, ev, raw, result)
+                except Exception as failed:  # as `publish` would raise it
+                    exc = failed
+                finally:
+                    self._broadcast_done(ev.id)
                 if exc is None:
-                    self._committed(origin, ev, raw, result)
-            except Exception as failed:  # as `publish` would raise it
+                    for extra in result.extra.get("broadcast", ()):
+                        self.broadcast(origin, extra, extra.to_json())
+                    message = result.message
+                elif isinstance(exc, Rejected):
+                    self.rejected(origin, ev, exc)
+            except Exception as failed:  # a listener or a broadcast failing: an error OK, as in `publish`
                 exc = failed
-            finally:
-                self._broadcast_done(ev.id)
             if exc is None:
-                for extra in result.extra.get("broadcast", ()):
-                    self.broadcast(origin, extra, extra.to_json())
-                done(result.message, None)
-                return
-            if isinstance(exc, Rejected):
-                self.rejected(origin, ev, exc)
-            done(None, exc)
+                done(message, None)
+            else:
+                done(None, exc)
 
         try:
             self.store.write_then(pending if batchable(ev, self.store_hooks) else pending.__call__, committed)

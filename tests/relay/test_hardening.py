@@ -608,3 +608,57 @@ async def test_a_pipelining_client_closed_by_the_app_gets_its_close_handshake_co
     finally:
         server.should_exit = True
         await task
+
+
+async def test_a_clients_own_close_read_but_unparsed_when_the_app_closes_ends_the_connection():
+    """The client sends its frames and its own close frame in one write; the app takes one message
+    and closes (a flooder dropped): the client's close, read but not parsed yet, is parsed then, so
+    the connection ends at once (not when the server's close timeout, an hour here, would cut it)."""
+    from websockets.client import ClientProtocol
+    from websockets.uri import parse_uri
+
+    http_class, ws_class = protocol_classes(Guard(PeerLimits(0)))
+    closed = asyncio.Event()
+    unparsed_at_close: list = []
+
+    async def app(scope, receive, send):
+        if scope["type"] != "websocket":
+            return
+        await receive()
+        await send({"type": "websocket.accept"})
+        await receive()  # the first message only
+        protocol = receive.__self__
+        protocol.close_timeout = 3600.0
+        unparsed_at_close.append(protocol.unparsed is not None)
+        await send({"type": "websocket.close", "code": 1008, "reason": "flooding"})
+        closed.set()
+
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, http=http_class, ws=ws_class,
+                                           lifespan="off", log_level="warning"))
+    task = asyncio.create_task(server.serve())
+    while not server.started:
+        await asyncio.sleep(0.01)
+    try:
+        client = ClientProtocol(parse_uri(f"ws://127.0.0.1:{port}/"))
+        client.send_request(client.connect())
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"".join(client.data_to_send()))
+        while client.state.name == "CONNECTING":
+            client.receive_data(await reader.read(4096))
+        for i in range(300):  # about 10 KB: more than one piece, in one write
+            client.send_text(f'["REQ","s{i}",{{"kinds":[1]}}]'.encode())
+        client.send_close(1000)
+        writer.write(b"".join(client.data_to_send()))
+        await asyncio.wait_for(closed.wait(), 60)
+        while client.close_rcvd is None:
+            client.receive_data(await asyncio.wait_for(reader.read(65536), 60))
+        assert client.close_rcvd.code == 1008
+        assert not b"".join(client.data_to_send())  # it closed first: nothing to answer
+        while await asyncio.wait_for(reader.read(65536), 60):  # the server ends the connection
+            pass
+        writer.close()
+    finally:
+        server.should_exit = True
+        await task
+    assert unparsed_at_close == [True]  # the case this test is about

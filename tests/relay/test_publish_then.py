@@ -57,3 +57,54 @@ def test_failing_hooks_answer_with_an_error_and_the_relay_goes_on(tmp_path):
     assert out["ephemeral ok"] == ("", None)
     assert out["stored ok"] == ("", None)
     assert relay.unbroadcast == {}
+
+
+def test_a_failing_refusal_listener_still_answers_every_event_once(tmp_path):
+    """A refusal listener that raises, for a refusal before the write (a bad signature) and for one
+    the write finds (a duplicate): each event gets exactly one answer, an error, as the awaited
+    path gives (its exception), and an accepted event after them is answered as usual."""
+    data_dir = tmp_path / "data"
+    settings = load(flags={"data_dir": str(data_dir)}, environ=storage_env(data_dir), config_path=None)
+    app = build(settings)
+    relay = app.relay
+    origin = relay.origins.origins[0]
+    answers: dict[str, list] = {}
+
+    def failing_listener(_origin, _ev, _exc):
+        raise RuntimeError("a refusal listener failed")
+
+    async def publish(name, ev):
+        loop = asyncio.get_running_loop()
+        answer = loop.create_future()
+        got = answers.setdefault(name, [])
+
+        def done(message, exc):
+            got.append((message, exc))
+            if not answer.done():
+                answer.set_result((message, exc))
+
+        assert relay.publish_then(origin, None, ev, done)
+        return await asyncio.wait_for(answer, 30)
+
+    async def run():
+        stored = sign_event(SECRET, 1, [], "stored once")
+        assert await publish("first", stored) == ("", None)
+        relay.on_rejected.append(failing_listener)
+        forged = sign_event(SECRET, 1, [], "forged")
+        forged.sig = "00" * 64
+        await publish("bad signature", forged)
+        await publish("duplicate", stored)
+        await publish("after", sign_event(SECRET, 1, [], "after"))
+        await asyncio.sleep(0.05)  # a second answer would be on the loop by now
+
+    try:
+        asyncio.run(run())
+    finally:
+        relay.close()
+        app.store.close()
+    for name in ("bad signature", "duplicate"):
+        assert len(answers[name]) == 1, answers
+        message, exc = answers[name][0]
+        assert message is None and isinstance(exc, RuntimeError), answers[name]
+    assert answers["after"] == [("", None)]
+    assert relay.unbroadcast == {}
