@@ -4,6 +4,7 @@ quiet logs for bad frames, NIP-11 content negotiation, clean first starts and cl
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import signal
 import socket
@@ -506,16 +507,42 @@ def test_management_api_bodies_are_bounded(server, framing):
     assert rss_kib(server.proc.pid) - before < 32 * 1024
 
 
+@contextlib.asynccontextmanager
+async def raw_websocket(app, **config):
+    """A uvicorn server with the appliance's protocol classes (`protocol_classes`) running the ASGI
+    `app`, and a sans-I/O websocket client connected to it over a plain socket, its handshake done:
+    yields (client, reader, writer), so a test writes exactly the bytes it wants, when it wants."""
+    from websockets.client import ClientProtocol
+    from websockets.uri import parse_uri
+
+    http_class, ws_class = protocol_classes(Guard(PeerLimits(0)))
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, http=http_class, ws=ws_class,
+                                           lifespan="off", log_level="warning", **config))
+    task = asyncio.create_task(server.serve())
+    while not server.started:
+        await asyncio.sleep(0.01)
+    try:
+        client = ClientProtocol(parse_uri(f"ws://127.0.0.1:{port}/"))
+        client.send_request(client.connect())
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"".join(client.data_to_send()))
+        while not client.handshake_exc and client.state.name == "CONNECTING":
+            client.receive_data(await reader.read(4096))
+        assert client.state.name == "OPEN"
+        yield client, reader, writer
+        writer.close()
+    finally:
+        server.should_exit = True
+        await task
+
+
 async def test_a_pipelined_read_is_parsed_a_piece_at_a_time_and_every_message_arrives_in_order():
     """A client that pipelines: its ~130 KB of small frames (and one of 100 KB), written at once, reach the
     app in order, all of them, but never more than one piece's worth waiting parsed at a time (uvicorn alone
     parses a whole read, thousands of frames, in one go, holding the event loop meanwhile)."""
-    from websockets.client import ClientProtocol
-    from websockets.uri import parse_uri
-
     from appliance.server import DEFAULT_WS_PARSE_BYTES
 
-    http_class, ws_class = protocol_classes(Guard(PeerLimits(0)))
     seen: list[tuple[str, int]] = []  # (message, messages still queued parsed when the app took it)
     done = asyncio.Event()
 
@@ -529,20 +556,7 @@ async def test_a_pipelined_read_is_parsed_a_piece_at_a_time_and_every_message_ar
             seen.append((message["text"], queue.qsize()))
         done.set()
 
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, http=http_class, ws=ws_class,
-                                           lifespan="off", log_level="warning", ws_max_size=1 << 20))
-    task = asyncio.create_task(server.serve())
-    while not server.started:
-        await asyncio.sleep(0.01)
-    try:
-        client = ClientProtocol(parse_uri(f"ws://127.0.0.1:{port}/"))
-        client.send_request(client.connect())
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        writer.write(b"".join(client.data_to_send()))
-        while not client.handshake_exc and client.state.name == "CONNECTING":
-            client.receive_data(await reader.read(4096))
-        assert client.state.name == "OPEN"
+    async with raw_websocket(app, ws_max_size=1 << 20) as (client, reader, writer):
         sent = [json.dumps(["REQ", f"s{i}", {"kinds": [1], "limit": 500}]) for i in range(3000)]
         sent.insert(1500, json.dumps(["EVENT", {"content": "x" * 100_000}]))
         for text in sent:
@@ -551,10 +565,6 @@ async def test_a_pipelined_read_is_parsed_a_piece_at_a_time_and_every_message_ar
         writer.write(b"".join(client.data_to_send()))  # all of it at once
         await writer.drain()
         await asyncio.wait_for(done.wait(), 60)
-        writer.close()
-    finally:
-        server.should_exit = True
-        await task
     assert [text for text, _queued in seen] == sent
     smallest = 2 + 4 + len(sent[0])  # the smallest frame: header, mask, payload
     assert max(queued for _text, queued in seen) < DEFAULT_WS_PARSE_BYTES // smallest
@@ -564,10 +574,6 @@ async def test_a_pipelining_client_closed_by_the_app_gets_its_close_handshake_co
     """The app closes a client whose pipelined frames are still unparsed: the rest of them is dropped
     and the client's answer to the close frame behind them is read, so the connection ends at once (not
     when the server's close timeout, made an hour here, would cut it)."""
-    from websockets.client import ClientProtocol
-    from websockets.uri import parse_uri
-
-    http_class, ws_class = protocol_classes(Guard(PeerLimits(0)))
     closed = asyncio.Event()
 
     async def app(scope, receive, send):
@@ -580,19 +586,7 @@ async def test_a_pipelining_client_closed_by_the_app_gets_its_close_handshake_co
         await send({"type": "websocket.close", "code": 1008, "reason": "flooding"})
         closed.set()
 
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, http=http_class, ws=ws_class,
-                                           lifespan="off", log_level="warning"))
-    task = asyncio.create_task(server.serve())
-    while not server.started:
-        await asyncio.sleep(0.01)
-    try:
-        client = ClientProtocol(parse_uri(f"ws://127.0.0.1:{port}/"))
-        client.send_request(client.connect())
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        writer.write(b"".join(client.data_to_send()))
-        while client.state.name == "CONNECTING":
-            client.receive_data(await reader.read(4096))
+    async with raw_websocket(app) as (client, reader, writer):
         for i in range(3000):
             client.send_text(f'["REQ","s{i}",{{"kinds":[1]}}]'.encode())
         writer.write(b"".join(client.data_to_send()))
@@ -604,20 +598,12 @@ async def test_a_pipelining_client_closed_by_the_app_gets_its_close_handshake_co
         # The server ends the TCP connection once it has read the answer.
         while await asyncio.wait_for(reader.read(65536), 60):
             pass
-        writer.close()
-    finally:
-        server.should_exit = True
-        await task
 
 
 async def test_a_clients_own_close_read_but_unparsed_when_the_app_closes_ends_the_connection():
     """The client sends its frames and its own close frame in one write; the app takes one message
     and closes (a flooder dropped): the client's close, read but not parsed yet, is parsed then, so
     the connection ends at once (not when the server's close timeout, an hour here, would cut it)."""
-    from websockets.client import ClientProtocol
-    from websockets.uri import parse_uri
-
-    http_class, ws_class = protocol_classes(Guard(PeerLimits(0)))
     closed = asyncio.Event()
     unparsed_at_close: list = []
 
@@ -633,19 +619,7 @@ async def test_a_clients_own_close_read_but_unparsed_when_the_app_closes_ends_th
         await send({"type": "websocket.close", "code": 1008, "reason": "flooding"})
         closed.set()
 
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, http=http_class, ws=ws_class,
-                                           lifespan="off", log_level="warning"))
-    task = asyncio.create_task(server.serve())
-    while not server.started:
-        await asyncio.sleep(0.01)
-    try:
-        client = ClientProtocol(parse_uri(f"ws://127.0.0.1:{port}/"))
-        client.send_request(client.connect())
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        writer.write(b"".join(client.data_to_send()))
-        while client.state.name == "CONNECTING":
-            client.receive_data(await reader.read(4096))
+    async with raw_websocket(app) as (client, reader, writer):
         for i in range(300):  # about 10 KB: more than one piece, in one write
             client.send_text(f'["REQ","s{i}",{{"kinds":[1]}}]'.encode())
         client.send_close(1000)
@@ -657,8 +631,4 @@ async def test_a_clients_own_close_read_but_unparsed_when_the_app_closes_ends_th
         assert not b"".join(client.data_to_send())  # it closed first: nothing to answer
         while await asyncio.wait_for(reader.read(65536), 60):  # the server ends the connection
             pass
-        writer.close()
-    finally:
-        server.should_exit = True
-        await task
     assert unparsed_at_close == [True]  # the case this test is about
