@@ -270,8 +270,10 @@ async def test_grant_key_rotation_keeps_old_grants(ctx):
     assert p.returncode == 0, p.stderr
     new_id = json.loads(p.stdout)["id"]
     deadline = time.monotonic() + 10
+    generation = 10
     while True:  # the running appliance picks the rotation up within a second
-        assert (await inst.delegate(relay.pubkey, 10 + int(time.monotonic() * 10) % 1000)).status_code == 201
+        generation += 1  # each delegation's generation above the last (a clock-derived one wrapped)
+        assert (await inst.delegate(relay.pubkey, generation)).status_code == 201
         if inst.grants[relay.pubkey].startswith(new_id + "."):
             break
         assert time.monotonic() < deadline
