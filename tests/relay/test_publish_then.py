@@ -14,6 +14,13 @@ from tests.pg import storage_env
 SECRET = generate_secret()
 
 
+async def close_bus(app) -> None:
+    """What the app's shutdown does for the node bus: on PostgreSQL a publish opened its NOTIFY
+    connection on this test's loop, which must be closed before the loop ends."""
+    if app.fanout is not None:
+        await app.fanout.aclose()
+
+
 def test_failing_hooks_answer_with_an_error_and_the_relay_goes_on(tmp_path):
     data_dir = tmp_path / "data"
     settings = load(flags={"data_dir": str(data_dir)}, environ=storage_env(data_dir), config_path=None)
@@ -43,6 +50,7 @@ def test_failing_hooks_answer_with_an_error_and_the_relay_goes_on(tmp_path):
         for name, kind, content in (("ephemeral boom", 20001, "boom"), ("stored boom", 1, "boom"),
                                     ("ephemeral ok", 20001, "fine"), ("stored ok", 1, "fine")):
             out[name] = await publish(sign_event(SECRET, kind, [], content))
+        await close_bus(app)
         return out
 
     try:
@@ -96,6 +104,7 @@ def test_a_failing_refusal_listener_still_answers_every_event_once(tmp_path):
         await publish("duplicate", stored)
         await publish("after", sign_event(SECRET, 1, [], "after"))
         await asyncio.sleep(0.05)  # a second answer would be on the loop by now
+        await close_bus(app)
 
     try:
         asyncio.run(run())
