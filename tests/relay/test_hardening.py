@@ -570,11 +570,10 @@ async def test_a_pipelined_read_is_parsed_a_piece_at_a_time_and_every_message_ar
     assert max(queued for _text, queued in seen) < DEFAULT_WS_PARSE_BYTES // smallest
 
 
-async def test_a_pipelining_client_closed_by_the_app_gets_its_close_handshake_completed():
-    """The app closes a client whose pipelined frames are still unparsed: the rest of them is dropped
-    and the client's answer to the close frame behind them is read, so the connection ends at once (not
-    when the server's close timeout, made an hour here, would cut it)."""
-    closed = asyncio.Event()
+def closing_after_one_message(closed: asyncio.Event, unparsed_at_close: list):
+    """An ASGI app that accepts, takes one message and closes the connection 1008 (a flooder
+    dropped), noting whether part of the client's stream was still unparsed then; its close timeout
+    is an hour, so a connection that ends did so by the closing handshake."""
 
     async def app(scope, receive, send):
         if scope["type"] != "websocket":
@@ -582,11 +581,21 @@ async def test_a_pipelining_client_closed_by_the_app_gets_its_close_handshake_co
         await receive()
         await send({"type": "websocket.accept"})
         await receive()  # the first message only
-        receive.__self__.close_timeout = 3600.0
+        protocol = receive.__self__
+        protocol.close_timeout = 3600.0
+        unparsed_at_close.append(protocol.unparsed is not None)
         await send({"type": "websocket.close", "code": 1008, "reason": "flooding"})
         closed.set()
 
-    async with raw_websocket(app) as (client, reader, writer):
+    return app
+
+
+async def test_a_pipelining_client_closed_by_the_app_gets_its_close_handshake_completed():
+    """The app closes a client whose pipelined frames are still unparsed: the rest of them is dropped
+    and the client's answer to the close frame behind them is read, so the connection ends at once (not
+    when the server's close timeout, made an hour here, would cut it)."""
+    closed = asyncio.Event()
+    async with raw_websocket(closing_after_one_message(closed, [])) as (client, reader, writer):
         for i in range(3000):
             client.send_text(f'["REQ","s{i}",{{"kinds":[1]}}]'.encode())
         writer.write(b"".join(client.data_to_send()))
@@ -606,20 +615,7 @@ async def test_a_clients_own_close_read_but_unparsed_when_the_app_closes_ends_th
     the connection ends at once (not when the server's close timeout, an hour here, would cut it)."""
     closed = asyncio.Event()
     unparsed_at_close: list = []
-
-    async def app(scope, receive, send):
-        if scope["type"] != "websocket":
-            return
-        await receive()
-        await send({"type": "websocket.accept"})
-        await receive()  # the first message only
-        protocol = receive.__self__
-        protocol.close_timeout = 3600.0
-        unparsed_at_close.append(protocol.unparsed is not None)
-        await send({"type": "websocket.close", "code": 1008, "reason": "flooding"})
-        closed.set()
-
-    async with raw_websocket(app) as (client, reader, writer):
+    async with raw_websocket(closing_after_one_message(closed, unparsed_at_close)) as (client, reader, writer):
         for i in range(300):  # about 10 KB: more than one piece, in one write
             client.send_text(f'["REQ","s{i}",{{"kinds":[1]}}]'.encode())
         client.send_close(1000)
