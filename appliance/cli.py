@@ -112,6 +112,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     migrate_cli.add_parser(migrate, _add_setting_flags)
 
+    emulator = sub.add_parser("emulator", help="Local stand-ins to try push with: an APNs emulator.",
+                              description="Local stand-ins for the services push delivers to.")
+    from appliance.commands import emulator as emulator_cli
+
+    emulator_cli.add_parser(emulator)
+
     bench = sub.add_parser("bench", help="Measure this machine: relay ingest and query speed.",
                            description="Benchmarks that start a relay on a temporary data dir.")
     from appliance import bench as bench_mod
@@ -207,6 +213,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from appliance.commands import migrate as migrate_cli
 
             return migrate_cli.run(args, _settings(args))
+        if args.command == "emulator":
+            from appliance.commands import emulator as emulator_cli
+
+            return emulator_cli.run(args)
         if args.command == "bench":
             from appliance import bench as bench_mod
 

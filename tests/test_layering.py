@@ -29,8 +29,9 @@ ALLOWED = {
     "testing": {"nostr", "errors", "gateway", "transports"},
     "app": {"nostr", "errors", "store", "origins", "settings", "relay", "push", "gateway", "transports", "__init__"},
     "server": {"nostr", "errors", "store", "origins", "settings", "relay", "app", "gateway", "__init__"},
+    # `appliance emulator apns` and `appliance push try` run the APNs emulator of `testing`.
     "commands": {"nostr", "errors", "store", "origins", "settings", "relay", "push", "gateway", "app", "marmot",
-                 "transports"},
+                 "transports", "testing"},
     "bench": {"nostr", "errors", "store", "origins", "settings", "relay", "push", "app", "gateway", "testing",
               "marmot", "transports"},
     # The dashboard drives the appliance through the same functions as the CLI (`commands`).

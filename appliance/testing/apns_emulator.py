@@ -162,7 +162,9 @@ class ApnsEmulator:
         self.keep_records = True
         self.answered = 0
         self._pki_dir = Path(pki_dir) if pki_dir else None
-        self.pki: LocalPki | None = None
+        self.pki: LocalPki | None = None  # set before start() to serve an existing certificate
+        #: names and addresses the certificate made at start() is valid for
+        self.tls_hosts: tuple[str, ...] = ("localhost", "127.0.0.1")
         self._server: asyncio.AbstractServer | None = None
         self._connections = 0
         self._thread: threading.Thread | None = None
@@ -170,6 +172,8 @@ class ApnsEmulator:
         # The log is written a loop iteration at a time (`_recorded`), not a write(2) per line.
         self._log = open(log_file, "a") if log_file else None
         self._log_flush_due = False
+        #: called with each answered Record, on the emulator's loop (`appliance emulator apns` prints it)
+        self.on_record: Callable[[Record], None] | None = None
         self.port = 0
 
     # -- configuration -----------------------------------------------------------------------------
@@ -427,6 +431,8 @@ class ApnsEmulator:
             if self.keep_records:
                 self.records.append(record)
             self._changed.notify_all()
+        if self.on_record is not None:
+            self.on_record(record)
         if self._log is not None:
             self._log.write(f"{record.at:.6f} {record.status} {record.reason or '-'} {record.apns_id or '-'} "
                             f"{record.token or '-'}\n")
@@ -446,7 +452,7 @@ class ApnsEmulator:
             import tempfile
 
             directory = self._pki_dir or Path(tempfile.mkdtemp(prefix="apns-emulator-"))
-            self.pki = make_test_pki(directory)
+            self.pki = make_test_pki(directory, self.tls_hosts)
         ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         ctx.minimum_version = ssl.TLSVersion.TLSv1_2
         ctx.load_cert_chain(self.pki.cert_file, self.pki.key_file)

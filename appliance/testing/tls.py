@@ -85,3 +85,23 @@ def make_p8(path: str | Path) -> ec.EllipticCurvePrivateKey:
                                        serialization.NoEncryption()))
     path.chmod(0o600)
     return key
+
+
+def existing_pki(directory: str | Path, hosts: tuple[str, ...], min_days: int = 1) -> LocalPki | None:
+    """The PKI `make_test_pki` wrote into `directory` earlier, when its certificate is still valid
+    for `min_days` more days and names every one of `hosts`; else None."""
+    directory = Path(directory)
+    pki = LocalPki(directory / "ca.pem", directory / "server.pem", directory / "server.key")
+    try:
+        cert = x509.load_pem_x509_certificate(pki.cert_file.read_bytes())
+        x509.load_pem_x509_certificate(pki.ca_file.read_bytes())
+        serialization.load_pem_private_key(pki.key_file.read_bytes(), None)
+        names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except (OSError, ValueError, x509.ExtensionNotFound):
+        return None
+    have = {str(n) for n in names.get_values_for_type(x509.DNSName)}
+    have |= {str(a) for a in names.get_values_for_type(x509.IPAddress)}
+    left = cert.not_valid_after_utc - datetime.datetime.now(datetime.timezone.utc)
+    if left < datetime.timedelta(days=min_days) or not set(hosts) <= have:
+        return None
+    return pki

@@ -47,3 +47,63 @@ def cli_as_stranger(data_dir: Path, *args: str, timeout: float = 60) -> subproce
         return cli(*args, timeout=timeout)
     finally:
         os.chmod(data_dir, mode)
+
+
+class Running:
+    """A long-running `appliance` command (an emulator, a server) whose output lines are read as
+    they come: `wait_line(predicate)` waits for one."""
+
+    def __init__(self, *args: str, env: dict | None = None, cwd: Path = ROOT):
+        import threading
+
+        from tests.pg import process_env
+
+        self.args = [str(a) for a in args]
+        self.lines: list[str] = []
+        self._cond = threading.Condition()
+        self.proc = subprocess.Popen([sys.executable, "-m", "appliance", *self.args], stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, text=True, env=process_env(self.args, **(env or {})),
+                                     cwd=cwd)
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            with self._cond:
+                self.lines.append(line.rstrip("\n"))
+                self._cond.notify_all()
+        with self._cond:
+            self._cond.notify_all()
+
+    def wait_line(self, predicate, timeout: float = 60) -> str:
+        """The first line (of all read so far or to come) satisfying `predicate`."""
+        import time
+
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while True:
+                for line in self.lines:
+                    if predicate(line):
+                        return line
+                left = deadline - time.monotonic()
+                if left <= 0 or (self.proc.poll() is not None and not self._reader.is_alive()):
+                    raise AssertionError(f"no such line from {self.args} in {timeout} s; got:\n" + "\n".join(self.lines))
+                self._cond.wait(min(left, 0.5))
+
+    def text(self) -> str:
+        with self._cond:
+            return "\n".join(self.lines)
+
+    def stop(self, sig: int | None = None) -> int:
+        import signal
+
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig or signal.SIGINT)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._reader.join(10)
+        self.proc.stdout.close()
+        return self.proc.returncode
