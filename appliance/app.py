@@ -232,6 +232,9 @@ class Appliance:
     # The other nodes over the same database (appliance.store.notify): a LocalBus when alone.
     bus: Any = None
     fanout: Any = None  # appliance.relay.nodes.NodeFanout, when the bus reaches other nodes
+    # Listening sockets the CLI bound before anything else (bound, not yet listening), by role:
+    # "relay" (host:port), "admin" (admin_listen), "gateway" (gateway_listen). The servers take them.
+    sockets: dict = field(default_factory=dict)
 
     # Seconds between checks for origin/group edits made by the CLI while the server runs.
     RELOAD_INTERVAL = 1.0

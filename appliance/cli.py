@@ -254,13 +254,22 @@ def serve(settings: Settings, *, ready: Any = None) -> int:
     from appliance.app import build, startup_banner
     from appliance.server import build_server
 
-    from appliance.store.instance import InstanceLock
+    from appliance.store.instance import InstanceLock, clear_instance
 
     configure_logging(settings.log_level)
-    # Held until the process ends: a second server, or `appliance restore`, is refused meanwhile.
-    lock = InstanceLock(settings.data_path).acquire()
-    app = build(settings)
+    # Every listening address first: one taken stops the start before anything is printed, created
+    # or minted (no data directory, no setup token).
+    sockets = bind_listeners(settings)
+    try:
+        # Held until the process ends: a second server, or `appliance restore`, is refused meanwhile.
+        lock = InstanceLock(settings.data_path).acquire()
+        app = build(settings)
+    except BaseException:
+        for sock in sockets.values():
+            sock.close()
+        raise
     app.instance_lock = lock
+    app.sockets = sockets
     try:
         install(app)
     except BaseException:
@@ -269,12 +278,79 @@ def serve(settings: Settings, *, ready: Any = None) -> int:
             app.push.close()
         app.store.close()
         raise
+    record_instance(settings, app)
     for line in startup_banner(settings, app):
         print(line, flush=True)
-    if app.gateway is not None and app.gateway.config.listen:
-        from appliance.server import run_with_gateway_listener
+    try:
+        if app.gateway is not None and app.gateway.config.listen:
+            from appliance.server import run_with_gateway_listener
 
-        run_with_gateway_listener(settings, app)
-        return 0
-    build_server(settings, app).run()
+            run_with_gateway_listener(settings, app)
+            return 0
+        build_server(settings, app).run(sockets=[sockets["relay"]])
+    finally:
+        clear_instance(settings.data_path)
     return 0
+
+
+def bind_listeners(settings: Settings) -> dict:
+    """The relay's socket (and admin_listen's, gateway_listen's), bound but not listening yet;
+    `settings.port` becomes the port bound (port 0: a free one). An address in use is one line
+    naming it, and the appliance holding it when this data directory's instance record says so."""
+    from appliance.app import gateway_config
+    from appliance.server import ListenError, bind_listener
+    from appliance.store.instance import read_instance
+
+    wanted = [("relay", settings.host, settings.port)]
+    if settings.admin_listen and settings.admin_listen != "off":
+        host, _, port = settings.admin_listen.rpartition(":")
+        wanted.append(("admin", host.strip("[]"), int(port)))
+    gateway = gateway_config(settings)
+    if gateway.enabled and gateway.listen:
+        from appliance.gateway.config import parse_listen
+
+        wanted.append(("gateway", *parse_listen(gateway.listen, "gateway_listen")))
+    sockets: dict = {}
+    for role, host, port in wanted:
+        try:
+            sockets[role] = bind_listener(host, port)
+        except ListenError as exc:
+            for sock in sockets.values():
+                sock.close()
+            notes = [] if role == "relay" else [f"{role}_listen"]
+            running = read_instance(settings.data_path) if exc.in_use else None
+            if running and any(a.rpartition(":")[2] == str(port) for key in ("listen", "admin_listen", "gateway_listen")
+                               for a in _as_list(running.get(key))):
+                notes.append(f"another appliance runs here, pid {running['pid']}")
+            raise ApplianceError(str(exc) + (f" ({'; '.join(notes)})" if notes else "")) from None
+    bound = sockets["relay"].getsockname()[1]
+    if bound != settings.port:
+        settings.values["port"] = settings.port = bound
+    return sockets
+
+
+def _as_list(value) -> list:
+    return value if isinstance(value, list) else [value] if value else []
+
+
+def record_instance(settings: Settings, app: Any) -> None:
+    """`<data_dir>/instance.json`: this process, where it listens and its URLs, for the commands
+    run beside it (they trust it only while this process holds the data directory's lock)."""
+    import time
+
+    from appliance import __version__
+    from appliance.admin import admin_base_url
+    from appliance.store.instance import write_instance
+
+    def shown(sock) -> str:
+        host, port = sock.getsockname()[:2]
+        return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+    listen = [shown(app.sockets["relay"])]
+    info = {"version": __version__, "started_at": int(time.time()), "listen": listen,
+            "relay_url": settings.effective_public_url, "admin_url": admin_base_url(settings)}
+    if "admin" in app.sockets:
+        info["admin_listen"] = shown(app.sockets["admin"])
+    if "gateway" in app.sockets:
+        info["gateway_listen"] = shown(app.sockets["gateway"])
+    write_instance(settings.data_path, info)

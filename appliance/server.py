@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import signal
 import socket
@@ -32,6 +33,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 
 from appliance.app import Appliance, asgi
+from appliance.errors import ApplianceError
 from appliance.relay.peers import PeerLimits
 from appliance.settings import Settings
 
@@ -303,6 +305,11 @@ class ApplianceServer(uvicorn.Server):
             log.info("stopping: finishing in-flight work (a second signal exits at once)")
             second_signal_exits_at_once()
 
+    async def startup(self, sockets=None) -> None:
+        await super().startup(sockets)
+        if sockets is not None and self.started:
+            self._log_started_message(sockets)  # uvicorn says it only for sockets it bound itself
+
     async def shutdown(self, sockets=None) -> None:
         for server in self.servers:  # stop accepting first
             server.close()
@@ -348,6 +355,31 @@ def build_server(settings: Settings, app: Appliance, cls: type = ApplianceServer
     return cls(config, app)
 
 
+class ListenError(ApplianceError):
+    """A listening address cannot be bound (another process holds it, or it is not ours to take)."""
+
+    def __init__(self, host: str, port: int, exc: OSError):
+        self.address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        self.in_use = exc.errno == errno.EADDRINUSE
+        why = "address already in use" if self.in_use else (exc.strerror or str(exc)).lower()
+        super().__init__(f"cannot listen on {self.address}: {why}")
+
+
+def bind_listener(host: str, port: int) -> socket.socket:
+    """A socket bound to host:port (0: a free port), as uvicorn would bind it, but not listening
+    yet: the server listens once it serves (connections are refused until then, not queued).
+    Bound before anything is printed or created, so an address in use stops the start first."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise ListenError(host, port, exc) from None
+    return sock
+
+
 class _SignalsElsewhere:
     """Mixin: `run_with_gateway_listener` owns SIGINT/SIGTERM and stops both servers itself."""
 
@@ -366,20 +398,24 @@ class _GatewayServer(_SignalsElsewhere, uvicorn.Server):
 
 def run_with_gateway_listener(settings: Settings, app: Appliance) -> None:
     """The main listener plus the gateway's own (`gateway_listen`) in one event loop: SIGTERM or
-    SIGINT stops both (the relay's graceful shutdown first), then the process exits."""
+    SIGINT stops both (the relay's graceful shutdown first), then the process exits. Listens on
+    the sockets the CLI bound (`app.sockets`), or binds them here."""
     from appliance.app import gateway_asgi
     from appliance.errors import ConfigError
     from appliance.gateway.config import parse_listen
 
     listen = app.gateway.config.listen
-    host, port = parse_listen(listen, "gateway_listen")
-    try:
-        family, _type, _proto, _name, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(address)
-    except OSError as exc:
-        raise ConfigError("gateway_listen", listen, f"cannot listen there: {exc.strerror or exc}") from None
+    sock = app.sockets.get("gateway")
+    if sock is None:
+        host, port = parse_listen(listen, "gateway_listen")
+        try:
+            family, _type, _proto, _name, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+            sock = socket.socket(family, socket.SOCK_STREAM)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(address)
+        except OSError as exc:
+            raise ConfigError("gateway_listen", listen, f"cannot listen there: {exc.strerror or exc}") from None
+    relay_sockets = [app.sockets["relay"]] if "relay" in app.sockets else None
     server = build_server(settings, app, cls=_MainServer)
     http_class, _ws = protocol_classes(Guard(app.peers))  # the same head limits and per-address cap
     config = uvicorn.Config(gateway_asgi(app), log_level=settings.log_level, http=http_class, ws="none",
@@ -400,7 +436,7 @@ def run_with_gateway_listener(settings: Settings, app: Appliance) -> None:
             loop.add_signal_handler(sig, stop)
         task = asyncio.create_task(gateway.serve(sockets=[sock]))
         try:
-            await server.serve()
+            await server.serve(sockets=relay_sockets)
         finally:
             gateway.should_exit = True
             await task

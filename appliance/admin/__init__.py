@@ -74,7 +74,7 @@ def install(app, *, fetch_assets: bool = True) -> Admin | None:
     app.on_startup.append(admin.start)
     app.on_shutdown.append(admin.stop)
     if settings.admin_listen:
-        admin.listen_socket = _bind(settings.admin_listen)
+        admin.listen_socket = app.sockets.get("admin") or _bind(settings.admin_listen)
         admin.own_app = Starlette(routes=[
             Mount(BASE, app=dashboard),
             Route("/", lambda _r: RedirectResponse(f"{BASE}/", status_code=303)),

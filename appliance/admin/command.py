@@ -40,7 +40,11 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     from . import auth
     from .web import admin_base_url, setup_url
 
-    base = admin_base_url(settings)
+    from appliance.store.instance import read_instance
+
+    running = read_instance(settings.data_path)
+    # The running appliance's own URL names the port it really listens on.
+    base = running.get("admin_url") if running else admin_base_url(settings)
     if base is None:
         raise ConfigError("admin_listen", "off", "the dashboard is off; set admin_listen to use it")
     with store_for(settings) as store:

@@ -25,6 +25,24 @@ def open_data(settings: Settings) -> Iterator[tuple[SqliteStore, OriginRegistry]
         yield store, OriginRegistry(prepare_origins(store, settings, serving=False))
 
 
+def follow_running(settings: Settings) -> dict | None:
+    """The record of the appliance serving this data directory now (None when none runs); its
+    listen address replaces `host` and `port`, so what a command prints names the real port."""
+    from appliance.store.instance import read_instance
+
+    running = read_instance(settings.data_path)
+    listen = (running or {}).get("listen") or []
+    if listen:
+        host, _, port = listen[0].rpartition(":")
+        if port.isdigit():
+            for name, value in (("host", host.strip("[]")), ("port", int(port))):
+                if settings.values[name] != value:
+                    settings.values[name] = value
+                    setattr(settings, name, value)
+                    settings.sources[name] = "running appliance"
+    return running
+
+
 def find_origin(registry: OriginRegistry, origin: str) -> Origin:
     try:
         return registry.by_origin(origin)

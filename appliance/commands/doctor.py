@@ -33,7 +33,7 @@ from appliance.push.config import CREDENTIAL_FIELDS
 from appliance.settings import Settings, load
 from appliance.store.dsn import is_postgres, redact
 from appliance.store.events import newest_created_at
-from appliance.store.instance import running_pid
+from appliance.store.instance import read_instance, running_pid
 from appliance.store.keyfile import KEYFILE_NAME, KeyFile
 from appliance.store.schema import SCHEMA_VERSION
 from appliance.store.sqlite import DB_FILENAME, open_checked
@@ -94,6 +94,9 @@ def diagnose(flags: dict, config_path: str | None, *, online: bool = False,
     where = f"config file {settings.config_path}" if settings.config_path else "no config file"
     changed = sum(1 for s in settings.sources.values() if s != "default")
     yield Check(PASS, "configuration", f"{where}; {changed} setting(s) not at their default")
+    from appliance.commands import follow_running
+
+    follow_running(settings)  # a running appliance's real address, in every URL below
     conn, db_checks = _open_database(settings)
     try:
         origins: list = []
@@ -225,6 +228,9 @@ def _data_dir(settings: Settings) -> Check:
     state = "exists" if path.exists() else "will be created at first start"
     pid = running_pid(path) if path.exists() else None
     serving = "" if pid is None else f"; served now by pid {pid}" if pid else "; served now"
+    running = read_instance(path) if pid else None
+    if running and running.get("listen"):
+        serving += " on " + ", ".join(running["listen"])
     if free < 100 * 1024 * 1024:
         return Check(FAIL, "data directory", f"{path.resolve()} {state}, writable, but only "
                      f"{free // (1024 * 1024)} MiB free")

@@ -95,3 +95,51 @@ def running_pid(data_dir: Path) -> int | None:
         return None
     finally:
         os.close(fd)
+
+
+# What the serving process records about itself beside the lock: its pid, listen addresses and
+# URLs, for the commands run beside it (`admin reset`, `doctor`, `push ...`) to name the real port.
+INSTANCE_NAME = "instance.json"
+
+
+def write_instance(data_dir: Path, info: dict) -> None:
+    """Record the serving process (atomically: a reader sees the old file or the new one)."""
+    import json
+
+    path = Path(data_dir) / INSTANCE_NAME
+    tmp = path.with_name(f".{INSTANCE_NAME}.{os.getpid()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(json.dumps({"pid": os.getpid(), **info}, indent=1) + "\n")
+    os.replace(tmp, path)
+
+
+def clear_instance(data_dir: Path) -> None:
+    """Remove this process's record at a clean stop (a newer server's record is left alone)."""
+    path = Path(data_dir) / INSTANCE_NAME
+    info = _load_instance(path)
+    if info is not None and info.get("pid") == os.getpid():
+        try:
+            path.unlink()
+        except OSError:
+            pass
+
+
+def _load_instance(path: Path) -> dict | None:
+    import json
+
+    try:
+        info = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return info if isinstance(info, dict) and isinstance(info.get("pid"), int) else None
+
+
+def read_instance(data_dir: Path) -> dict | None:
+    """The running appliance's record for `data_dir`: only while a process holds the lock and it
+    is the one that wrote the record (a file left by a crash names nobody)."""
+    pid = running_pid(data_dir)
+    if not pid:
+        return None
+    info = _load_instance(Path(data_dir) / INSTANCE_NAME)
+    return info if info is not None and info["pid"] == pid else None
