@@ -118,6 +118,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     emulator_cli.add_parser(emulator)
 
+    from appliance.commands import sync as sync_cli
+
+    sync_cli.add_parser(sub, _add_setting_flags)
+
     bench = sub.add_parser("bench", help="Measure this machine: relay ingest and query speed.",
                            description="Benchmarks that start a relay on a temporary data dir.")
     from appliance import bench as bench_mod
@@ -217,6 +221,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from appliance.commands import emulator as emulator_cli
 
             return emulator_cli.run(args)
+        if args.command == "sync":
+            from appliance.commands import sync as sync_cli
+
+            return sync_cli.run(args, _settings(args))
         if args.command == "bench":
             from appliance import bench as bench_mod
 

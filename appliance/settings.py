@@ -207,6 +207,17 @@ SETTINGS: tuple[Setting, ...] = (
        "Seconds one REQ or COUNT may spend in the database before it is abandoned (CLOSED "
        "`error:`). Keeps one expensive filter from holding a reader thread for everyone. 0 disables.",
        minimum=0, maximum=3600),
+    _s("negentropy_max_records", _int, 1_000_000,
+       "Most events one NIP-77 negentropy session may reconcile (strfry's maxSyncEvents default): a "
+       "NEG-OPEN whose filter selects more is refused with NEG-ERR `blocked: too many records`. Each "
+       "record held costs 40 bytes for as long as its session is open (a million: 40 MB).",
+       minimum=1, maximum=100_000_000),
+    _s("negentropy_max_sessions", _int, 2,
+       "NIP-77 negentropy sessions one connection may have open at once (a sync uses one).",
+       minimum=1, maximum=1000),
+    _s("negentropy_idle_timeout", _float, 60.0,
+       "Seconds a NIP-77 negentropy session may go without a message before it is closed (NEG-ERR "
+       "`closed:`), its memory freed.", minimum=1, maximum=86400),
     _s("max_filter_values", _int, 1000,
        "Values allowed in one filter list (ids, authors, kinds, a tag).", minimum=1, maximum=100000),
     _s("max_event_tags", _int, 2000, "Tags allowed on one event.", minimum=1, maximum=100000),

@@ -478,9 +478,9 @@ def any_expired(conn, now: int) -> bool:
 
 def build_query(origin: int, f: Filter, scope: ReadScope | None, now: int, limit: int, *, count: bool = False,
                 rowids: bool = False, condition: bool = False, raw_bytes: bool = False,
-                at_second: int | None = None, expired: bool = True):
+                at_second: int | None = None, expired: bool = True, records: bool = False):
     """SQL and bindings for one filter: pick the most selective index to drive the scan.
-    `expired`: as for `_scope_sql`."""
+    `expired`: as for `_scope_sql`. `records`: (created_at, id) rows, see `negentropy_rows`."""
     params: list = []
     where: list[str] = []
     tag_items = sorted(f.tags.items(), key=lambda kv: (_TAG_PREFERENCE.index(kv[0])
@@ -548,6 +548,14 @@ def build_query(origin: int, f: Filter, scope: ReadScope | None, now: int, limit
     if count:
         what = f"count(DISTINCT {rowid_col})" if fanout > 1 else "count(*)"
         return f"SELECT {what} FROM {source} WHERE {clause}", params
+    if records:  # oldest first; with a filter limit, its newest `limit` (lowest id first within a second)
+        distinct = "DISTINCT " if fanout > 1 else ""
+        params.append(limit)
+        if f.limit is not None:
+            return (f"SELECT created_at, id FROM (SELECT {distinct}{time_col} AS created_at, e.id AS id "
+                    f"FROM {source} WHERE {clause} ORDER BY {time_col} DESC, e.id LIMIT ?) AS r ORDER BY created_at",
+                    params)
+        return f"SELECT {distinct}{time_col}, e.id FROM {source} WHERE {clause} ORDER BY {time_col} LIMIT ?", params
     raw = "CAST(e.raw AS BLOB)" if raw_bytes else "e.raw"  # bytes: no UTF-8 decoding, ready to send
     if at_second is not None:  # every event of one second, lowest id first (see _filter_answer)
         params.append(at_second)
@@ -716,6 +724,18 @@ def _whole_answer(fetched: list[tuple], limit: int, share: int | None) -> bool:
     if len(set(map(_ID, fetched))) < len(fetched):
         return False
     return share is None or sum(map(len, map(_RAW, fetched))) <= share
+
+
+def negentropy_rows(conn: apsw.Connection, origin: int, f: Filter, scope: ReadScope, now: int,
+                    cap: int) -> Iterable[tuple[int, str]]:
+    """NIP-77: (created_at, id) of the events `f` selects that `scope` may read, in ascending
+    created_at (the ids of one second in any order, an id possibly repeated), at most `cap` rows
+    (with a filter `limit`, the newest that many), read as they are iterated."""
+    if _matches_nothing(f) or f.search is not None or f.limit == 0:
+        return ()
+    limit = cap if f.limit is None else min(f.limit, cap)
+    sql, params = build_query(origin, f, scope, now, limit, records=True)
+    return conn.execute(sql, params)
 
 
 def count_events(conn: apsw.Connection, origin: int, filters: list[Filter], scope: ReadScope, now: int) -> int:
