@@ -2,7 +2,7 @@
 
 A connection spends tokens from its own buckets and from its client address's (`ClientBudgets`:
 every connection from one address shares them), so reconnecting or opening more connections buys
-no new budget. What the relay does when a bucket is empty is in `appliance.relay.session`: refuse
+no new budget. What the relay does when a bucket is empty is in `appliance.relay.governor`: refuse
 with `rate-limited:` and read that connection no faster than its budget refills.
 """
 

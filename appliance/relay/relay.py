@@ -24,7 +24,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Awaitable, Callable
+from typing import Awaitable, Callable, Generator
 
 from appliance.errors import ConfigError, Rejected
 from appliance.nostr.event import Event, InvalidEvent, expiration as event_expiration, is_ephemeral, verify_event
@@ -204,95 +204,122 @@ class Relay:
         elif origin.allow and ev.pubkey not in origin.allow:
             raise Rejected("restricted", "this pubkey may not publish here")
 
-    async def publish(self, origin: Origin, authed: str | None, ev: Event) -> str:
-        """Admit, store and fan out one event; return the OK message or raise Rejected (counted)."""
-        try:
-            return await self._publish(origin, authed, ev)
-        except Rejected as exc:
-            self.rejected(origin, ev, exc)
-            raise
+    def needs_task(self, ev: Event) -> bool:
+        """Whether publishing `ev` awaits something: an admission hook of its kind, a verifier
+        that checks elsewhere, or `on_stored` callbacks. Such an event is taken by `publish`."""
+        return ev.kind in self.admission or bool(self.on_stored) or not getattr(self.verifier, "inline", False)
 
-    async def _publish(self, origin: Origin, authed: str | None, ev: Event) -> str:
-        now = int(time.time())
-        admit = self.admission.get(ev.kind)
-        if admit is not None:
-            # The kind's own ordered rules decide its first failure (NIP-PL: authentication, then
-            # the signature, ...); the relay-wide limits and policies apply after them.
-            context = await admit(origin, authed, ev, self.verifier.verify)
-            self.check_envelope(ev, now)
-            self.check_write_access(origin, authed, ev)
-        else:
-            self.check_envelope(ev, now)
-            self.check_write_access(origin, authed, ev)
-            if not await self.verifier.verify(ev):
-                raise Rejected("invalid", "bad signature")
-            context = {}
-        expiration = self._expiration(ev, now)
-        if is_ephemeral(ev.kind):
-            self._ephemeral(origin, ev)
-            return ""
-        raw = ev.to_json()
-        pending = self._pending(origin, ev, raw, expiration, now, context)
+    async def publish(self, origin: Origin, authed: str | None, ev: Event) -> str:
+        """Admit, store and fan out one event; return the OK message or raise Rejected (counted)
+        or the error that stopped it. The steps are `_pipeline`'s, awaited where they must be."""
+        answer = asyncio.get_running_loop().create_future()
+
+        def done(message: str | None, exc: Exception | None) -> None:
+            if answer.cancelled():  # the caller is gone (its task cancelled)
+                return
+            if exc is None:
+                answer.set_result(message)
+            else:
+                answer.set_exception(exc)
+
+        steps = self._pipeline(origin, authed, ev, done)
+        value: object = None
+        error: BaseException | None = None
         try:
-            result = await self.store.write(pending if batchable(ev, self.store_hooks) else pending.__call__)
-            self._committed(origin, ev, raw, result)
+            while True:
+                try:
+                    step = steps.send(value) if error is None else steps.throw(error)
+                except StopIteration as stop:
+                    stored = stop.value
+                    break
+                try:
+                    value, error = await step, None
+                except Exception as exc:  # the pipeline decides what it means
+                    value, error = None, exc
         finally:
-            self._broadcast_done(ev.id)
-        for extra in result.extra.get("broadcast", ()):
-            self.broadcast(origin, extra, extra.to_json())
-        for callback in self.on_stored:
-            try:
-                await callback(origin, ev)
-            except Exception:  # a listener's failure must not turn an accepted event into an error
-                log.exception("on_stored callback failed for event %s", ev.id)
-        return result.message
+            steps.close()
+        message = await answer
+        if stored:
+            for callback in self.on_stored:
+                try:
+                    await callback(origin, ev)
+                except Exception:  # a listener's failure must not turn an accepted event into an error
+                    log.exception("on_stored callback failed for event %s", ev.id)
+        return message
 
     def publish_then(self, origin: Origin, authed: str | None, ev: Event,
                      done: Callable[[str | None, Exception | None], None]) -> bool:
-        """`publish` with no task and no future, for events that need nothing awaited (no admission
-        hook of their kind, a verifier that checks inline, no `on_stored` callback): the same
-        checks in the same order, then `done(message, None)` once committed and broadcast, or
-        `done(None, exc)` (a refusal counted, as `publish` raises it). Called on the loop; `done`
-        runs on it, possibly before this returns. False (and nothing done) for any other event:
-        the caller awaits `publish`."""
-        if ev.kind in self.admission or self.on_stored or not getattr(self.verifier, "inline", False):
+        """`publish` with no task and no future, for events that need nothing awaited (see
+        `needs_task`): the same pipeline, then `done(message, None)` once committed and broadcast,
+        or `done(None, exc)` (a refusal counted, as `publish` raises it). Called on the loop;
+        `done` runs on it, possibly before this returns. False (and nothing done) for any other
+        event: the caller awaits `publish`."""
+        if self.needs_task(ev):
             return False
+        steps = self._pipeline(origin, authed, ev, done)
+        try:
+            next(steps)
+        except StopIteration:
+            return True
+        steps.close()  # a step to await: `needs_task` says there is none
+        raise RuntimeError(f"publishing kind {ev.kind} awaits a step; publish_then cannot take it")
+
+    def _pipeline(self, origin: Origin, authed: str | None, ev: Event,
+                  done: Callable[[str | None, Exception | None], None]) -> Generator[Awaitable, object, bool]:
+        """The one way an event is published, its checks in their one order: the admission hook of
+        its kind first if it has one (NIP-PL: authentication, then the signature, ...) and the
+        relay-wide limits and policies after it, else the limits, the policies and the signature;
+        then its expiration; then broadcast (ephemeral) or the write, its commit and broadcast.
+
+        A generator: it yields an awaitable where a step must be awaited (an admission hook, a
+        verifier that checks elsewhere) and is sent its result (or thrown its exception). It calls
+        `done(message, None)` once the event is committed and broadcast, or `done(None, exc)` for a
+        refusal (counted) or an unexpected error: exactly once, whatever fails after its checks (a
+        client without its OK would hold one of its connection's in-flight places for good), unless
+        it is closed while awaiting. Returns whether the event went to the store."""
         now = int(time.time())
         try:
-            self.check_envelope(ev, now)
-            self.check_write_access(origin, authed, ev)
-            if not self.verifier.check(ev):
-                raise Rejected("invalid", "bad signature")
+            admit = self.admission.get(ev.kind)
+            if admit is not None:
+                context = yield admit(origin, authed, ev, self.verifier.verify)
+                self.check_envelope(ev, now)
+                self.check_write_access(origin, authed, ev)
+            else:
+                self.check_envelope(ev, now)
+                self.check_write_access(origin, authed, ev)
+                verifier = self.verifier
+                valid = verifier.check(ev) if getattr(verifier, "inline", False) else (yield verifier.verify(ev))
+                if not valid:
+                    raise Rejected("invalid", "bad signature")
+                context = {}
             expiration = self._expiration(ev, now)
             ephemeral = is_ephemeral(ev.kind)
             if ephemeral:
                 self._ephemeral(origin, ev)
             else:
                 raw = ev.to_json()
-                pending = self._pending(origin, ev, raw, expiration, now, {})
+                pending = self._pending(origin, ev, raw, expiration, now, context)
         except Rejected as exc:
             try:
                 self.rejected(origin, ev, exc)
-            except Exception as failed:  # a listener failing: an error OK, as `publish` raising it gives
+            except Exception as failed:  # a listener failing: an error answer
                 exc = failed
             done(None, exc)
-            return True
-        except Exception as exc:  # a failing hook: an error OK, as `publish` raising it gives
+            return False
+        except Exception as exc:  # a failing hook: an error answer
             done(None, exc)
-            return True
+            return False
         if ephemeral:
             done("", None)
-            return True
+            return False
 
         def committed(result, exc: BaseException | None) -> None:  # on the loop, after the commit
-            # `done` is called exactly once, whatever fails here: a client without its OK would
-            # hold one of its connection's in-flight places for good.
             message = None
             try:
                 try:
                     if exc is None:
                         self._committed(origin, ev, raw, result)
-                except Exception as failed:  # as `publish` would raise it
+                except Exception as failed:
                     exc = failed
                 finally:
                     self._broadcast_done(ev.id)
@@ -302,7 +329,7 @@ class Relay:
                     message = result.message
                 elif isinstance(exc, Rejected):
                     self.rejected(origin, ev, exc)
-            except Exception as failed:  # a listener or a broadcast failing: an error OK, as in `publish`
+            except Exception as failed:  # a listener or a broadcast failing: an error answer
                 exc = failed
             if exc is None:
                 done(message, None)
@@ -314,6 +341,7 @@ class Relay:
         except Exception as exc:  # the store is closed
             self._broadcast_done(ev.id)
             done(None, exc)
+            return False
         return True
 
     @staticmethod

@@ -117,3 +117,58 @@ def test_a_failing_refusal_listener_still_answers_every_event_once(tmp_path):
         assert message is None and isinstance(exc, RuntimeError), answers[name]
     assert answers["after"] == [("", None)]
     assert relay.unbroadcast == {}
+
+
+def test_both_paths_check_in_one_order(tmp_path):
+    """`publish` (awaited) and `publish_then` (no task) are one pipeline: an event breaking several
+    rules gets the same first refusal on both (limits, then policy, then signature, then
+    expiration), and the same refusals are counted."""
+    data_dir = tmp_path / "data"
+    settings = load(flags={"data_dir": str(data_dir), "max_event_tags": "3"}, environ=storage_env(data_dir),
+                    config_path=None)
+    app = build(settings)
+    relay = app.relay
+    origin = relay.origins.origins[0]
+    from dataclasses import replace
+
+    from appliance.nostr.keys import public_key
+
+    blocked_origin = replace(origin, block=frozenset({public_key(SECRET)}))
+
+    def forged(ev):
+        ev.sig = "00" * 64
+        return ev
+
+    cases = [
+        ("too many tags, bad signature", origin, forged(sign_event(SECRET, 1, [["t", "x"]] * 4, "a")),
+         "invalid: too many tags (max 3)"),
+        ("blocked, bad signature", blocked_origin, forged(sign_event(SECRET, 1, [], "b")),
+         "blocked: this pubkey is blocked here"),
+        ("expired, bad signature", origin, forged(sign_event(SECRET, 1, [["expiration", "1"]], "c")),
+         "invalid: bad signature"),
+        ("expired", origin, sign_event(SECRET, 1, [["expiration", "1"]], "d"), "invalid: event has expired"),
+    ]
+
+    async def both(where, ev):
+        try:
+            await relay.publish(where, None, ev)
+        except Exception as exc:
+            awaited = exc.wire
+        loop = asyncio.get_running_loop()
+        answer = loop.create_future()
+        assert relay.publish_then(where, None, ev, lambda message, exc: answer.set_result(exc))
+        return awaited, (await answer).wire
+
+    async def run():
+        out = {name: await both(where, ev) for name, where, ev, _want in cases}
+        await close_bus(app)
+        return out
+
+    try:
+        out = asyncio.run(run())
+    finally:
+        relay.close()
+        app.store.close()
+    for name, _where, _ev, want in cases:
+        assert out[name] == (want, want), name
+    assert relay.stats["rejected"] == 2 * len(cases)
