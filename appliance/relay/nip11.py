@@ -8,7 +8,7 @@ from appliance import __version__
 from appliance.origins import Origin
 from appliance.settings import Settings
 
-SUPPORTED_NIPS = [1, 9, 11, 29, 40, 42, 45]
+SUPPORTED_NIPS = [1, 9, 11, 29, 40, 42, 45, 77]
 
 NOSTR_JSON = "application/nostr+json"
 
@@ -63,7 +63,11 @@ def document(origin: Origin, settings: Settings, extensions: list[Extension] = (
             "event_burst": s.event_burst,
             "req_rate_per_second": s.req_rate,
             "req_burst": s.req_burst,
+            # NIP-77: past this many records a NEG-OPEN gets NEG-ERR `blocked: too many records`
+            "max_negentropy_records": s.negentropy_max_records,
+            "max_negentropy_sessions": s.negentropy_max_sessions,
         },
+        "negentropy": 1,  # the negentropy protocol version NEG-OPEN speaks (strfry's member)
     }
     contact = origin.contact or s.relay_contact
     if contact:

@@ -83,6 +83,7 @@ class Session:
         self.tasks: set[asyncio.Task] = set()
         # Called once when the connection ends (a verb's per-connection state let go).
         self.at_end: list[Callable[[], None]] = []
+        self.negentropy = None  # its NIP-77 sessions (appliance.relay.verbs.negentropy), once it opens one
         self.governor = Governor(self, self.settings)
         self._deferred: str | None = None  # a REQ/COUNT held until its token comes (`req_token`)
         self._text = ""  # the message being handled

@@ -11,6 +11,7 @@ from __future__ import annotations
 from appliance.relay.verbs.auth import AUTH
 from appliance.relay.verbs.base import Verb
 from appliance.relay.verbs.event import EVENT
+from appliance.relay.verbs.negentropy import NEG_CLOSE, NEG_MSG, NEG_OPEN
 from appliance.relay.verbs.req import CLOSE, COUNT, REQ
 
 VERBS: dict[str, Verb] = {
@@ -19,6 +20,9 @@ VERBS: dict[str, Verb] = {
     "COUNT": COUNT,
     "CLOSE": CLOSE,
     "AUTH": AUTH,
+    "NEG-OPEN": NEG_OPEN,
+    "NEG-MSG": NEG_MSG,
+    "NEG-CLOSE": NEG_CLOSE,
 }
 
 __all__ = ["VERBS", "Verb"]
