@@ -104,6 +104,7 @@ async def sync(settings: Settings, url: str, raw_filter: dict, direction: str, o
         origin = find_origin(registry, origin_url) if origin_url else _default_origin(store, registry)
         progress = Progress(err)
         try:
+            progress.cpu0, progress.wall0 = time.process_time(), time.monotonic()
             storage = _local_records(settings, store, origin, raw_filter)
             progress.note(f"sync: {storage.n} events here at {origin.origin} match the filter")
             await _reconcile_with(url, raw_filter, storage, progress, direction, store, origin, settings, registry)
@@ -217,7 +218,9 @@ class Peer:
 
     async def reconcile(self, raw_filter: dict, storage: Storage) -> tuple[list[bytes], list[bytes], int]:
         ne = Negentropy(storage, FRAME_SIZE_LIMIT)
-        await self.send(["NEG-OPEN", SUB_ID, raw_filter, ne.initiate().hex()])
+        first = ne.initiate()
+        self.sent_bytes, self.received = len(first), 0  # negentropy bytes, before hex encoding
+        await self.send(["NEG-OPEN", SUB_ID, raw_filter, first.hex()])
         have: dict[bytes, None] = {}  # a frame size limit may report an id twice
         need: dict[bytes, None] = {}
         rounds = 0
@@ -235,9 +238,15 @@ class Peer:
                 have.update(dict.fromkeys(h))
                 need.update(dict.fromkeys(n))
                 self.progress.show("reconciling", rounds, None, f"have {len(have)}, need {len(need)}")
+                self.received += len(msg[2]) // 2
                 if reply is None:
                     await self.send(["NEG-CLOSE", SUB_ID])
+                    p = self.progress
+                    p.note(f"sync: reconciled {storage.n} records in {rounds} round(s): "
+                           f"{time.monotonic() - p.wall0:.2f} s, CPU {time.process_time() - p.cpu0:.2f} s, "
+                           f"{self.sent_bytes} bytes sent, {self.received} received")
                     return list(have), list(need), rounds
+                self.sent_bytes += len(reply)
                 await self.send(["NEG-MSG", SUB_ID, reply.hex()])
             elif verb == "NEG-ERR" and len(msg) >= 3 and msg[1] == SUB_ID:
                 raise SyncError(f"the other relay refused the sync: {msg[2]}")
@@ -430,6 +439,7 @@ class Progress:
         self.shown = False
         self.width = 0  # of the line shown (a shorter one is padded over it)
         self.phase = ""
+        self.cpu0 = self.wall0 = 0.0  # when the sync began (the reconciliation's figures)
 
     def show(self, phase: str, done: int, total: int | None, extra: str = "") -> None:
         now = time.monotonic()

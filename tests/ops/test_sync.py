@@ -140,3 +140,24 @@ def test_sync_unreachable_relay(tmp_path):
     out = cli("sync", f"ws://127.0.0.1:{free_port()}", "--data-dir", tmp_path / "data")
     assert out.returncode == 1
     assert "appliance sync: cannot connect to" in out.stderr
+
+
+async def test_sync_between_two_appliances(make_server, connect):
+    author = Identity()
+    now = int(time.time())
+    common = _events(author, 80, "common", now - 3000)
+    only_a = _events(author, 12, "a", now - 2000)
+    only_b = _events(author, 9, "b", now - 1000)
+    a, b = make_server(), make_server()
+    ca, cb = await connect(a.url), await connect(b.url)
+    for ev in common + only_a:
+        assert (await ca.publish(ev))[0]
+    for ev in common + only_b:
+        assert (await cb.publish(ev))[0]
+    out = cli("sync", b.url, "--data-dir", a.data_dir)
+    assert out.returncode == 0, out.stderr
+    assert _summary(out) == "sync: have 12, need 9, fetched 9, sent 12"
+    everything = {e.id for e in common + only_a + only_b}
+    for c in (ca, cb):
+        got, _ = await c.req("all", {"authors": [author.pubkey]})
+        assert {e["id"] for e in got} == everything
