@@ -12,6 +12,7 @@
     crashloop.py `crashloop`: SIGKILLs at random points under load; nothing acknowledged lost, wakes once
     nodes.py     `nodes`: several nodes over one PostgreSQL: ingest and REQ beside SQLite, fan-out and
                  wake latency across nodes
+    negentropy.py `negentropy`: NIP-77 reconciliation of two 100k-event stores against strfry, both roles
     soak.py      `soak`: N minutes of mixed load; memory, files, loop lag, latency, queue depth over time
 
 Each module offers `add_args(parser)` and `run(args) -> int`; `BENCHMARKS` names them and
@@ -25,7 +26,7 @@ import sys
 from dataclasses import dataclass
 from types import ModuleType
 
-from appliance.bench import crashloop, flood, gateway, leases, marmot, mls, nodes, relay, soak, wakes
+from appliance.bench import crashloop, flood, gateway, leases, marmot, mls, negentropy, nodes, relay, soak, wakes
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,9 @@ BENCHMARKS: dict[str, Benchmark] = {
                       soak),
     "nodes": Benchmark("Several appliance nodes over one PostgreSQL: ingest and REQ (SQLite, 1 and 2 PostgreSQL "
                        "nodes), cross-node fan-out latency and wake latency; print p50/p99.", nodes),
+    "negentropy": Benchmark("NIP-77: reconcile two stores of N events differing by 1%% with strfry (strfry sync "
+                            "against the appliance, appliance sync against strfry); print the appliance's CPU "
+                            "seconds.", negentropy),
 }
 
 
