@@ -282,8 +282,11 @@ class Negentropies:
             if neg.read is None and not neg.busy and now - neg.last_active >= idle:
                 self.error(neg.sub_id, f"closed: no negentropy message for {idle:g} s; send NEG-OPEN again")
         if self.open:
-            soonest = min(neg.last_active for neg in self.open.values()) + idle
-            self._timer = asyncio.get_running_loop().call_later(max(0.05, soonest - now), self._expire)
+            # Next when the longest idle session would lapse (one being read or answered: a full
+            # timeout from now, it is not idle).
+            waiting = [neg.last_active for neg in self.open.values() if neg.read is None and not neg.busy]
+            delay = min(waiting) + idle - now if waiting else idle
+            self._timer = asyncio.get_running_loop().call_later(max(0.05, delay), self._expire)
 
     def _sub_id(self, msg: list, verb: str, usage: str) -> str | None:
         if len(msg) < 2 or not isinstance(msg[1], str):
