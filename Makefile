@@ -16,6 +16,7 @@ STAMP := $(VENV)/.installed
 BUILD_STAMP := $(VENV)/.installed-build
 HTMX := static/vendor/htmx.min.js
 INTEROP := tests/marmot/interop
+NOSTR_INTEROP := tests/relay/interop
 MDK_SCRIPT := ../shared/tools/install-mdk-python.sh
 
 .PHONY: run test test-postgres dist smoke clean
@@ -23,10 +24,10 @@ MDK_SCRIPT := ../shared/tools/install-mdk-python.sh
 run: $(STAMP)
 	$(BIN)/appliance $(ARGS)
 
-test: $(STAMP) $(HTMX) $(VENV)/.mdk $(INTEROP)/node_modules/.installed
+test: $(STAMP) $(HTMX) $(VENV)/.mdk $(INTEROP)/node_modules/.installed $(NOSTR_INTEROP)/node_modules/.installed
 	$(BIN)/pytest -q $(ARGS)
 
-test-postgres: $(STAMP) $(HTMX) $(VENV)/.mdk $(INTEROP)/node_modules/.installed
+test-postgres: $(STAMP) $(HTMX) $(VENV)/.mdk $(INTEROP)/node_modules/.installed $(NOSTR_INTEROP)/node_modules/.installed
 	tests/pg_cluster.sh $(BIN)/pytest -q --storage=postgresql $(ARGS)
 
 $(STAMP): pyproject.toml
@@ -50,6 +51,11 @@ $(VENV)/.mdk: $(STAMP)
 $(INTEROP)/node_modules/.installed: $(INTEROP)/package-lock.json
 	if command -v npm >/dev/null 2>&1 && npm ci --prefix $(INTEROP) --no-audit --no-fund --silent; then touch $@; \
 	else echo "ts-mls unavailable: the cross-check tests will skip"; fi
+
+# nostr-tools (npm) for the NIP-77 interoperability test; it skips without it.
+$(NOSTR_INTEROP)/node_modules/.installed: $(NOSTR_INTEROP)/package-lock.json
+	if command -v npm >/dev/null 2>&1 && npm ci --prefix $(NOSTR_INTEROP) --no-audit --no-fund --silent; then touch $@; \
+	else echo "nostr-tools unavailable: its NIP-77 test will skip"; fi
 
 $(BUILD_STAMP): $(STAMP)
 	$(BIN)/pip install -q -e '.[test,build]'

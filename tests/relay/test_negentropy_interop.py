@@ -1,13 +1,16 @@
 """NIP-77 with real peers against the real server: strfry's `sync` (a strfry binary given by
-STRFRY_BIN; skipped with the reason otherwise) and rust-nostr's (nostr_sdk's `sync`)."""
+STRFRY_BIN; skipped with the reason otherwise), rust-nostr's (nostr_sdk's `sync`) and nostr-tools'
+(`NegentropySync`, npm, in tests/relay/interop)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import re
+import shutil
 import time
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 
@@ -112,3 +115,28 @@ async def test_nostr_sdk_sync_against_the_appliance(make_server, connect, tmp_pa
         ns.uniffi_set_event_loop(None)
     got, _ = await c.req("all", {"authors": [keys.public_key().to_hex()], "limit": 500})
     assert {e["id"] for e in got} == {e.id().to_hex() for e in shared + here + there}
+
+
+NOSTR_TOOLS = Path(__file__).with_name("interop")
+
+
+async def test_nostr_tools_negentropy_sync_against_the_appliance(make_server, connect):
+    """nostr-tools' NegentropySync (its own port of the reference JavaScript) as the client."""
+    if shutil.which("node") is None or not (NOSTR_TOOLS / "node_modules" / "nostr-tools").is_dir():
+        pytest.skip("nostr-tools is not installed (make test runs npm ci --prefix tests/relay/interop)")
+    author = Identity()
+    shared, here, there = _sets(author, 400, 23, 31)
+    server = make_server()
+    c = await connect(server.url)
+    await _publish_all(c, shared + here)
+    request = {"url": server.url, "filter": {"authors": [author.pubkey]},
+               "items": [[e.created_at, e.id] for e in shared + there]}
+    proc = await asyncio.create_subprocess_exec(
+        "node", str(NOSTR_TOOLS / "negentropy_sync.mjs"), cwd=NOSTR_TOOLS, stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(proc.communicate(json.dumps(request).encode()), 60)
+    assert proc.returncode == 0, err.decode()[-2000:]
+    result = json.loads(out.decode().strip().splitlines()[-1])
+    assert result["error"] is None
+    assert set(result["have"]) == {e.id for e in there}
+    assert set(result["need"]) == {e.id for e in here}
