@@ -28,7 +28,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-from appliance.bench.harness import appliance_command, appliance_process, cpu_seconds, free_port, info
+from appliance.bench.harness import appliance_command, appliance_process, cpu_seconds, free_port, info, rss_mb
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
@@ -142,17 +142,24 @@ def _run(args, strfry: str, workdir: Path) -> int:
         _wait_port(strfry_port)
         served = []
         for _ in range(args.runs):
-            before = cpu_seconds(server.proc.pid)
+            pid = server.proc.pid
+            base = rss_mb(pid)
+            before = cpu_seconds(pid)
             t0 = time.monotonic()
-            out = subprocess.run([strfry, f"--config={config}", "sync", server.url, "--dir", "none"],
-                                 capture_output=True, text=True, timeout=600)
+            syncing = subprocess.Popen([strfry, f"--config={config}", "sync", server.url, "--dir", "none"],
+                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            peak = base
+            while syncing.poll() is None:  # the server's resident memory while the session is open
+                peak = max(peak, rss_mb(pid))
+                time.sleep(0.01)
             wall = time.monotonic() - t0
-            spent = cpu_seconds(server.proc.pid) - before
+            spent = cpu_seconds(pid) - before
+            out = subprocess.CompletedProcess(syncing.args, syncing.returncode, *syncing.communicate())
             found = re.search(r"Set reconcile complete\. Have (\d+) need (\d+)", out.stderr)
             if out.returncode != 0 or not found:
                 print(f"appliance bench negentropy: strfry sync failed: {out.stderr[-800:]}", file=sys.stderr)
                 return 1
-            served.append((spent, wall, int(found[1]), int(found[2])))
+            served.append((spent, wall, int(found[1]), int(found[2]), peak - base))
         asked = [_appliance_sync(data_dir, f"ws://127.0.0.1:{strfry_port}") for _ in range(args.runs)]
     finally:
         server.stop()
@@ -165,8 +172,9 @@ def _run(args, strfry: str, workdir: Path) -> int:
           f"({version[0] if version else 'strfry ?'}); medians of {args.runs} runs; "
           f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
     cpu, wall = statistics.median(s[0] for s in served), statistics.median(s[1] for s in served)
-    print(f"  appliance serving, strfry sync --dir none: appliance CPU {cpu:.2f} s, wall {wall:.2f} s "
-          f"(strfry: have {served[0][2]}, need {served[0][3]})")
+    grew = statistics.median(s[4] for s in served)
+    print(f"  appliance serving, strfry sync --dir none: appliance CPU {cpu:.2f} s, wall {wall:.2f} s, its resident "
+          f"memory up {grew:.1f} MB at most (strfry: have {served[0][2]}, need {served[0][3]})")
     cpu, wall = statistics.median(a[0] for a in asked), statistics.median(a[1] for a in asked)
     whole = statistics.median(a[2] for a in asked)
     print(f"  appliance sync --dir none against strfry: appliance CPU {cpu:.2f} s, wall {wall:.2f} s for the "
