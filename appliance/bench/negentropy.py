@@ -42,12 +42,13 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data-dir", default=None, help="keep the stores here (reused when already filled)")
 
 
-def _sign(task: tuple[str, int, int, int, str]) -> list[str]:
+def _sign(task: tuple[str, int, int, int, str, int]) -> list[str]:
     from appliance.nostr.event import sign_event
 
-    secret, start, stop, now, label = task
-    # A few events a second over about a month: negentropy's timestamps are mostly distinct.
-    return [sign_event(secret, 1, [], f"{label} {i}", now - 2_500_000 + i * 25).to_json()
+    secret, start, stop, now, label, total = task
+    # Spread over the last month whatever their number (100,000: one every 25 s; a million: 2-3 a
+    # second, many sharing one).
+    return [sign_event(secret, 1, [], f"{label} {i}", now - 2_600_000 + (i * 2_500_000) // total).to_json()
             for i in range(start, stop)]
 
 
@@ -57,7 +58,7 @@ def _events(n: int, label: str, workers: int) -> list[str]:
     secret = generate_secret()
     now = int(time.time())
     step = 5000
-    tasks = [(secret, a, min(a + step, n), now, label) for a in range(0, n, step)]
+    tasks = [(secret, a, min(a + step, n), now, label, max(n, 1)) for a in range(0, n, step)]
     with ProcessPoolExecutor(max(1, workers)) as pool:
         return [e for chunk in pool.map(_sign, tasks) for e in chunk]
 
