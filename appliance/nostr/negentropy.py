@@ -7,9 +7,9 @@ messages for the same records and the same frame size limit, so either side may 
 implementation. The wire format is docs/negentropy-protocol-v1.md of that project.
 
 Records live in one `bytes` of 40-byte entries (the timestamp big-endian, then the id), sorted:
-40 bytes a record, so the memory of a session is bounded by its record count. A fingerprint sums
-the ids of a range as four 64-bit columns of that buffer (a C-level `sum` per column) instead of
-one 256-bit integer per id.
+40 bytes a record (and about one more for partial sums), so the memory of a session is bounded by
+its record count. A fingerprint takes the partial sum of whole blocks of 64 records and adds the
+ids at its ends as four 64-bit columns of that buffer (a C-level `sum` per column).
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ RECORD_SIZE = 8 + ID_SIZE
 MODE_SKIP, MODE_FINGERPRINT, MODE_IDLIST = 0, 1, 2
 BUCKETS = 16  # a range is split into this many fingerprints; fewer than twice as many records: the ids
 MIN_FRAME_SIZE_LIMIT = 4096
+MARK_EVERY = 64  # records between two stored partial sums (see Storage)
 _MASK256 = (1 << 256) - 1
 _ZERO_ID = bytes(ID_SIZE)
 _INFINITY = (MAX_U64, b"")
@@ -96,7 +97,7 @@ class _Reader:
 class Storage:
     """The sealed records of one side: sorted by (timestamp, id), no two alike."""
 
-    __slots__ = ("blob", "n", "_words")
+    __slots__ = ("blob", "n", "_words", "_marks")
 
     def __init__(self, blob: bytes = b""):
         if len(blob) % RECORD_SIZE:
@@ -104,6 +105,16 @@ class Storage:
         self.blob = bytes(blob)
         self.n = len(blob) // RECORD_SIZE
         self._words = memoryview(self.blob).cast("Q") if _COLUMNS and self.blob else None
+        # The sum of the ids before every MARK_EVERY-th record: a fingerprint of any range then
+        # adds at most 2 x MARK_EVERY ids. Without them each round of a frame-limited exchange,
+        # which fingerprints "everything from here on", costs a pass over every record (1M
+        # records, 1% differing: 21 s of CPU instead of under 2).
+        marks = [0]
+        total = 0
+        for start in range(0, self.n - MARK_EVERY + 1, MARK_EVERY):
+            total += self._sum(start, start + MARK_EVERY)
+            marks.append(total)
+        self._marks = marks
 
     @classmethod
     def from_items(cls, items: Iterable[tuple[int, bytes]]) -> "Storage":
@@ -177,17 +188,29 @@ class Storage:
         n = end - begin
         if n <= 0:
             total = 0
-        elif self._words is not None:
-            w = self._words
-            a, b = begin * 5, end * 5
-            total = (sum(w[a + 1:b:5]) + (sum(w[a + 2:b:5]) << 64) + (sum(w[a + 3:b:5]) << 128)
-                     + (sum(w[a + 4:b:5]) << 192))
-        else:
-            blob = self.blob
-            total = sum(int.from_bytes(blob[o + 8:o + RECORD_SIZE], "little")
-                        for o in range(begin * RECORD_SIZE, end * RECORD_SIZE, RECORD_SIZE))
+        elif n <= 2 * MARK_EVERY:
+            total = self._sum(begin, end)
+        else:  # whole blocks from the marks, the ends added one by one
+            first = -(-begin // MARK_EVERY)
+            last = end // MARK_EVERY
+            marks = self._marks
+            total = (marks[last] - marks[first] + self._sum(begin, first * MARK_EVERY)
+                     + self._sum(last * MARK_EVERY, end))
         digest = sha256((total & _MASK256).to_bytes(ID_SIZE, "little") + encode_varint(max(n, 0))).digest()
         return digest[:FINGERPRINT_SIZE]
+
+    def _sum(self, begin: int, end: int) -> int:
+        """The ids of records [begin, end) added as integers (not reduced mod 2**256)."""
+        if end <= begin:
+            return 0
+        w = self._words
+        if w is not None:
+            a, b = begin * 5, end * 5
+            return (sum(w[a + 1:b:5]) + (sum(w[a + 2:b:5]) << 64) + (sum(w[a + 3:b:5]) << 128)
+                    + (sum(w[a + 4:b:5]) << 192))
+        blob = self.blob
+        return sum(int.from_bytes(blob[o + 8:o + RECORD_SIZE], "little")
+                   for o in range(begin * RECORD_SIZE, end * RECORD_SIZE, RECORD_SIZE))
 
 
 class TooManyRecords(NegentropyError):
