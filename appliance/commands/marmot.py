@@ -25,7 +25,7 @@ from typing import Any, Callable
 from appliance.errors import ApplianceError, ConfigError
 from appliance.marmot import components as comp
 from appliance.marmot import pairing as pair
-from appliance.marmot import multidevice, proofs, transport
+from appliance.marmot import multidevice, profile, proofs, transport
 from appliance.marmot.device import Device
 from appliance.marmot.mls import MLSError
 from appliance.marmot.mls.structs import LeafNode as MlsLeafNode
@@ -188,7 +188,34 @@ def _draft_group(device: Device, gid: str) -> bool:
 
 def _group_summary(device: Device, gid: str) -> dict[str, Any]:
     group = device.group(gid)
-    return {"group_id": gid, "nostr_group_id": device.groups[gid]["h"], "epoch": group.epoch}
+    return {"group_id": gid, "nostr_group_id": device.groups[gid]["h"], "epoch": group.epoch,
+            "profile": profile.read_group_state(group.context).profile}
+
+
+def note(text: str) -> None:
+    """A line for the person at the terminal (stderr); stdout keeps its one JSON document."""
+    print(f"appliance marmot: {text}", file=sys.stderr)
+
+
+def _multi_device_group(device: Device, gid: str):
+    """The group, if the draft multi-device join can run in it (a components group made with the
+    draft switch); otherwise a refusal that says what it needs."""
+    group = device.group(gid)
+    _need_components_context(group.context, f"group {gid}")
+    return group
+
+
+def _need_components_context(context, what: str) -> None:
+    if profile.read_group_state(context).profile != "components":
+        raise Failed("multi_device.needs_components",
+                     f"{what} is an MDK-compatible group (MDK's group data, extension 0xf2ee): the draft "
+                     "multi-device join needs a components group (create-group --profile components "
+                     "--draft-multi-device)")
+    if context.extension(comp.EXT_MULTI_DEVICE) is None:
+        raise Failed("multi_device.gate_inactive",
+                     f"{what} is a components group made without the draft switch (no marmot.multi-device.v1, "
+                     "0xf2f0): the draft multi-device join needs a components group created with "
+                     "--draft-multi-device or marmot_draft_multi_device = true")
 
 
 @command("key-package")
@@ -198,7 +225,7 @@ def cmd_key_package(args, state) -> int:
     if not args.relay:
         raise Failed("usage", "key-package needs at least one --relay URL")
     if args.device_label is not None and not args.draft_enabled:
-        raise DraftDisabled("--device-label is part of the draft multi-device feature: pass --draft-multi-device")
+        raise DraftDisabled("--device-label is part of the draft multi-device feature")
     ev = device.new_key_package(args.relay, device_label=args.device_label, draft=args.draft_enabled)
     save_device(state, device)
     # With the draft switch the key package advertises the draft multi-device feature (spec note M23).
@@ -211,9 +238,19 @@ def cmd_create_group(args, state) -> int:
     if not args.relay:
         raise Failed("usage", "create-group needs at least one --relay URL")
     members = [read_event(path, "member key package") for path in args.member_key_package]
-    multi = args.draft_enabled
+    chosen = args.profile
+    if chosen is None:  # MDK clients can join only a group carrying MDK's group data (spec note M24)
+        chosen, reasons = device.choose_profile(members)
+        if chosen == "mdk":
+            note(f"create-group: {'; '.join(reasons)} (an MDK client): making an MDK-compatible group, its "
+                 "name, description, admins and relays in MDK's group data (extension 0xf2ee); "
+                 "--profile components forces an app-components group")
+    multi = args.draft_enabled and chosen == "components"
+    if args.draft_enabled and chosen == "mdk":
+        note("create-group: the draft multi-device join needs a components group; this MDK-compatible group "
+             "does not offer it")
     gid, rumors = device.create_group(args.name or "", args.relay, members, admins=args.admin,
-                                      multi_device=multi)
+                                      multi_device=multi, group_profile=chosen, description=args.description or "")
     save_device(state, device)
     return emit({**_group_summary(device, gid), "welcomes": rumors}, draft=multi)
 
@@ -240,7 +277,9 @@ def cmd_send(args, state) -> int:
         raise Failed("usage", "send needs --group ID and --content TEXT")
     ev = device.send(args.group, args.content, args.kind)
     save_device(state, device)
-    return emit(ev.to_dict())
+    # In a draft group the label sits beside the event's fields, as for key-package (spec note M23):
+    # read_event drops it, and it must be dropped before publishing.
+    return emit(ev.to_dict(), draft=_draft_group(device, args.group))
 
 
 @command("receive")
@@ -263,7 +302,8 @@ def cmd_commit(args, state) -> int:
     if args.group is None:
         raise Failed("usage", "commit needs --group ID")
     adds = [read_event(path, "member key package") for path in args.add]
-    ev, rumors = device.commit(args.group, add=adds, remove=args.remove)
+    ev, rumors = device.commit(args.group, add=adds, remove=args.remove, add_admins=args.add_admin,
+                               remove_admins=args.remove_admin)
     save_device(state, device)
     return emit({**_group_summary(device, args.group), "commit": ev.to_dict(), "welcomes": rumors},
                 draft=_draft_group(device, args.group))
@@ -284,14 +324,14 @@ def cmd_gift_wrap(args, state) -> int:
 @command("group-info", draft=True)
 def cmd_group_info(args, state) -> int:
     device = load_device(args, state)
-    group = device.group(_need(args.group, "--group ID"))
+    group = _multi_device_group(device, _need(args.group, "--group ID"))
     return emit({"group_id": args.group, "epoch": group.epoch, "group_info": _b64(group.group_info())}, draft=True)
 
 
 @command("join-psk", draft=True)
 def cmd_join_psk(args, state) -> int:
     device = load_device(args, state)
-    group = device.group(_need(args.group, "--group ID"))
+    group = _multi_device_group(device, _need(args.group, "--group ID"))
     psk_id, psk = multidevice.join_psk(group)
     doc = {"group_id": args.group, "epoch": group.epoch, "join_psk_id": psk_id.hex()}
     if args.show_secrets:
@@ -305,6 +345,8 @@ def cmd_pairing_seal(args, state) -> int:
     device = load_device(args, state)
     if not args.recipient or not args.group_list:
         raise Failed("usage", "pairing-seal needs --recipient PAIRING_KEY and at least one --group ID")
+    for gid in args.group_list:
+        _multi_device_group(device, gid)
     entries = [pair.PairingGroupEntry(*device.pairing_entry(gid)) for gid in args.group_list]
     envelope, payload = pair.seal_pairing(decode_blob(args.recipient, "pairing key"), entries,
                                           validity=args.validity)
@@ -346,6 +388,7 @@ def cmd_join_request(args, state) -> int:
     entry = state.read("pairing/groups", gid)
     if entry is None:
         raise Failed("pairing.no_entry", f"no opened pairing entry for group {gid} (run pairing-open first)")
+    _need_components_context(mls_group_info(_unb64(entry["group_info"])).group_context, f"group {gid}")
     pending, leaf = multidevice.prepare_external_join(
         secret, _unb64(entry["group_info"]), bytes.fromhex(entry["join_psk"]),
         group_event_key=bytes.fromhex(entry["group_event_key"]), device_label=args.device_label)
@@ -367,7 +410,7 @@ def cmd_authorize_join(args, state) -> int:
         gid = request["group_id"]
     except (KeyError, TypeError, ValueError):
         raise Failed("input.json", "a join request has group_id, group_context and leaf_node") from None
-    group = device.group(gid)
+    group = _multi_device_group(device, gid)
     if group.group_context_bytes() != context:
         raise Failed("multi_device.stale_request", "the request is not for this group's current epoch: "
                      "the new device must pair again")
@@ -444,8 +487,6 @@ def _hex16(values) -> list[str]:
 
 
 def _leaf_json(leaf) -> dict[str, Any]:
-    from appliance.marmot import profile
-
     out: dict[str, Any] = {
         "account": leaf.credential.identity.hex() if leaf.credential.identity else None,
         "signature_key": leaf.signature_key.hex(), "encryption_key": leaf.encryption_key.hex(),
@@ -466,8 +507,6 @@ def _leaf_json(leaf) -> dict[str, Any]:
 
 
 def _context_json(ctx) -> dict[str, Any]:
-    from appliance.marmot import profile
-
     out: dict[str, Any] = {"group_id": ctx.group_id.hex(), "epoch": ctx.epoch,
                            "ciphersuite": f"0x{ctx.cipher_suite:04x}",
                            "extensions": _hex16(e.extension_type for e in ctx.extensions),
@@ -641,6 +680,10 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--member-key-package", action="append", default=[], metavar="FILE",
                    help="A member's kind 30443 key package event (repeat).")
     p.add_argument("--admin", action="append", default=[], metavar="PUBKEY", help="Another admin (repeat).")
+    p.add_argument("--description", metavar="TEXT", help="Group description (MDK-compatible groups carry it).")
+    p.add_argument("--profile", choices=("components", "mdk"),
+                   help="Group state as app components, or as MDK's group data (0xf2ee) so MDK clients can "
+                        "join. Default: mdk when any invitee's key package lacks the app components.")
     p = sub.add_parser("join", help="Join from a kind 444 welcome rumor (or its gift wrap).")
     common(p)
     p.add_argument("--welcome", metavar="FILE")
@@ -657,6 +700,10 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--group", metavar="ID")
     p.add_argument("--add", action="append", default=[], metavar="FILE", help="Key package event to add (repeat).")
     p.add_argument("--remove", action="append", default=[], metavar="PUBKEY", help="Account to remove (repeat).")
+    p.add_argument("--add-admin", action="append", default=[], metavar="PUBKEY",
+                   help="Make a member an admin (MDK-compatible groups: through the group data; repeat).")
+    p.add_argument("--remove-admin", action="append", default=[], metavar="PUBKEY",
+                   help="Take an admin's rights away (repeat).")
     p = sub.add_parser("gift-wrap", help="Gift-wrap a kind 444 welcome rumor for its recipient (kind 1059).")
     common(p, state=False)
     p.add_argument("--rumor", metavar="FILE")
@@ -708,8 +755,7 @@ def run(args: argparse.Namespace) -> int:
                         config_path=args.config)
         args.draft_enabled = bool(settings.marmot_draft_multi_device)
         if draft and not args.draft_enabled:
-            raise DraftDisabled(f"`{args.marmot_command}` is part of the draft multi-device join: pass "
-                                "--draft-multi-device or set marmot_draft_multi_device = true")
+            raise DraftDisabled(f"`{args.marmot_command}` is part of the draft multi-device join")
         state = StateDir(args.state) if getattr(args, "state", None) else None
         if state is not None:
             state.purge_expired()

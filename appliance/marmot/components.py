@@ -8,11 +8,13 @@ anything that is not canonical (canonical-encoding.md: no trimming, reordering o
 
 from __future__ import annotations
 
+import ipaddress
+import re
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from .errors import ComponentError, EncodingError
-from .wire import Reader, quic_vector
+from .wire import Reader, quic_vector, uint16
 
 __all__ = [
     "APP_COMPONENTS",
@@ -33,6 +35,9 @@ __all__ = [
     "AdminPolicy",
     "NostrRouting",
     "check_relay_url",
+    "MdkGroupData",
+    "mdk_relay_url",
+    "mdk_relay_list",
 ]
 
 # Upstream MLS extensions draft (-09) code points pinned by foundation/registries.md.
@@ -193,13 +198,92 @@ class NostrRouting:
                 "nostr_group_id": self.h, "relays": self.relay_urls()}
 
 
+# MDK's relay URLs are nostr's `RelayUrl`: the WHATWG URL serialization (scheme and host lower case,
+# default port dropped, empty path "/"), shown without its trailing slashes unless the text given
+# had one; its `BTreeSet` orders them by the full serialization. We rebuild that only for URLs whose
+# serialization follows from these rules; anything WHATWG would rewrite further is refused.
+_HOST_LABEL = re.compile(r"[a-z0-9_-]+")
+_PATH_CHARS = re.compile(r"[A-Za-z0-9\-._~!$&'()*+,;=:@%/]*")
+_QUERY_CHARS = re.compile(r"[A-Za-z0-9\-._~!$&()*+,;=:@%/?]*")
+_DEFAULT_PORTS = {"ws": 80, "wss": 443}
+
+
+def mdk_relay_url(text: str) -> tuple[str, str]:
+    """(sort key, bytes MDK writes) of a relay URL, as MDK 0.8.0's group data carries it."""
+    check_relay_url(text.encode("utf-8") if isinstance(text, str) else b"")
+    scheme, sep, rest = text.partition("://")
+    if not sep or "\\" in text or "#" in text:
+        raise ComponentError(f"relay URL {text!r} is not a plain ws:// or wss:// URL", "component.group_data.relay")
+    scheme = scheme.lower()
+    cut = min((i for i in (rest.find("/"), rest.find("?")) if i >= 0), default=len(rest))
+    authority, tail = rest[:cut], rest[cut:]
+    path, _, query = tail.partition("?")
+    has_query = "?" in tail
+    if authority.startswith("["):
+        host_text, _, port_text = authority[1:].partition("]")
+        if port_text and not port_text.startswith(":"):
+            raise ComponentError(f"relay URL {text!r} has a malformed host", "component.group_data.relay")
+        port_text = port_text[1:] if port_text else None
+        try:
+            host = f"[{ipaddress.IPv6Address(host_text).compressed}]"
+        except ValueError:
+            raise ComponentError(f"relay URL {text!r} has a malformed IPv6 host", "component.group_data.relay") \
+                from None
+    else:
+        host_text, colon, port_text = authority.partition(":")
+        port_text = port_text if colon else None
+        host = host_text.lower()
+        labels = host.split(".")
+        if not all(_HOST_LABEL.fullmatch(label) and not label.startswith("xn--") for label in labels):
+            raise ComponentError(f"relay URL {text!r}: the host is not a plain DNS name or IPv4 address",
+                                 "component.group_data.relay")
+        if labels[-1].isdigit() or labels[-1].startswith("0x"):  # WHATWG reads it as an IPv4 address
+            try:
+                ip = ipaddress.IPv4Address(host)
+            except ValueError:
+                raise ComponentError(f"relay URL {text!r}: {host!r} is not a dotted-quad IPv4 address",
+                                     "component.group_data.relay") from None
+            if str(ip) != host:
+                raise ComponentError(f"relay URL {text!r}: {host!r} is not a canonical IPv4 address",
+                                     "component.group_data.relay")
+    port = ""
+    if port_text is not None:
+        if not (port_text.isascii() and port_text.isdigit()) or int(port_text) > 65535:
+            raise ComponentError(f"relay URL {text!r} has an invalid port", "component.group_data.relay")
+        if int(port_text) != _DEFAULT_PORTS[scheme]:
+            port = f":{int(port_text)}"
+    if not _PATH_CHARS.fullmatch(path) or not _QUERY_CHARS.fullmatch(query):
+        raise ComponentError(f"relay URL {text!r} has characters a URL parser would percent-encode",
+                             "component.group_data.relay")
+    segments = path.split("/")[1:]
+    if any(seg.lower() in (".", "..", "%2e", ".%2e", "%2e.", "%2e%2e") for seg in segments):
+        raise ComponentError(f"relay URL {text!r} has dot path segments", "component.group_data.relay")
+    serialization = f"{scheme}://{host}{port}{path or '/'}{'?' + query if has_query else ''}"
+    shown = serialization if text.endswith("/") else serialization.rstrip("/")
+    return serialization, shown
+
+
+def mdk_relay_list(relays) -> tuple[bytes, ...]:
+    """MDK's relay list for the given URLs: normalized, ordered and deduplicated as its BTreeSet
+    does (collected from a list: of two URLs with the same serialization, the last one is kept)."""
+    chosen: dict[str, str] = {}
+    for url in relays:
+        key, shown = mdk_relay_url(url.decode("ascii") if isinstance(url, (bytes, bytearray)) else url)
+        chosen[key] = shown
+    if not chosen:
+        raise ComponentError("relay list is empty", "component.group_data.relay")
+    return tuple(chosen[k].encode("ascii") for k in sorted(chosen))
+
+
 @dataclass(frozen=True)
 class MdkGroupData:
-    """MDK 0.8.0's `marmot_group_data` GroupContext extension (0xf2ee, MIP-01), read-only.
+    """MDK 0.8.0's `marmot_group_data` GroupContext extension (0xf2ee, MIP-01), spec note M4.
 
-    `version(u16) || nostr_group_id[32] || name<V> || description<V> || admin_pubkeys<V> ||
-    relays<V> || ...` (QUIC-prefixed vectors; later fields depend on the version and are not read
-    here: the MLS core keeps the extension's bytes as they are). Spec note M4.
+    Its `TlsNostrGroupDataExtension` (MLS vector encoding, the field order below): `version(u16) ||
+    nostr_group_id[32] || name<V> || description<V> || admin_pubkeys<V> (32-byte keys) ||
+    relays<V> (each url<V>) || image_hash<V> || image_key<V> || image_nonce<V> ||
+    image_upload_key<V>`; empty image fields mean none. Decoded exactly (MDK refuses trailing
+    bytes) and re-encoded byte for byte, so an admin change keeps the image fields as they are.
     """
 
     version: int
@@ -208,6 +292,54 @@ class MdkGroupData:
     description: bytes
     admins: tuple[bytes, ...]
     relays: tuple[bytes, ...]
+    image_hash: bytes = b""
+    image_key: bytes = b""
+    image_nonce: bytes = b""
+    image_upload_key: bytes = b""
+
+    CURRENT_VERSION = 2
+    # MDK refuses any other length for a present image field.
+    _IMAGE_LENGTHS = {"image_hash": 32, "image_key": 32, "image_nonce": 12, "image_upload_key": 32}
+
+    def __post_init__(self) -> None:
+        if len(self.nostr_group_id) != 32:
+            raise ComponentError("nostr_group_id is not 32 bytes", "component.group_data.group_id")
+        for field, size in self._IMAGE_LENGTHS.items():
+            value = getattr(self, field)
+            if value and len(value) != size:
+                raise ComponentError(f"marmot_group_data {field} is {len(value)} bytes, not {size}",
+                                     "component.group_data.image")
+        for key in self.admins:
+            if len(key) != 32:
+                raise ComponentError("admin key is not 32 bytes", "component.group_data.admin")
+        for text, what in ((self.name, "name"), (self.description, "description"), *((r, "relay") for r in self.relays)):
+            try:
+                bytes(text).decode("utf-8")
+            except UnicodeDecodeError:
+                raise ComponentError(f"marmot_group_data {what} is not UTF-8", "component.group_data.utf8") from None
+
+    @classmethod
+    def of(cls, *, nostr_group_id: bytes, name: str, description: str, admins, relays) -> "MdkGroupData":
+        """What MDK 0.8.0's `NostrGroupDataExtension::new` writes for these values (version 2, no image):
+        admins sorted by key bytes and deduplicated (a BTreeSet), relays as `mdk_relay_list`."""
+        keys = sorted({bytes.fromhex(a) if isinstance(a, str) else bytes(a) for a in admins})
+        if not keys:
+            raise ComponentError("admin list is empty", "component.group_data.admin")
+        return cls(cls.CURRENT_VERSION, bytes(nostr_group_id), name.encode("utf-8"), description.encode("utf-8"),
+                   tuple(keys), mdk_relay_list(relays))
+
+    def with_admins(self, admins) -> "MdkGroupData":
+        keys = sorted({bytes(a) for a in admins})
+        return MdkGroupData(self.version, self.nostr_group_id, self.name, self.description, tuple(keys), self.relays,
+                            self.image_hash, self.image_key, self.image_nonce, self.image_upload_key)
+
+    def encode(self) -> bytes:
+        return b"".join([
+            uint16(self.version), self.nostr_group_id, quic_vector(self.name), quic_vector(self.description),
+            quic_vector(b"".join(self.admins)), quic_vector(b"".join(quic_vector(r) for r in self.relays)),
+            quic_vector(self.image_hash), quic_vector(self.image_key), quic_vector(self.image_nonce),
+            quic_vector(self.image_upload_key),
+        ])
 
     @classmethod
     def decode(cls, data: bytes) -> "MdkGroupData":
@@ -224,17 +356,23 @@ class MdkGroupData:
         relays = []
         while not relays_reader.at_end():
             relays.append(relays_reader.vector(field="relay"))
+        images = [r.vector(field=f) for f in ("image_hash", "image_key", "image_nonce", "image_upload_key")]
+        r.done()
         admins = tuple(admin_body[i:i + 32] for i in range(0, len(admin_body), 32))
-        return cls(version, group_id, name, description, admins, tuple(relays))
+        return cls(version, group_id, name, description, admins, tuple(relays), *images)
 
     @property
     def h(self) -> str:
         return self.nostr_group_id.hex()
 
     def relay_urls(self) -> list[str]:
-        return [u.decode("utf-8", "replace") for u in self.relays]
+        return [u.decode("utf-8") for u in self.relays]
 
     def to_json(self) -> dict:
-        return {"extension": "0xf2ee", "name": "marmot_group_data (MDK)", "version": self.version,
-                "nostr_group_id": self.h, "group_name": self.name.decode("utf-8", "replace"),
-                "admins": [a.hex() for a in self.admins], "relays": self.relay_urls()}
+        out = {"extension": "0xf2ee", "name": "marmot_group_data (MDK)", "version": self.version,
+               "nostr_group_id": self.h, "group_name": self.name.decode("utf-8"),
+               "description": self.description.decode("utf-8"),
+               "admins": [a.hex() for a in self.admins], "relays": self.relay_urls()}
+        if self.image_hash:
+            out["image_hash"] = self.image_hash.hex()  # the key, nonce and upload key are secrets
+        return out

@@ -15,9 +15,10 @@ from appliance.nostr import nip59
 from appliance.nostr.event import Event
 from appliance.nostr.keys import public_key
 
+from . import components as comp
 from . import mls, multidevice, profile, transport
-from .errors import ComponentError, MarmotError, ProofError, TransportError
-from .mls.structs import SENDER_NEW_MEMBER_COMMIT, GroupContext, MLSMessage, WF_PUBLIC_MESSAGE
+from .errors import ComponentError, DraftDisabled, MarmotError, ProofError, TransportError
+from .mls.structs import SENDER_NEW_MEMBER_COMMIT, Extension, GroupContext, MLSMessage, WF_PUBLIC_MESSAGE
 
 __all__ = ["Device", "Received"]
 
@@ -99,20 +100,48 @@ class Device:
                 return gid
         raise MarmotError(f"no group with nostr_group_id {h} in this state", "state.unknown_group")
 
+    def choose_profile(self, members: list[Event]) -> tuple[str, list[str]]:
+        """The profile a group with these invitees needs: "mdk" (MDK's group data, 0xf2ee) when any
+        key package lacks the app components, with one reason per such invitee; else "components"."""
+        reasons = []
+        for ev in members:
+            kp, _ = self._member_key_package(ev, require_proof=False)
+            why = profile.lacks_components(kp.leaf_node)
+            if why is not None:
+                reasons.append(f"the key package of {ev.pubkey} has {why}")
+        return ("mdk" if reasons else "components"), reasons
+
     def create_group(self, name: str, relays: list[str], members: list[Event], *, admins: list[str] | None = None,
-                     multi_device: bool = False) -> tuple[str, list[dict]]:
-        """A new group with the given members' key package events; returns (group id, kind 444 rumors)."""
+                     multi_device: bool = False, group_profile: str = "components",
+                     description: str = "") -> tuple[str, list[dict]]:
+        """A new group with the given members' key package events; returns (group id, kind 444 rumors).
+
+        `group_profile` "components" carries the group state as app components (spec note M18);
+        "mdk" carries MDK 0.8.0's group data (0xf2ee) so MDK clients can join (M24)."""
+        if group_profile not in profile.PROFILES:
+            raise MarmotError(f"unknown group profile {group_profile!r}", "profile.unknown")
         sig_priv, sig_pub = mls.crypto.signature_keypair()
         admins = sorted({self.account, *(admins or [])})
-        exts = profile.group_extensions(admins=[bytes.fromhex(a) for a in admins], nostr_group_id=os.urandom(32),
-                                        relays=relays, multi_device=multi_device)
+        if group_profile == "mdk":
+            if multi_device:
+                raise MarmotError("the draft multi-device join needs a components group, not an MDK-compatible "
+                                  "one", "profile.draft_needs_components")
+            kps = [self._member_key_package(ev, require_proof=False) for ev in members]
+            _check_mdk_invitees(self.account, kps, admins)
+            data = comp.MdkGroupData.of(nostr_group_id=os.urandom(32), name=name, description=description,
+                                        admins=admins, relays=relays)
+            exts = profile.mdk_group_extensions(data)
+            relays = data.relay_urls()  # as MDK writes them, also in the welcomes' relays tag
+        else:
+            kps = [self._member_key_package(ev) for ev in members]
+            exts = profile.group_extensions(admins=[bytes.fromhex(a) for a in admins], nostr_group_id=os.urandom(32),
+                                            relays=relays, multi_device=multi_device)
         group = mls.Group.create(profile.new_group_id(), profile.credential_of(self.secret), sig_priv,
                                  capabilities=profile.leaf_capabilities(multi_device), lifetime=profile.lifetime(),
                                  leaf_extensions=profile.leaf_extensions(self.secret, sig_pub, draft=multi_device),
                                  extensions=exts)
         rumors = []
-        if members:
-            kps = [self._member_key_package(ev) for ev in members]
+        if kps:
             required = profile.required_components(group.context)
             for kp, _ in kps:
                 profile.check_supports_required(required, kp.leaf_node, "that key package")
@@ -196,19 +225,37 @@ class Device:
         self._record(new)
         return ev
 
-    def commit(self, group_id: str, *, add: list[Event] = (), remove: list[str] = ()) -> tuple[Event, list[dict]]:
-        """Add members (key package events), remove accounts, or update our leaf (neither); returns the
-        kind 445 commit to publish first and the welcome rumors to send after it."""
+    def commit(self, group_id: str, *, add: list[Event] = (), remove: list[str] = (), add_admins: list[str] = (),
+               remove_admins: list[str] = ()) -> tuple[Event, list[dict]]:
+        """Add members (key package events), remove accounts, change the admins (MDK-profile groups:
+        through the group data), or update our leaf (none of these); returns the kind 445 commit to
+        publish first and the welcome rumors to send after it."""
         group = self.group(group_id)
-        components = profile.read_group_state(group.context).profile == "components"
+        state = profile.read_group_state(group.context)
+        components = state.profile == "components"
         kps = [self._member_key_package(ev, require_proof=components) for ev in add]
         if components:
             required = profile.required_components(group.context)
             for kp, _ in kps:
                 profile.check_supports_required(required, kp.leaf_node, "that key package")
+        else:
+            _check_mdk_invitees(None, kps, ())
+        members = {leaf.credential.identity.hex() for _, leaf in group.tree.leaves() if leaf.credential.identity}
+        unknown = sorted(set(remove) - members)
+        if unknown:
+            raise MarmotError(f"not a member of this group: {', '.join(unknown)}", "commit.unknown_member")
         leaves = [i for i, leaf in group.tree.leaves() if leaf.credential.identity and
                   leaf.credential.identity.hex() in set(remove)]
-        out = group.commit(add=[kp for kp, _ in kps], remove=leaves)
+        extensions = None
+        if add_admins or remove_admins or not components:
+            if components:
+                raise MarmotError("admin changes in a components group (an AppDataUpdate of 0x8003) are not "
+                                  "supported: only MDK-compatible groups change their admins here",
+                                  "commit.unsupported")
+            after = (members - set(remove)) | {ev.pubkey for _, ev in kps}
+            extensions = _mdk_commit_extensions(self.account, group.context, state, bool(kps or leaves), after,
+                                                add_admins, remove_admins)
+        out = group.commit(add=[kp for kp, _ in kps], remove=leaves, group_context_extensions=extensions)
         ev = self._publish(group_id, group, out.message)
         relays = self.groups[group_id]["relays"]
         rumors = [transport.build_welcome_rumor(self.account, out.welcome, e.id, relays) for _, e in kps]
@@ -237,8 +284,8 @@ class Device:
         try:
             if external:
                 if not draft:
-                    raise MarmotError("External Commits are refused: the multi-device join is a draft "
-                                      "(enable it with the draft switch)", "draft.disabled")
+                    raise DraftDisabled("an External Commit (a new device joining) is refused here: the "
+                                        "multi-device join is a draft feature, off on this device")
                 processed = multidevice.process_external_commit(group, message)
             else:
                 processed = group.process(message, validate=_admin_gate)
@@ -294,6 +341,51 @@ def _parent_event_key(pending: multidevice.PendingJoin) -> bytes:
     return key
 
 
+def _check_mdk_invitees(creator: str | None, kps, admins) -> None:
+    """What MDK 0.8.0 asks of a group it would create: every invitee supports its group data
+    (0xf2ee); the creator is not invited again; every admin is the creator or an invitee."""
+    invitees = {ev.pubkey for _, ev in kps}
+    for kp, ev in kps:
+        if comp.EXT_MDK_GROUP_DATA not in kp.leaf_node.capabilities.extensions:
+            raise ComponentError(f"the key package of {ev.pubkey} does not support MDK's group data (0xf2ee)",
+                                 "component.unsupported")
+    if creator is not None and creator in invitees:
+        raise ComponentError("an MDK-compatible group's creator cannot also be invited", "component.group_data.admin")
+    for admin in admins:
+        if admin != creator and admin not in invitees:
+            raise ComponentError(f"admin {admin} is neither the creator nor an invitee of the group",
+                                 "component.group_data.admin")
+
+
+def _mdk_commit_extensions(account: str, context: GroupContext, state, membership: bool, after: set[str],
+                           add_admins, remove_admins):
+    """The GroupContext extensions an MDK-profile commit carries (None when the admins stay), after
+    MDK's own rules: only an admin adds, removes or changes the group data; the admins after the
+    commit are members, and at least one of them remains (MDK refuses the commit otherwise)."""
+    me = bytes.fromhex(account)
+    changes = bool(add_admins or remove_admins)
+    if not (membership or changes):
+        return None  # a self-update: any member may commit one
+    if me not in state.admins:
+        raise MarmotError("only an admin of this group may add or remove members or change its admins",
+                          "commit.not_admin")
+    admins = {a.hex() for a in state.admins}
+    for key in list(add_admins) + list(remove_admins):
+        if not isinstance(key, str) or len(key) != 64 or not all(c in "0123456789abcdef" for c in key):
+            raise MarmotError(f"{key!r} is not a 64-character lowercase hex public key", "commit.admin")
+    new_admins = (admins | set(add_admins)) - set(remove_admins)
+    strangers = sorted(set(add_admins) - after)
+    if strangers:
+        raise MarmotError(f"an admin must be a member of the group: {', '.join(strangers)}", "commit.admin_not_member")
+    if not new_admins & after:
+        raise MarmotError("the commit would leave the group with no admin among its members", "commit.no_admin")
+    if not changes:
+        return None
+    data = state.group_data.with_admins(bytes.fromhex(a) for a in new_admins)
+    return tuple(Extension(e.extension_type, data.encode()) if e.extension_type == comp.EXT_MDK_GROUP_DATA
+                 else e for e in context.extensions)
+
+
 # admin-policy-v1.md, "Admin-Gated Actions": inviting, removing another member, changing group state.
 _ADMIN_GATED = {1, 7, 0x0008}  # Add, GroupContextExtensions, AppDataUpdate
 
@@ -308,6 +400,9 @@ def _admin_gate(view) -> None:
         raise MarmotError("a join authorization (AppEphemeral 0x800a) is valid only inside a multi-device "
                           "External Commit", "multi_device.authorization_misplaced")
     state = profile.read_group_state(view.parent_context)
+    if state.profile == "mdk":
+        _check_mdk_commit(view, account, state)
+        return
     if state.profile == "components":
         _check_component_leaves(view, account)
     gated = any(p.proposal_type in _ADMIN_GATED for p in view.proposals)
@@ -318,6 +413,44 @@ def _admin_gate(view) -> None:
                 gated = True
     if gated and account not in state.admins:
         raise MarmotError("only an active admin may add or remove members or change group state",
+                          "commit.not_admin")
+
+
+def _check_mdk_commit(view, account: bytes, state) -> None:
+    """A member's Commit in an MDK-profile group, refused where MDK 0.8.0 refuses it (so both stay on
+    one branch): no leaf changes its account; an admin's Commit leaves at least one admin among the
+    members (with the admins its new group data names, if any); anyone else may only update its own
+    leaf (a pure self-update)."""
+    if view.path_leaf is not None and view.path_leaf.credential.identity != account:
+        raise MarmotError("a committer's new leaf names another account", "commit.identity_changed")
+    senders = view.proposal_senders or (view.sender,) * len(view.proposals)
+    for p, s in zip(view.proposals, senders):
+        if p.proposal_type == 2:  # Update: the proposer's replacement leaf
+            old = view.tree.leaf(s.index) if s.sender_type == 1 else None
+            if old is None or p.leaf_node.credential.identity != old.credential.identity:
+                raise MarmotError("an Update changes its member's account", "commit.identity_changed")
+    if account in state.admins:
+        admins = state.admins
+        for p in view.proposals:
+            if p.proposal_type == 7:  # GroupContextExtensions: the new group data
+                ext = next((e for e in p.extensions if e.extension_type == comp.EXT_MDK_GROUP_DATA), None)
+                if ext is None:
+                    raise MarmotError("the commit drops the group data (0xf2ee)", "commit.group_data")
+                try:
+                    admins = frozenset(comp.MdkGroupData.decode(ext.extension_data).admins)
+                except MarmotError as exc:
+                    raise MarmotError(f"the commit's group data is invalid: {exc.reason}", "commit.group_data") \
+                        from None
+        removed = {p.removed for p in view.proposals if p.proposal_type == 3}
+        after = {leaf.credential.identity for i, leaf in view.tree.leaves() if i not in removed}
+        after |= {p.key_package.leaf_node.credential.identity for p in view.proposals if p.proposal_type == 1}
+        if not admins & after:
+            raise MarmotError("the commit would leave the group with no admin among its members", "commit.no_admin")
+        return
+    own_updates = all(p.proposal_type == 2 and s.sender_type == 1 and s.index == view.sender.index
+                      for p, s in zip(view.proposals, senders))
+    if not own_updates or (view.path_leaf is None and not view.proposals):
+        raise MarmotError("only an admin may add or remove members or change the group data",
                           "commit.not_admin")
 
 

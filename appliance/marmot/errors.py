@@ -47,6 +47,7 @@ __all__ = [
     "PairingExpired",
     "PairingReused",
     "DraftDisabled",
+    "DRAFT_SWITCH_HINT",
     "MultiDeviceError",
     "SignalingGateInactive",
     "JoiningLeafProofInvalid",
@@ -109,8 +110,17 @@ class PairingReused(PairingError):
     default_code = "pairing.reused"
 
 
+# How to turn the draft on: every refusal of a draft feature names both the flag and the setting.
+DRAFT_SWITCH_HINT = "pass --draft-multi-device or set marmot_draft_multi_device = true"
+
+
 class DraftDisabled(MarmotError):
     default_code = "draft.disabled"
+
+    def __init__(self, reason: str, code: str | None = None):
+        if "--draft-multi-device" not in reason or "marmot_draft_multi_device" not in reason:
+            reason = f"{reason}: {DRAFT_SWITCH_HINT}"
+        super().__init__(reason, code)
 
 
 class MultiDeviceError(MarmotError):

@@ -7,7 +7,9 @@ groups, and how it reads group state (its own app components, or MDK's 0xf2ee gr
   MDK's 0xf2ee so the appliance can join MDK groups (spec note M4).
 - Groups the appliance creates carry their state as app components: admin policy (0x8003) and
   Nostr routing (0x8004), required with 0x8009 through `app_components`; with the draft switch also
-  the multi-device gate (0xf2f0, 0x0009, 0x800a).
+  the multi-device gate (0xf2f0, 0x0009, 0x800a). When an invitee's key package lacks the app
+  components (an MDK 0.8.0 client), the group carries MDK's group data (0xf2ee) instead, written
+  as MDK writes it (the "mdk" profile; spec note M24).
 """
 
 from __future__ import annotations
@@ -60,6 +62,9 @@ __all__ = [
     "required_components",
     "supported_components",
     "check_supports_required",
+    "PROFILES",
+    "lacks_components",
+    "mdk_group_extensions",
 ]
 
 CIPHERSUITE = crypto.CIPHER_SUITE
@@ -229,8 +234,12 @@ def check_supports_required(required, leaf: LeafNode, what: str = "the leaf") ->
     component id MUST NOT join (and a group may not come to require one a member lacks)."""
     lacking = sorted(set(required) - set(supported_components(leaf)))
     if lacking:
+        hint = ""
+        if comp.MULTI_DEVICE_JOIN_AUTHORIZATION in lacking:  # a draft group: the key package lacks the draft
+            hint = (" (0x800a is the draft multi-device join: make the key package with --draft-multi-device "
+                    "or marmot_draft_multi_device = true)")
         raise ComponentError(f"{what} does not support required component(s) "
-                             f"{', '.join(f'0x{c:04x}' for c in lacking)}", "component.unsupported")
+                             f"{', '.join(f'0x{c:04x}' for c in lacking)}{hint}", "component.unsupported")
 
 
 def check_key_package_extensions(kp) -> None:
@@ -238,6 +247,38 @@ def check_key_package_extensions(kp) -> None:
     if comp.ACCOUNT_IDENTITY_PROOF in app_data(kp.extensions):
         raise ComponentError("component 0x8009 in the KeyPackage-level dictionary is invalid",
                              "component.invalid_location")
+
+
+PROFILES = ("components", "mdk")
+# What a components group requires of every member (without the draft parts).
+COMPONENTS_REQUIRED = (comp.ADMIN_POLICY, comp.NOSTR_ROUTING, comp.ACCOUNT_IDENTITY_PROOF)
+
+
+def lacks_components(leaf: LeafNode) -> str | None:
+    """Why a key package's leaf cannot join a components group (it has no app components: an MDK
+    0.8.0 client), or None when it can. A leaf that carries a 0x8009 proof is a components leaf:
+    an invalid proof is refused later, never taken as a reason to fall back."""
+    try:
+        data = app_data(leaf.extensions)
+        supported = supported_components(leaf)
+    except ComponentError as exc:
+        return exc.reason
+    if comp.ACCOUNT_IDENTITY_PROOF in data:
+        return None
+    if comp.APP_DATA_DICTIONARY not in leaf.capabilities.extensions or not data:
+        return "no app_data_dictionary (0x0006)"
+    lacking = sorted(set(COMPONENTS_REQUIRED) - set(supported))
+    if lacking:
+        return f"no support for component(s) {', '.join(f'0x{c:04x}' for c in lacking)}"
+    return "no account identity proof (0x8009)"
+
+
+def mdk_group_extensions(group_data: comp.MdkGroupData, required_proposals=()) -> list[Extension]:
+    """GroupContext extensions of an MDK-profile group, as MDK 0.8.0's create_group writes them: the
+    group data (0xf2ee), then required_capabilities requiring extension 0xf2ee."""
+    required = RequiredCapabilities((comp.EXT_MDK_GROUP_DATA,), tuple(required_proposals))
+    return [Extension(comp.EXT_MDK_GROUP_DATA, group_data.encode()),
+            Extension(EXT_REQUIRED_CAPABILITIES, required.encode())]
 
 
 def group_extensions(*, admins, nostr_group_id: bytes, relays, multi_device: bool) -> list[Extension]:
@@ -269,6 +310,7 @@ class GroupState:
     relays: list[str]
     admins: frozenset[bytes]
     required_components: tuple[int, ...]
+    group_data: comp.MdkGroupData | None = None   # the 0xf2ee data of an MDK-profile group
 
     @property
     def h(self) -> str:
@@ -286,7 +328,7 @@ def read_group_state(context: GroupContext) -> GroupState:
     mdk = context.extension(comp.EXT_MDK_GROUP_DATA)
     if mdk is not None:
         gd = comp.MdkGroupData.decode(mdk.extension_data)
-        return GroupState("mdk", gd.nostr_group_id, gd.relay_urls(), frozenset(gd.admins), ())
+        return GroupState("mdk", gd.nostr_group_id, gd.relay_urls(), frozenset(gd.admins), (), gd)
     raise MarmotError("the group carries neither Nostr routing (0x8004) nor MDK group data (0xf2ee)",
                       "component.routing.absent")
 

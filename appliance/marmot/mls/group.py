@@ -924,7 +924,7 @@ class Group:
                                                 tuple(p for p, _, _ in items), content.authenticated_data))
         if validate is not None:
             validate(CommitView(self.context, self.tree, sender, joiner_leaf, tuple(p for p, _, _ in items),
-                                content.authenticated_data))
+                                content.authenticated_data, tuple(s for _, s, _ in items)))
         staged = self._stage(items, sender, psks, now, app_data_updater, policy, joiner_leaf,
                              content.authenticated_data)
         if staged.path_required and commit.path is None:
@@ -989,6 +989,7 @@ class CommitView:
     path_leaf: LeafNode | None
     proposals: tuple
     authenticated_data: bytes
+    proposal_senders: tuple = ()  # the Sender of each proposal (the committer for inline ones)
 
 
 # -- joining --------------------------------------------------------------------------------------
