@@ -414,7 +414,15 @@ def cmd_authorize_join(args, state) -> int:
     if group.group_context_bytes() != context:
         raise Failed("multi_device.stale_request", "the request is not for this group's current epoch: "
                      "the new device must pair again")
-    proof = multidevice.authorize_join(device.secret, context, leaf)
+    try:
+        joining_leaf = MlsLeafNode.decode(leaf)
+    except MLSError as exc:
+        raise Failed("input.leaf_node", f"the join request's leaf_node is not a LeafNode: {exc}") from None
+    # The admin reviews the leaf before signing anything (the same rules every member applies).
+    try:
+        proof = multidevice.authorize_join(device.secret, group.context, joining_leaf, tree=group.tree)
+    except MarmotError as exc:
+        raise Failed(exc.code, f"not authorized, nothing signed: {exc.reason}") from None
     template = proofs.signing_event(multidevice.join_binding(group.context, MlsLeafNode.decode(leaf)),
                                     proof.signer_hex, proof.created_at)
     return emit({"group_id": gid, "epoch": group.epoch, "proof": proof.encode().hex(),

@@ -75,6 +75,7 @@ __all__ = [
     "join_psk",
     "group_event_key",
     "check_signaling_gate",
+    "review_joining_leaf",
     "authorize_join",
     "PendingJoin",
     "prepare_external_join",
@@ -160,13 +161,47 @@ def join_binding(candidate_context: GroupContext, joining_leaf: LeafNode) -> pro
         joining_account=account, mls_signature_key=joining_leaf.signature_key)
 
 
+def review_joining_leaf(admin: bytes, context: GroupContext, tree, leaf: LeafNode) -> bytes:
+    """What an admin checks before signing a join authorization, in the order members check the
+    External Commit (M16): the group's signaling gate; the joining leaf's 0x8009 proof; its account
+    is a member's; the signer is an active admin (M22); the leaf supports every component, extension
+    and proposal type the group requires; its signature verifies where it will land. Returns the
+    joining account; raises the rule's error class, so nothing is signed."""
+    check_signaling_gate(context, list(tree.leaves()))
+    if leaf.leaf_node_source != 3:  # LeafNodeSource commit: an External Commit's UpdatePath leaf
+        raise ExternalCommitMlsInvalid("the joining leaf is not a commit leaf (an UpdatePath LeafNode)")
+    try:
+        account = profile.account_of_leaf(leaf, context.cipher_suite)
+    except (ProofError, MarmotError, mls.MLSError) as exc:
+        raise JoiningLeafProofInvalid(f"the joining leaf's account identity proof (0x8009): {exc}") from None
+    if not any(m.credential.identity == account for _, m in tree.leaves()):
+        raise UnknownJoiningAccount("no existing member has the joining leaf's account identity "
+                                    f"{account.hex()}: only a new device of a member's account may join this way")
+    state = profile.read_group_state(context)
+    if admin not in state.admins:
+        raise SignerNotAdmin("this account is not an active admin of that group state")
+    if not any(m.credential.identity == admin for _, m in tree.leaves()):
+        raise SignerNotAdmin("this admin key has no member leaf in the group state, so it is not an active admin")
+    profile.check_supports_required(profile.required_components(context), leaf, "the joining leaf")
+    try:
+        mls.check_leaf_supports(leaf, context.extensions, "the joining leaf")
+        mls.verify_leaf_signature(leaf, context.group_id, mls.external_join_landing(tree))
+    except mls.MLSError as exc:
+        raise ExternalCommitMlsInvalid(f"the joining leaf is invalid: {exc}") from None
+    return account
+
+
 def authorize_join(admin_secret: str, candidate_context: bytes | GroupContext, joining_leaf: bytes | LeafNode, *,
-                   created_at: int | None = None) -> proofs.MarmotAuthorizationProof:
-    """An admin's kind 452 proof for one exact leaf joining from one exact parent GroupContext."""
+                   created_at: int | None = None, tree=None) -> proofs.MarmotAuthorizationProof:
+    """An admin's kind 452 proof for one exact leaf joining from one exact parent GroupContext. With
+    the group's ratchet `tree`, the leaf is reviewed first (`review_joining_leaf`)."""
     context = candidate_context if isinstance(candidate_context, GroupContext) else GroupContext.decode(candidate_context)
     leaf = joining_leaf if isinstance(joining_leaf, LeafNode) else LeafNode.decode(joining_leaf)
+    admin = bytes.fromhex(public_key(admin_secret))
+    if tree is not None:
+        review_joining_leaf(admin, context, tree, leaf)
     state = profile.read_group_state(context)
-    if bytes.fromhex(public_key(admin_secret)) not in state.admins:
+    if admin not in state.admins:
         raise SignerNotAdmin("this account is not an active admin of that group state")
     return proofs.sign_proof(join_binding(context, leaf), admin_secret, created_at)
 

@@ -155,3 +155,60 @@ def test_draft_objects_and_draft_groups_are_labelled(group, tmp_path):
     assert sent["draft"] == DRAFT_LABEL  # beside the kind 445 event's fields; receive drops it
     got = bob("receive", "--event", bob.file("m", sent))
     assert got["draft"] == DRAFT_LABEL and got["rumor"]["content"] == "hi"
+
+
+def _request(gid, context, leaf) -> dict:
+    import base64
+
+    return {"group_id": gid, "group_context": base64.b64encode(context.encode()).decode(),
+            "leaf_node": base64.b64encode(leaf.encode()).decode()}
+
+
+def test_authorize_join_reviews_the_leaf_before_signing(group, tmp_path):
+    """The admin checks the joining leaf as every member will (its 0x8009 proof, its account, the
+    components and capabilities the group requires, its signature) and signs nothing otherwise."""
+    import dataclasses
+
+    from appliance.marmot import components as comp
+    from appliance.marmot import mls, multidevice, profile
+    from appliance.marmot.mls.structs import Extension
+
+    alice, bob, gid = group
+    device = Device.from_json(alice.secret, json.loads((alice.state / "device" / "state.json").read_text()))
+    g = device.group(gid)
+    _, psk = multidevice.join_psk(g)
+    context = g.context
+
+    def refused(request, code):
+        doc = alice("authorize-join", "--request", alice.file("req", request), "--draft-multi-device", ok=False)
+        assert doc["error"] == code, doc
+        assert "proof" not in doc and "event" not in doc and "nothing signed" in doc["message"]
+        return doc
+
+    # A second device of Alice: its leaf is fine, and is authorized.
+    _, leaf = multidevice.prepare_external_join(alice.secret, g.group_info(), psk)
+    ok = alice("authorize-join", "--request", alice.file("req", _request(gid, context, leaf)), "--draft-multi-device")
+    assert ok["event"]["kind"] == 452 and len(ok["proof"]) == 208
+    # Its kind 450 proof tampered with (one bit of the signature): refused, with the reason.
+    data = dict(profile.app_data(leaf.extensions))
+    proof = bytearray(data[comp.ACCOUNT_IDENTITY_PROOF])
+    proof[-1] ^= 1
+    data[comp.ACCOUNT_IDENTITY_PROOF] = bytes(proof)
+    bad = dataclasses.replace(leaf, extensions=(Extension(0x0006, mls.encode_app_data_dictionary(sorted(data.items()))),
+                                                *leaf.extensions[1:]))
+    doc = refused(_request(gid, context, bad), "multi_device.account_proof")
+    assert "0x8009" in doc["message"]
+    # The leaf's own signature broken (another encryption key after signing).
+    refused(_request(gid, context, dataclasses.replace(leaf, encryption_key=bytes(32))), "multi_device.mls")
+    # A device of an account with no leaf in the group.
+    stranger = generate_secret()
+    _, leaf = multidevice.prepare_external_join(stranger, g.group_info(), psk)
+    refused(_request(gid, context, leaf), "multi_device.unknown_account")
+    # A leaf that does not list the draft's component 0x800a among its app components.
+    sig_priv, sig_pub = mls.crypto.signature_keypair()
+    pending = mls.prepare_external_join(g.group_info(), profile.credential_of(alice.secret), sig_priv,
+                                        capabilities=profile.leaf_capabilities(draft=True),
+                                        leaf_extensions=profile.leaf_extensions(alice.secret, sig_pub),
+                                        external_psks={multidevice.join_psk_id(context.encode()): psk})
+    doc = refused(_request(gid, context, pending.leaf_node), "component.unsupported")
+    assert "0x800a" in doc["message"] and "--draft-multi-device" in doc["message"]

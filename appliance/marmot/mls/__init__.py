@@ -7,6 +7,7 @@
       .process(message, psks=, external_commit_policy=, validate=) -> Processed
       .encrypt(data) -> (group, message)
       .group_info() / .export_secret(label, context, length) / .members()
+    check_leaf_supports / verify_leaf_signature / external_join_landing   review a joining leaf
     create_key_package(...)     -> KeyPackageSecrets (public KeyPackage + private keys)
     join_from_welcome(...)      -> Group
     external_join(group_info, ..., external_psks=, proposals=) -> (Group, commit message)
@@ -45,14 +46,17 @@ from .group import (
     Processed,
     RFC_EXTERNAL_COMMIT_POLICY,
     capabilities_for,
+    check_leaf_supports,
     create_key_package,
     decode_app_data_dictionary,
     encode_app_data_dictionary,
     external_join,
+    external_join_landing,
     join_from_welcome,
     key_package_ref,
     parse_key_package,
     prepare_external_join,
+    verify_leaf_signature,
 )
 from .structs import (
     AppDataUpdate,
@@ -78,7 +82,8 @@ __all__ = [
     "Lifetime", "MLSError", "MLSMessage", "MembershipTagError", "Member", "PendingExternalJoin", "PreSharedKeyID",
     "Processed",
     "ProposalError", "RFC_EXTERNAL_COMMIT_POLICY", "RequiredCapabilities", "SignatureError", "StateError",
-    "TreeError", "UnknownProposal", "UnsupportedError", "ValidationError", "capabilities_for", "create_key_package",
-    "decode_app_data_dictionary", "encode_app_data_dictionary", "external_join", "join_from_welcome",
-    "key_package_ref", "parse_key_package", "prepare_external_join",
+    "TreeError", "UnknownProposal", "UnsupportedError", "ValidationError", "capabilities_for", "check_leaf_supports",
+    "create_key_package", "decode_app_data_dictionary", "encode_app_data_dictionary", "external_join",
+    "external_join_landing", "join_from_welcome", "key_package_ref", "parse_key_package", "prepare_external_join",
+    "verify_leaf_signature",
 ]

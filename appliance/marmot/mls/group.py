@@ -1282,6 +1282,23 @@ def _required(exts) -> RequiredCapabilities | None:
     return RequiredCapabilities.decode(ext.extension_data) if ext else None
 
 
+def check_leaf_supports(leaf: LeafNode, group_extensions, what: str = "the leaf") -> None:
+    """Raise TreeError unless the leaf supports the group's extensions and required capabilities."""
+    _check_leaf_supports(leaf, tuple(group_extensions), what)
+
+
+def external_join_landing(tree: RatchetTree) -> int:
+    """The leaf index an External Commit without Removes gives its joiner: the leftmost blank leaf."""
+    return next((i // 2 for i in range(0, len(tree.nodes), 2) if tree.nodes[i] is None), tree.n_leaves)
+
+
+def verify_leaf_signature(leaf: LeafNode, group_id: bytes, leaf_index: int) -> None:
+    """Raise SignatureError unless the leaf's signature verifies (for update/commit leaves, at that
+    place in that group)."""
+    crypto.require_signature(leaf.signature_key, b"LeafNodeTBS", leaf.tbs(group_id, leaf_index), leaf.signature,
+                             "the leaf node")
+
+
 def _check_leaf_supports(leaf: LeafNode, group_exts, what: str) -> None:
     caps = leaf.capabilities
     for e in group_exts:
