@@ -112,6 +112,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     migrate_cli.add_parser(migrate, _add_setting_flags)
 
+    push = sub.add_parser("push", help="Try push: test leases, test wakes, a two-minute demo.",
+                          description="Push (NIP-PL) from the command line: make a test device's lease, send a "
+                          "test wake, or try the whole path on a temporary data directory.")
+    from appliance.commands import push as push_cli
+
+    push_cli.add_parser(push, _add_setting_flags)
+
     emulator = sub.add_parser("emulator", help="Local stand-ins to try push with: an APNs emulator.",
                               description="Local stand-ins for the services push delivers to.")
     from appliance.commands import emulator as emulator_cli
@@ -217,6 +224,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             from appliance.commands import migrate as migrate_cli
 
             return migrate_cli.run(args, _settings(args))
+        if args.command == "push":
+            from appliance.commands import push as push_cli
+
+            if args.push_command == "try":  # its own temporary data directory: no settings of the operator's
+                from appliance.commands import push_try
+
+                return push_try.run(args)
+            return push_cli.run(args, _settings(args))
         if args.command == "emulator":
             from appliance.commands import emulator as emulator_cli
 
