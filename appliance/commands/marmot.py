@@ -28,11 +28,13 @@ from appliance.marmot import pairing as pair
 from appliance.marmot import multidevice, profile, proofs, transport
 from appliance.marmot.device import Device
 from appliance.marmot.mls import MLSError
+from appliance.marmot.mls import structs as st
 from appliance.marmot.mls.structs import LeafNode as MlsLeafNode
 from appliance.marmot.errors import DraftDisabled, MarmotError
 from appliance.marmot.extensions import EncryptedDeviceName, MultiDeviceExtension
-from appliance.nostr.event import InvalidEvent, parse_event
-from appliance.nostr.keys import public_key
+from appliance.nostr import nip59
+from appliance.nostr.event import InvalidEvent, compute_id, parse_event, verify_event
+from appliance.nostr.keys import public_key, schnorr_verify
 from appliance.nostr.nip19 import Nip19Error, parse_secret
 from appliance.settings import load
 
@@ -580,10 +582,21 @@ def inspect_event(obj: Any) -> dict[str, Any]:
         w = transport.parse_welcome_rumor(obj)
         return {"type": "welcome-rumor", "kind": 444, "sender": w.sender, "key_package_event": w.key_package_event_id,
                 "relays": w.relays, "welcome_bytes": len(w.welcome)}
+    if "sig" not in obj:  # an unsigned rumor: an application message's payload (receive prints it)
+        try:
+            rumor = nip59.parse_rumor(obj)
+        except nip59.UnwrapError as exc:
+            raise Failed("input.event", str(exc)) from None
+        return {"type": "rumor", "kind": rumor["kind"], "author": rumor["pubkey"], "id": rumor["id"],
+                "created_at": rumor["created_at"], "tags": rumor["tags"], "content": rumor["content"]}
     try:
         ev = parse_event(obj)
     except InvalidEvent as exc:
         raise Failed("input.event", exc.reason) from None
+    if ev.kind in proofs.LOCAL_ONLY_KINDS:  # a proof's signing event (authorize-join prints its kind 452)
+        return {"type": "proof-signing-event", "kind": ev.kind, "signer": ev.pubkey, "created_at": ev.created_at,
+                "tags": ev.tags, "content": ev.content, "signature_valid": verify_event(ev),
+                "note": "a local-only signing template: never published (relays refuse it)"}
     if ev.kind == transport.GROUP_MESSAGE_KIND:
         h = transport.check_group_message(ev)
         return {"type": "group-message", "kind": 445, "h": h, "one_time_pubkey": ev.pubkey,
@@ -608,13 +621,16 @@ def inspect_event(obj: Any) -> dict[str, Any]:
 
 # Objects only the draft multi-device feature defines, and the code points that mark a draft object.
 DRAFT_INSPECT_TYPES = frozenset({"pairing-envelope", "multi-device-extension", "device-label", "join-psk-id"})
+# What inspect reports for objects only the draft defines.
+DRAFT_DOCUMENT_TYPES = frozenset({"MarmotPairingEnvelopeV1", "MarmotMultiDeviceJoinPskId", "join-request",
+                                  "join-authorization", "pairing-key", "pairing-opened"})
 DRAFT_CODE_POINTS = frozenset({f"0x{comp.EXT_MULTI_DEVICE:04x}", f"0x{comp.EXT_ENCRYPTED_DEVICE_NAME:04x}"})
 
 
 def _is_draft(doc: Any) -> bool:
     """Does an inspected object carry or advertise a part of the draft (0xf2f0, 0xf2ef, a join PSK id)?"""
     if isinstance(doc, dict):
-        return "join_psk_id" in doc or doc.get("type") in ("MarmotPairingEnvelopeV1", "MarmotMultiDeviceJoinPskId") \
+        return "join_psk_id" in doc or doc.get("type") in DRAFT_DOCUMENT_TYPES or doc.get("kind") == 452 \
             or any(_is_draft(v) for v in doc.values())
     if isinstance(doc, list):
         return any(_is_draft(v) for v in doc)
@@ -622,7 +638,8 @@ def _is_draft(doc: Any) -> bool:
 
 
 def emit_inspected(doc: dict[str, Any], as_type: str | None = None) -> int:
-    return emit(doc, draft=as_type in DRAFT_INSPECT_TYPES or _is_draft(doc))
+    return emit(doc, draft=as_type in DRAFT_INSPECT_TYPES or _is_draft(doc)
+                or doc.get("name") in ("marmot.multi-device.v1", "marmot.encrypted-device-name.v1"))
 
 
 @command("inspect")
@@ -637,20 +654,108 @@ def cmd_inspect(args, state) -> int:
         return emit_inspected(inspect_bytes(args.as_type, read_blob(args.input, args.as_type, field)), args.as_type)
     text = read_text(args.input).strip()
     if text.startswith("{"):
-        obj = read_json(args.input, "object") if args.input != "-" else json.loads(text)
-        if isinstance(obj, dict) and obj.get("draft") == DRAFT_LABEL:
-            obj = {k: v for k, v in obj.items() if k != "draft"}
-        return emit_inspected(inspect_event(obj))
-    data = decode_blob(text, "input")
-    # Without --as, recognise what can be recognised by shape alone.
-    if len(data) == proofs.PROOF_LEN:
-        return emit(inspect_bytes("proof", data))
-    if data[:2] == b"\x00\x01" and len(data) >= 2 + 32 + 32 + 12 + 17:
         try:
-            return emit_inspected(inspect_bytes("pairing-envelope", data), "pairing-envelope")
-        except MarmotError:
-            pass
-    raise Failed("usage", "cannot tell what this is; name it with --as")
+            obj = json.loads(text)
+        except ValueError:
+            raise Failed("input.json", f"{args.input} is not valid JSON") from None
+        labelled = isinstance(obj, dict) and obj.get("draft") == DRAFT_LABEL
+        if labelled:  # an output of a draft group or feature: what it shows is draft too
+            obj = {k: v for k, v in obj.items() if k != "draft"}
+        doc = inspect_document(obj)
+        return emit(doc, draft=labelled or _is_draft(doc))
+    return emit_inspected(recognise_bytes(decode_blob(text, "input")))
+
+
+def inspect_document(obj: Any) -> dict[str, Any]:
+    """What a JSON input is, without --as: a Nostr event or rumor, or one of the commands' own outputs
+    (recognised by the fields each prints)."""
+    if not isinstance(obj, dict):
+        raise Failed("input.json", "expected a JSON object")
+    if isinstance(obj.get("kind"), int) and "pubkey" in obj:
+        return inspect_event(obj)
+    blob = lambda field, what: decode_blob(obj[field], what) if isinstance(obj.get(field), str) else None  # noqa: E731
+    if "envelope" in obj:  # pairing-seal
+        return {**inspect_bytes("pairing-envelope", blob("envelope", "pairing envelope")),
+                **({"pairing_id": obj["pairing_id"]} if "pairing_id" in obj else {})}
+    if "leaf_node" in obj and "group_context" in obj:  # join-request
+        return inspect_join_request(obj)
+    if "proof" in obj and isinstance(obj.get("event"), dict):  # authorize-join
+        return inspect_authorization(obj)
+    if "pairing_key" in obj:  # pairing-key
+        key = blob("pairing_key", "pairing key")
+        if key is None or len(key) != 32:
+            raise Failed("input.pairing_key", "pairing_key is not a 32-byte X25519 public key")
+        return {"type": "pairing-key", "pairing_key": key.hex(), "expires_at": obj.get("expires_at")}
+    if "group_info" in obj:  # group-info
+        return inspect_bytes("group-info", blob("group_info", "GroupInfo"))
+    if "join_psk_id" in obj:  # join-psk (never its secret value)
+        return inspect_bytes("join-psk-id", blob("join_psk_id", "join PSK id"))
+    if "extension_data" in obj:  # encrypt-device-label, or a 0xf2f0 body
+        data = blob("extension_data", "extension data")
+        return inspect_bytes("multi-device-extension" if data == MultiDeviceExtension().encode() else "device-label",
+                             data)
+    if "proof" in obj:
+        return inspect_bytes("proof", blob("proof", "proof"))
+    if "pairing_id" in obj and isinstance(obj.get("groups"), list):  # pairing-open
+        return {"type": "pairing-opened", **{k: obj[k] for k in ("pairing_id", "expires_at", "groups")}}
+    if any(k in obj for k in ("commit", "welcomes", "rumor", "members")):
+        # create-group, commit, external-commit, join, receive
+        out: dict[str, Any] = {"type": "output", **{k: obj[k] for k in ("group_id", "nostr_group_id", "epoch",
+                                                                         "profile", "members", "sender") if k in obj}}
+        if "type" in obj:
+            out["type"], out["message_type"] = "received", obj["type"]
+        if isinstance(obj.get("commit"), dict):
+            out["commit"] = inspect_event(obj["commit"])
+        if isinstance(obj.get("welcomes"), list):
+            out["welcomes"] = [inspect_event(w) for w in obj["welcomes"]]
+        if isinstance(obj.get("rumor"), dict):
+            out["rumor"] = inspect_event(obj["rumor"])
+        return out
+    raise Failed("usage", "cannot tell what this JSON document is; name it with --as")
+
+
+def inspect_join_request(obj: dict) -> dict[str, Any]:
+    try:
+        context = st.GroupContext.decode(decode_blob(obj["group_context"], "group_context"))
+        leaf = MlsLeafNode.decode(decode_blob(obj["leaf_node"], "leaf_node"))
+    except (MLSError, TypeError) as exc:
+        raise Failed("input.join_request", f"not a join request: {exc}") from None
+    return {"type": "join-request", "group_id": context.group_id.hex(), "epoch": context.epoch,
+            "account": leaf.credential.identity.hex() if leaf.credential.identity else None,
+            "leaf": _leaf_json(leaf), "group_context": _context_json(context)}
+
+
+def inspect_authorization(obj: dict) -> dict[str, Any]:
+    """authorize-join's output: the 104-byte proof and its kind 452 signing event, checked together."""
+    proof = proofs.MarmotAuthorizationProof.decode(decode_blob(obj["proof"], "proof"))
+    ev = obj["event"]
+    tags = ev.get("tags") if isinstance(ev.get("tags"), list) else []
+    binding = {t[0]: t[1] for t in tags if isinstance(t, list) and len(t) == 2 and isinstance(t[0], str)}
+    try:
+        rebuilt = compute_id(ev["pubkey"], ev["created_at"], ev["kind"], tags, ev["content"])
+        signature_ok = rebuilt == ev.get("id") and schnorr_verify(ev["pubkey"], bytes.fromhex(rebuilt),
+                                                                  proof.signature.hex())
+    except (KeyError, TypeError, ValueError):
+        signature_ok = False
+    return {"type": "join-authorization", "kind": ev.get("kind"), "signer": proof.signer_hex,
+            "created_at": proof.created_at, "group_id": binding.get("group_id"), "epoch": binding.get("epoch"),
+            "account": binding.get("account"), "leaf_node_hash": binding.get("leaf_node_hash"),
+            "matches_event": ev.get("kind") == proofs.JOIN_AUTHORIZATION_KIND and ev.get("pubkey") == proof.signer_hex
+            and ev.get("created_at") == proof.created_at and ev.get("sig") == proof.signature.hex() and signature_ok}
+
+
+def recognise_bytes(data: bytes) -> dict[str, Any]:
+    """Raw bytes without --as: the first decoding that consumes them exactly, most specific first."""
+    if data == MultiDeviceExtension().encode():
+        return inspect_bytes("multi-device-extension", data)
+    if len(data) == 64 and data[:32] == b"\x1f" + multidevice.JOIN_PSK_LABEL:
+        return inspect_bytes("join-psk-id", data)
+    for kind in ("mls-message", "key-package", "pairing-envelope", "proof", "leaf-node", "group-context"):
+        try:
+            return inspect_bytes(kind, data)
+        except (Failed, MarmotError, MLSError):
+            continue
+    raise Failed("usage", "cannot tell what these bytes are; name them with --as")
 
 
 # -- argument parsing and dispatch -----------------------------------------------------------------

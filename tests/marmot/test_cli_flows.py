@@ -14,7 +14,8 @@ from appliance.marmot import pairing
 from appliance.marmot import transport as tp
 from appliance.marmot.device import Device
 from appliance.marmot.multidevice import group_event_key
-from appliance.nostr.keys import generate_secret
+from appliance.nostr.event import parse_event
+from appliance.nostr.keys import generate_secret, public_key
 
 RELAY = "ws://127.0.0.1:7777"
 
@@ -212,3 +213,67 @@ def test_authorize_join_reviews_the_leaf_before_signing(group, tmp_path):
                                         external_psks={multidevice.join_psk_id(context.encode()): psk})
     doc = refused(_request(gid, context, pending.leaf_node), "component.unsupported")
     assert "0x800a" in doc["message"] and "--draft-multi-device" in doc["message"]
+
+
+def test_inspect_recognises_every_output_without_as(group, tmp_path):
+    """`inspect --input FILE` with no --as names each of the commands' own outputs (pairing envelopes,
+    join requests, authorizations, events, rumors, command documents) and raw MLS messages; what
+    belongs to the draft, or came labelled from a draft group, is labelled."""
+    import base64
+
+    from appliance.commands.marmot import DRAFT_LABEL
+    from appliance.marmot import multidevice
+
+    alice, bob, gid = group
+    alice2 = Cli(tmp_path, "alice2", alice.secret)
+
+    def seen(doc, name="doc"):
+        path = tmp_path / f"inspect-{name}.json"
+        path.write_text(doc if isinstance(doc, str) else json.dumps(doc))
+        return _stateless("inspect", "--input", str(path))
+
+    key = alice2("pairing-key", "--draft-multi-device", identity=False)
+    sealed = alice("pairing-seal", "--recipient", key["pairing_key"], "--group", gid, "--draft-multi-device")
+    opened = alice2("pairing-open", "--envelope", alice2.file("env", sealed), "--draft-multi-device", identity=False)
+    request = alice2("join-request", "--group", gid, "--draft-multi-device")
+    auth = alice("authorize-join", "--request", alice.file("req", request), "--draft-multi-device")
+    external = alice2("external-commit", "--group", gid, "--authorization", alice2.file("auth", auth),
+                      "--draft-multi-device")
+    bob("receive", "--event", bob.file("ext", external["commit"]), "--draft-multi-device")
+    sent = alice2("send", "--group", gid, "--content", "from the new device")
+    received = bob("receive", "--event", bob.file("msg", sent))
+    kp = Cli(tmp_path, "carol")("key-package", "--relay", RELAY)
+    created = alice("create-group", "--relay", RELAY, "--member-key-package", alice.file("kp", kp))
+    wrap = _stateless("gift-wrap", "--identity", str(alice.identity), "--rumor",
+                      alice.file("rumor", created["welcomes"][0]), "--to", kp["pubkey"])
+    cases = [(key, "pairing-key", True), (sealed, "MarmotPairingEnvelopeV1", True),
+             (opened, "pairing-opened", True), (request, "join-request", True),
+             (auth, "join-authorization", True), (auth["event"], "proof-signing-event", True),
+             (external, "output", True), (sent, "group-message", True), (received, "received", True),
+             (received["rumor"], "rumor", False), (kp, "key-package-event", False), (created, "output", False),
+             (created["welcomes"][0], "welcome-rumor", False), (wrap, "gift-wrap", False)]
+    for doc, expected, draft in cases:
+        shown = seen(doc, expected)
+        assert shown["type"] == expected, (expected, shown)
+        assert (shown.get("draft") == DRAFT_LABEL) == draft, (expected, shown)
+    shown = seen(auth)
+    assert shown["matches_event"] is True and shown["signer"] == public_key(alice.secret)
+    assert shown["account"] == public_key(alice.secret) and shown["kind"] == 452
+    assert seen(request)["leaf"]["account_identity_proof"] == "valid"
+    assert seen(received)["rumor"]["content"] == "from the new device"
+    # Raw MLS messages and Marmot bytes, hex or base64.
+    device = Device.from_json(alice.secret, json.loads((alice.state / "device" / "state.json").read_text()))
+    g = device.group(gid)
+    welcome = tp.parse_welcome_rumor(created["welcomes"][0]).welcome
+    commit = g.commit().message
+    key_package = tp.parse_key_package_event(parse_event(kp)).key_package
+    raw = [(base64.b64encode(welcome).decode(), "MLSMessage", "Welcome"), (commit.hex(), "MLSMessage", "PublicMessage"),
+           (base64.b64encode(g.group_info()).decode(), "GroupInfo", None), (key_package.hex(), "KeyPackage", None),
+           (g.own_leaf_node.encode().hex(), "LeafNode", None), (g.group_context_bytes().hex(), "GroupContext", None),
+           (multidevice.join_psk_id(g.group_context_bytes()).hex(), "MarmotMultiDeviceJoinPskId", None),
+           (sealed["envelope"], "MarmotPairingEnvelopeV1", None), (auth["proof"], "MarmotAuthorizationProof", None)]
+    for text, expected, wire in raw:
+        shown = seen(text, expected)
+        assert shown["type"] == expected, (expected, shown)
+        if wire:
+            assert shown["wire_format"] == wire
