@@ -169,3 +169,60 @@ def test_only_the_draft_switch_advertises_the_draft_feature(capsys, tmp_path, id
     assert ev["draft"] == DRAFT_LABEL
     assert draft_bits <= set(tags["mls_extensions"]) and draft_bits <= set(caps["extensions"])
     assert "0x0009" in caps["proposals"]
+
+
+def test_every_draft_refusal_names_the_flag_and_the_setting(capsys, tmp_path, identity, monkeypatch):
+    """Each draft command without the switch, a draft option, an External Commit received without
+    it, and a key package without the draft invited into a draft group: the refusal says how to turn
+    the draft on, by flag and by setting."""
+    from appliance.commands.marmot import COMMANDS
+    from appliance.marmot.device import Device
+
+    monkeypatch.delenv("APPLIANCE_MARMOT_DRAFT_MULTI_DEVICE", raising=False)
+    secret, path = identity
+
+    def names_both(doc):
+        assert "--draft-multi-device" in doc["message"] and "marmot_draft_multi_device" in doc["message"], doc
+
+    drafts = sorted(name for name, (_, draft) in COMMANDS.items() if draft)
+    assert {"pairing-key", "pairing-seal", "join-request", "authorize-join", "external-commit"} <= set(drafts)
+    for name in drafts:
+        argv = ([] if name in ("encrypt-device-label", "decrypt-device-label") else ["--state", str(tmp_path / "s")]) \
+            + ([] if name in ("pairing-key", "pairing-open") else ["--identity", path])
+        rc, doc = run(capsys, name, *argv)
+        assert rc == 2 and doc["error"] == "draft.disabled", name
+        names_both(doc)
+    rc, doc = run(capsys, "key-package", "--state", str(tmp_path / "s"), "--identity", path,
+                  "--relay", "ws://127.0.0.1:7777", "--device-label", "phone")
+    assert rc == 2 and doc["error"] == "draft.disabled"
+    names_both(doc)
+    # A key package made without the switch, invited into a draft group.
+    plain = Device(generate_secret()).new_key_package(["ws://127.0.0.1:7777"])
+    kp = tmp_path / "kp.json"
+    kp.write_text(plain.to_json())
+    rc, doc = run(capsys, "create-group", "--state", str(tmp_path / "s"), "--identity", path, "--relay",
+                  "ws://127.0.0.1:7777", "--member-key-package", str(kp), "--draft-multi-device")
+    assert rc == 2 and doc["error"] == "component.unsupported"
+    names_both(doc)
+    # An External Commit reaching a member without the switch.
+    from appliance.marmot import multidevice as md
+    from appliance.marmot import transport as tp
+
+    alice, bob = Device(generate_secret()), Device(generate_secret())
+    gid, rumors = alice.create_group("g", ["ws://127.0.0.1:7777"],
+                                     [bob.new_key_package(["ws://127.0.0.1:7777"], draft=True)], multi_device=True)
+    bob.join(rumors[0])
+    g = alice.group(gid)
+    _, psk = md.join_psk(g)
+    pending, leaf = md.prepare_external_join(alice.secret, g.group_info(), psk, group_event_key=md.group_event_key(g))
+    ev = alice.finish_external_join(pending, md.authorize_join(alice.secret, g.context, leaf))
+    bob_state = tmp_path / "bob"
+    (bob_state / "device").mkdir(parents=True)
+    (bob_state / "device" / "state.json").write_text(json.dumps(bob.to_json()))
+    bob_key = tmp_path / "bob.key"
+    bob_key.write_text(bob.secret)
+    event = tmp_path / "ext.json"
+    event.write_text(ev.to_json())
+    rc, doc = run(capsys, "receive", "--state", str(bob_state), "--identity", str(bob_key), "--event", str(event))
+    assert rc == 2 and doc["error"] == "draft.disabled"
+    names_both(doc)
