@@ -200,3 +200,38 @@ def test_every_single_byte_mutation_is_refused(vector, binding):
             mutated = data[:i] + bytes([data[i] ^ flip]) + data[i + 1:]
             with pytest.raises(ProofError):
                 verify_proof(mutated, binding)
+
+
+# The component document's join vector reproduced under kind 452, the kind the draft names (spec note
+# M1): the same inputs, secret key 3 and zero auxiliary randomness; the serialization differs only in
+# the kind. This is what the appliance produces and the only join authorization it accepts.
+JOIN_452 = {
+    "event_id": "aa6c83eefe4f96d2e28135c93ff32412d64aeb79096a545f8e8cad4af31187f2",
+    "signature": "e8fad066f7eea0271fecd1808728004b09bde30e59af63d3bf8d07413e65382a"
+                 "8e55e3247d5cdfc3b4fc5c5c8fc02b02a0a4b5eff44fe2c42641c11b57cd5dc8",
+}
+
+
+def test_join_authorization_vector_under_kind_452_and_nothing_else_accepted():
+    binding = JOIN["binding"]
+    serialization = JOIN["serialization"].replace(",1700000060,451,", ",1700000060,452,", 1)
+    assert serialization.count(",452,") == 1
+    template = signing_event(binding, PK3, JOIN["created_at"])
+    assert _serialization(template) == serialization
+    assert template["id"] == hashlib.sha256(serialization.encode()).hexdigest() == JOIN_452["event_id"]
+    proof = sign_proof(binding, SK3, JOIN["created_at"], aux=ZERO_AUX)
+    assert proof.signature.hex() == JOIN_452["signature"]
+    assert proof.encode().hex() == PK3 + "000000006553f13c" + JOIN_452["signature"]
+    assert verify_proof(proof.encode(), binding) == proof
+    # The same binding signed under any other kind (450, the account proof's; 451, the component
+    # document's) is refused, and an external signer's event of another kind is not taken.
+    for kind in (450, 451, 453):
+        other = signing_event(binding, PK3, JOIN["created_at"], kind=kind)
+        sig = schnorr_sign(SK3, bytes.fromhex(other["id"]), ZERO_AUX)
+        data = MarmotAuthorizationProof(bytes.fromhex(PK3), JOIN["created_at"], bytes.fromhex(sig)).encode()
+        with pytest.raises(ProofError) as e:
+            verify_proof(data, binding)
+        assert e.value.code == "proof.bad_signature", kind
+        with pytest.raises(ProofError) as e:
+            accept_signed_event(binding, PK3, JOIN["created_at"], {**other, "sig": sig})
+        assert e.value.code == "proof.signer_substitution", kind
