@@ -311,6 +311,17 @@ def cmd_commit(args, state) -> int:
                 draft=_draft_group(device, args.group))
 
 
+@command("leave")
+def cmd_leave(args, state) -> int:
+    """A SelfRemove proposal (kind 445): the next commit by another member removes our leaf."""
+    device = load_device(args, state)
+    if args.group is None:
+        raise Failed("usage", "leave needs --group ID")
+    ev = device.leave(args.group)
+    save_device(state, device)
+    return emit(ev.to_dict(), draft=_draft_group(device, args.group))
+
+
 @command("gift-wrap")
 def cmd_gift_wrap(args, state) -> int:
     """The kind 1059 gift wrap of a kind 444 rumor for its recipient (publish it to their inbox relays)."""
@@ -817,6 +828,9 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
                    help="Make a member an admin (MDK-compatible groups: through the group data; repeat).")
     p.add_argument("--remove-admin", action="append", default=[], metavar="PUBKEY",
                    help="Take an admin's rights away (repeat).")
+    p = sub.add_parser("leave", help="Leave a group: a SelfRemove proposal another member commits.")
+    common(p)
+    p.add_argument("--group", metavar="ID")
     p = sub.add_parser("gift-wrap", help="Gift-wrap a kind 444 welcome rumor for its recipient (kind 1059).")
     common(p, state=False)
     p.add_argument("--rumor", metavar="FILE")

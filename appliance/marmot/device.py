@@ -18,7 +18,8 @@ from appliance.nostr.keys import public_key
 from . import components as comp
 from . import mls, multidevice, profile, transport
 from .errors import ComponentError, DraftDisabled, MarmotError, ProofError, TransportError
-from .mls.structs import SENDER_NEW_MEMBER_COMMIT, Extension, GroupContext, MLSMessage, WF_PUBLIC_MESSAGE
+from .mls.structs import (P_SELF_REMOVE, SENDER_NEW_MEMBER_COMMIT, Extension, GroupContext, MLSMessage,
+                          WF_PUBLIC_MESSAGE)
 
 __all__ = ["Device", "Received"]
 
@@ -130,7 +131,9 @@ class Device:
             _check_mdk_invitees(self.account, kps, admins)
             data = comp.MdkGroupData.of(nostr_group_id=os.urandom(32), name=name, description=description,
                                         admins=admins, relays=relays)
-            exts = profile.mdk_group_extensions(data)
+            # MDK's rule: SelfRemove is required when every invitee supports it (none: nothing required)
+            self_remove = bool(kps) and all(comp.SELF_REMOVE in kp.leaf_node.capabilities.proposals for kp, _ in kps)
+            exts = profile.mdk_group_extensions(data, [comp.SELF_REMOVE] if self_remove else [])
             relays = data.relay_urls()  # as MDK writes them, also in the welcomes' relays tag
         else:
             kps = [self._member_key_package(ev) for ev in members]
@@ -252,7 +255,9 @@ class Device:
                 raise MarmotError("admin changes in a components group (an AppDataUpdate of 0x8003) are not "
                                   "supported: only MDK-compatible groups change their admins here",
                                   "commit.unsupported")
-            after = (members - set(remove)) | {ev.pubkey for _, ev in kps}
+            leaving = {group.tree.leaf(s.index).credential.identity.hex() for p, s in group.pending.values()
+                       if p.proposal_type == P_SELF_REMOVE and group.tree.leaf(s.index) is not None}
+            after = (members - set(remove) - leaving) | {ev.pubkey for _, ev in kps}
             extensions = _mdk_commit_extensions(self.account, group.context, state, bool(kps or leaves), after,
                                                 add_admins, remove_admins)
         out = group.commit(add=[kp for kp, _ in kps], remove=leaves, group_context_extensions=extensions)
@@ -261,6 +266,23 @@ class Device:
         rumors = [transport.build_welcome_rumor(self.account, out.welcome, e.id, relays) for _, e in kps]
         self._record(out.group)
         return ev, rumors
+
+    def leave(self, group_id: str) -> Event:
+        """A SelfRemove proposal (a PublicMessage, in a kind 445 event): another member's next commit
+        removes our leaf. An admin first gives its admin rights away: MDK refuses an admin's
+        SelfRemove, and admin-policy-v1 lets an admin leave only while another admin remains."""
+        group = self.group(group_id)
+        state = profile.read_group_state(group.context)
+        me = bytes.fromhex(self.account)
+        if me in state.admins:
+            others = {leaf.credential.identity for _, leaf in group.tree.leaves()} & set(state.admins) - {me}
+            if state.profile == "mdk" or not others:
+                raise MarmotError("an admin cannot leave while it is an admin: give the admin rights away first "
+                                  "(commit --remove-admin, with another admin remaining)", "leave.admin")
+        new, message = group.propose(mls.SelfRemove())
+        ev = self._publish(group_id, group, message)
+        self._record(new)
+        return ev
 
     def receive(self, ev: Event, *, draft: bool = False) -> Received:
         """Process one kind 445 event of a group we are in."""
@@ -291,6 +313,14 @@ class Device:
                 processed = group.process(message, validate=_admin_gate)
         except mls.MLSError as exc:
             raise MarmotError(f"the MLS message is invalid: {exc}", "mls.invalid") from None
+        if processed.kind == "proposal" and processed.proposal.proposal_type == P_SELF_REMOVE:
+            state = profile.read_group_state(group.context)
+            leaver = processed.sender_leaf.credential.identity if processed.sender_leaf else None
+            others = {leaf.credential.identity for _, leaf in group.tree.leaves()} & set(state.admins) - {leaver}
+            if leaver in state.admins and (state.profile == "mdk" or not others):
+                # MDK refuses an admin's SelfRemove; admin-policy-v1: only while another admin remains
+                raise MarmotError("an admin's SelfRemove is refused: it must give its admin rights away first",
+                                  "proposal.admin_self_remove")
         if processed.kind == "proposal" and _is_join_authorization(processed.proposal):
             # Standalone: never valid (multi-device-join-authorization-v1.md, carrier rules); not kept.
             raise MarmotError("a standalone join authorization proposal is invalid",
@@ -441,17 +471,27 @@ def _check_mdk_commit(view, account: bytes, state) -> None:
                 except MarmotError as exc:
                     raise MarmotError(f"the commit's group data is invalid: {exc.reason}", "commit.group_data") \
                         from None
-        removed = {p.removed for p in view.proposals if p.proposal_type == 3}
-        after = {leaf.credential.identity for i, leaf in view.tree.leaves() if i not in removed}
-        after |= {p.key_package.leaf_node.credential.identity for p in view.proposals if p.proposal_type == 1}
-        if not admins & after:
-            raise MarmotError("the commit would leave the group with no admin among its members", "commit.no_admin")
+        _check_admins_remain(view, senders, admins)
         return
     own_updates = all(p.proposal_type == 2 and s.sender_type == 1 and s.index == view.sender.index
                       for p, s in zip(view.proposals, senders))
-    if not own_updates or (view.path_leaf is None and not view.proposals):
+    self_removes = bool(view.proposals) and all(p.proposal_type == P_SELF_REMOVE
+                                                for p in view.proposals)
+    if self_removes:  # anyone may commit members' own departures (MDK: SelfRemove-only commits)
+        _check_admins_remain(view, senders, state.admins)
+    elif not own_updates or (view.path_leaf is None and not view.proposals):
         raise MarmotError("only an admin may add or remove members or change the group data",
                           "commit.not_admin")
+
+
+def _check_admins_remain(view, senders, admins) -> None:
+    """MDK's invariant after a Commit: at least one admin is still a member."""
+    removed = {p.removed for p in view.proposals if p.proposal_type == 3}
+    removed |= {s.index for p, s in zip(view.proposals, senders) if p.proposal_type == P_SELF_REMOVE}
+    after = {leaf.credential.identity for i, leaf in view.tree.leaves() if i not in removed}
+    after |= {p.key_package.leaf_node.credential.identity for p in view.proposals if p.proposal_type == 1}
+    if not admins & after:
+        raise MarmotError("the commit would leave the group with no admin among its members", "commit.no_admin")
 
 
 def _check_component_leaves(view, committer: bytes) -> None:

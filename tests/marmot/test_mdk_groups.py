@@ -341,3 +341,56 @@ def test_cli_create_group_with_an_mdk_invitee(tmp_path, capsys):
     plain = alice("create-group", "--relay", RELAY)
     refused = alice("commit", "--group", plain["group_id"], "--add-admin", carol.pubkey, ok=False)
     assert refused["error"] == "commit.unsupported"
+
+
+def test_leaving_by_self_remove_both_ways(tmp_path):
+    """SelfRemove (0x000a): the appliance's groups require it as MDK's do when every invitee supports
+    it; an MDK member leaves an appliance-made group and the appliance (admin) commits it; the
+    appliance leaves an MDK-made group and MDK's admin commits it; an admin must give its rights away
+    first (MDK refuses an admin's SelfRemove)."""
+    alice = Device(generate_secret())
+    bob, carol = MdkPeer(tmp_path, "bob"), MdkPeer(tmp_path, "carol")
+    gid, rumors = alice.create_group("g", [RELAY], [bob.key_package(), carol.key_package()], group_profile="mdk")
+    req = profile.RequiredCapabilities.decode(alice.group(gid).context.extension(EXT_REQUIRED_CAPABILITIES)
+                                              .extension_data)
+    assert req.proposal_types == (comp.SELF_REMOVE,)
+    bob.accept(rumors[0])
+    carol.accept(rumors[1])
+    assert bob.mdk.group_required_proposals(gid)  # MDK sees SelfRemove required: it leaves by SelfRemove
+    left = parse_event(orjson.loads(carol.mdk.leave_group(gid).evolution_event_json))
+    got = alice.receive(left)
+    assert got.type == "proposal" and got.sender == carol.pubkey
+    # Bob (MDK) keeps the proposal too (MDK may also offer its own commit of it: not published here).
+    assert not bob.mdk.process_message(left.to_json()).is_unprocessable()
+    ev, _ = alice.commit(gid)  # the pending SelfRemove, committed by the admin
+    assert bob.process(ev) and carol.process(ev)
+    assert sorted(bob.mdk.get_members(gid)) == sorted(alice.members(gid)) == sorted([alice.account, bob.pubkey])
+    with pytest.raises(MarmotError) as e:
+        alice.leave(gid)  # the only admin
+    assert e.value.code == "leave.admin"
+
+    # An MDK group: the appliance (no admin) leaves; MDK's admin commits its SelfRemove.
+    dave = Device(generate_secret())
+    made = bob.mdk.create_group(bob.pubkey, [dave.new_key_package([RELAY]).to_json()], "m", "", [RELAY], [bob.pubkey])
+    mgid = made.group.mls_group_id
+    dave.join(orjson.loads(made.welcome_rumors_json[0]))
+    result = bob.mdk.process_message(dave.leave(mgid).to_json())
+    commit = parse_event(orjson.loads(result.result.evolution_event_json))
+    bob.mdk.merge_pending_commit(mgid)
+    got = dave.receive(commit)
+    assert got.type == "commit" and mgid not in dave.groups and bob.mdk.get_members(mgid) == [bob.pubkey]
+
+
+def test_cli_leave(tmp_path):
+    alice, bob = Cli(tmp_path, "alice"), Cli(tmp_path, "bob")
+    kp = bob("key-package", "--relay", RELAY)
+    created = alice("create-group", "--relay", RELAY, "--profile", "mdk", "--member-key-package", alice.file("kp", kp))
+    gid = created["group_id"]
+    bob("join", "--welcome", bob.file("welcome", created["welcomes"][0]))
+    assert alice("leave", "--group", gid, ok=False)["error"] == "leave.admin"
+    left = bob("leave", "--group", gid)
+    assert left["kind"] == 445
+    assert alice("receive", "--event", alice.file("left", left))["type"] == "proposal"
+    commit = alice("commit", "--group", gid)["commit"]
+    assert bob("receive", "--event", bob.file("commit", commit))["type"] == "commit"
+    assert bob("send", "--group", gid, "--content", "x", ok=False)["error"] == "state.unknown_group"

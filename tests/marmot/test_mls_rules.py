@@ -375,3 +375,32 @@ def test_a_default_commit_leaves_out_pending_proposals_that_conflict():
     a = alice.process(first).group.process(second).group
     out = a.commit()
     assert len(out.proposals) == 1 and out.proposals[0] == MLSMessage.decode(second).body.content.content
+
+
+# -- SelfRemove (draft-ietf-mls-extensions, 0x000a): an empty body; another member commits it ----------
+
+def test_self_remove_is_committed_by_another_member_by_reference():
+    from appliance.marmot.mls import SelfRemove
+    from appliance.marmot.mls.structs import P_SELF_REMOVE, WF_PRIVATE_MESSAGE, decode_proposal, encode_proposal
+
+    caps = Capabilities(proposals=(P_SELF_REMOVE,))
+    assert encode_proposal(SelfRemove()) == b"\x00\x0a" and decode_proposal(b"\x00\x0a") == SelfRemove()
+    with pytest.raises(DecodeError):
+        decode_proposal(b"\x00\x0a\x00")  # no body: a trailing byte is not part of it
+    alice, bob, carol = make_group(caps, caps, caps)
+    with pytest.raises(ProposalError):  # a PublicMessage only
+        carol.propose(SelfRemove(), wire_format=WF_PRIVATE_MESSAGE)
+    carol2, message = carol.propose(SelfRemove())
+    # Nobody commits its own departure: a default commit leaves it out, naming it is refused.
+    assert P_SELF_REMOVE not in [p.proposal_type for p in carol2.commit().proposals]
+    with pytest.raises(ProposalError):
+        carol2.commit(by_reference=list(carol2.pending))
+    with pytest.raises(ProposalError):  # never inline
+        alice.commit(proposals=[SelfRemove()])
+    alice = alice.process(message).group
+    bob = bob.process(message).group
+    out = alice.commit()
+    assert P_SELF_REMOVE in [p.proposal_type for p in out.proposals]
+    got = bob.process(out.message)
+    assert len(got.group.members()) == 2 and got.group.epoch_authenticator == out.group.epoch_authenticator
+    assert carol2.process(out.message).removed_self

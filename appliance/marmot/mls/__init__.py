@@ -72,6 +72,7 @@ from .structs import (
     MLSMessage,
     PreSharedKeyID,
     RequiredCapabilities,
+    SelfRemove,
     UnknownProposal,
 )
 
@@ -81,7 +82,8 @@ __all__ = [
     "ExternalCommitView", "Group", "GroupContext", "GroupInfo", "KeyPackage", "KeyPackageSecrets", "LeafNode",
     "Lifetime", "MLSError", "MLSMessage", "MembershipTagError", "Member", "PendingExternalJoin", "PreSharedKeyID",
     "Processed",
-    "ProposalError", "RFC_EXTERNAL_COMMIT_POLICY", "RequiredCapabilities", "SignatureError", "StateError",
+    "ProposalError", "RFC_EXTERNAL_COMMIT_POLICY", "RequiredCapabilities", "SelfRemove", "SignatureError",
+    "StateError",
     "TreeError", "UnknownProposal", "UnsupportedError", "ValidationError", "capabilities_for", "check_leaf_supports",
     "create_key_package", "decode_app_data_dictionary", "encode_app_data_dictionary", "external_join",
     "external_join_landing", "join_from_welcome", "key_package_ref", "parse_key_package", "prepare_external_join",

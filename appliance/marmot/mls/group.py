@@ -54,6 +54,7 @@ from .structs import (
     P_PSK,
     P_REINIT,
     P_REMOVE,
+    P_SELF_REMOVE,
     P_UPDATE,
     PSK_EXTERNAL,
     RESUMPTION_APPLICATION,
@@ -93,6 +94,7 @@ from .structs import (
     ProposalRef,
     PublicMessage,
     Remove,
+    SelfRemove,
     RequiredCapabilities,
     Sender,
     Update,
@@ -108,7 +110,7 @@ from .treemath import common_ancestor, leaves_under
 STATE_VERSION = 1
 DEFAULT_LIFETIME = 90 * 24 * 3600  # seconds a fresh KeyPackage is valid for (Marmot caps it near 84 days)
 RESUMPTION_HISTORY = 64  # past epochs whose resumption PSK we keep (for PSK proposals that name them)
-PATH_REQUIRED = frozenset({P_UPDATE, P_REMOVE, P_EXTERNAL_INIT, P_GROUP_CONTEXT_EXTENSIONS})
+PATH_REQUIRED = frozenset({P_UPDATE, P_REMOVE, P_EXTERNAL_INIT, P_GROUP_CONTEXT_EXTENSIONS, P_SELF_REMOVE})
 
 
 def _now() -> int:
@@ -493,6 +495,8 @@ class Group:
         g = self.copy()
         if proposal.proposal_type == P_EXTERNAL_INIT:
             raise ProposalError("ExternalInit is only valid inline in an External Commit")
+        if proposal.proposal_type == P_SELF_REMOVE and wire_format != WF_PUBLIC_MESSAGE:
+            raise ProposalError("a SelfRemove must be sent as a PublicMessage")
         content = FramedContent(g.group_id, g.epoch, Sender(SENDER_MEMBER, g.own_leaf), authenticated_data,
                                 CT_PROPOSAL, proposal)
         auth = FramedContentAuthData(sign_content(wire_format, content, g.context, g.signature_priv))
@@ -597,9 +601,11 @@ class Group:
         gce_inline = any(isinstance(p, GroupContextExtensions) for p in inline)
         items = list(self.pending.items())
         removed = set(removed_inline)
-        for _, (p, _) in items:
+        for _, (p, s) in items:
             if isinstance(p, Remove) and p.removed != self.own_leaf:
                 removed.add(p.removed)
+            elif isinstance(p, SelfRemove) and s.index != self.own_leaf:
+                removed.add(s.index)
         latest_update = {s.index: ref for ref, (p, s) in items if isinstance(p, Update)}
         gces = [ref for ref, (p, _) in items if p.proposal_type == P_GROUP_CONTEXT_EXTENSIONS]
         chosen, seen_removes, seen_psks = [], set(removed_inline), []
@@ -611,6 +617,10 @@ class Group:
                 if p.removed == self.own_leaf or p.removed in seen_removes:
                     continue
                 seen_removes.add(p.removed)
+            elif isinstance(p, SelfRemove):  # its sender leaves; we cannot commit our own
+                if s.index == self.own_leaf or s.index in seen_removes:
+                    continue
+                seen_removes.add(s.index)
             elif isinstance(p, PreSharedKey):
                 if p.psk in seen_psks:
                     continue
@@ -706,8 +716,14 @@ class Group:
                 tree.update_leaf(s.index, p.leaf_node)
                 if s.index == self.own_leaf and ref in self.own_updates:
                     own_update_priv = self.own_updates[ref]
-        # 3. Removes
-        for p in proposals:
+        # 3. Removes (a SelfRemove removes its sender's leaf)
+        for p, s, ref in items:
+            if isinstance(p, SelfRemove):
+                if s.sender_type != SENDER_MEMBER:
+                    raise ProposalError("a SelfRemove must come from a member")
+                if ref is None:
+                    raise ProposalError("a SelfRemove is committed by reference, by another member")
+                p = Remove(s.index)
             if isinstance(p, Remove):
                 if p.removed in removed:
                     raise ProposalError(f"leaf {p.removed} removed twice")
@@ -871,6 +887,8 @@ class Group:
             if p.proposal_type == P_EXTERNAL_INIT:
                 raise ProposalError("ExternalInit is only valid inline in an External Commit")
             _check_proposal_alone(p, g)
+            if isinstance(p, SelfRemove) and (sender.sender_type != SENDER_MEMBER or wf != WF_PUBLIC_MESSAGE):
+                raise ProposalError("a SelfRemove must be a member's PublicMessage")
             if isinstance(p, Update):
                 if sender.sender_type != SENDER_MEMBER:
                     raise ProposalError("Update from a non-member")

@@ -59,6 +59,7 @@ P_EXTERNAL_INIT = 6
 P_GROUP_CONTEXT_EXTENSIONS = 7
 P_APP_DATA_UPDATE = 0x0008  # draft-ietf-mls-extensions
 P_APP_EPHEMERAL = 0x0009  # draft-ietf-mls-extensions
+P_SELF_REMOVE = 0x000A  # draft-ietf-mls-extensions: a member removes itself (empty body)
 DEFAULT_PROPOSALS = frozenset({1, 2, 3, 4, 5, 6, 7})
 
 PSK_EXTERNAL = 1
@@ -468,6 +469,17 @@ class AppEphemeral:
 
 
 @dataclass(frozen=True)
+class SelfRemove:
+    """draft-ietf-mls-extensions SelfRemove (`struct {}`): its sender's leaf is removed when another
+    member commits it (by reference; path required, like a Remove)."""
+
+    proposal_type = P_SELF_REMOVE
+
+    def encode_body(self) -> bytes:
+        return b""
+
+
+@dataclass(frozen=True)
 class UnknownProposal:
     """A proposal type this core does not interpret: body kept as its exact opaque<V> bytes."""
 
@@ -504,6 +516,8 @@ def read_proposal(r: Reader):
         return AppDataUpdate(cid, op, r.vl() if op == APP_DATA_OP_UPDATE else b"")
     if t == P_APP_EPHEMERAL:
         return AppEphemeral(r.u16(), r.vl())
+    if t == P_SELF_REMOVE:
+        return SelfRemove()
     if t == 0:
         raise DecodeError("reserved proposal type 0")
     return UnknownProposal(t, r.vl())
