@@ -140,6 +140,18 @@ def default_origin_id(conn) -> int | None:
     return int(value) if value is not None else None
 
 
+def served_default_origin(conn, settings: Settings) -> Origin:
+    """The default origin as `serve` makes it at start: the configuration's fields over the stored
+    row (what the dashboard and the CLI saved for the rest); before the first start, the
+    configuration's alone."""
+    base = default_origin(settings)
+    default_id = default_origin_id(conn)
+    current = next((o for o in load_origins(conn) if o.id == default_id), None) if default_id is not None else None
+    if current is None:
+        return base
+    return _merge(current, base, declared_fields(settings)["default"], _declared_before(conn, "default"))
+
+
 def config_owned(conn, settings: Settings) -> dict[int, frozenset[str]]:
     """Origin id -> the fields the configuration owns (see `declared_fields`)."""
     declared = declared_fields(settings)

@@ -174,6 +174,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 sys.stdout.write(sample_config())
                 return 0
             settings = _settings(args)
+            from appliance.commands import read_stored_settings
+
+            # What the dashboard saved, where the configuration leaves a setting at its default.
+            settings.apply_stored(read_stored_settings(settings))
             for s in SETTINGS:
                 value = settings.values[s.name]
                 if s.name == "storage":

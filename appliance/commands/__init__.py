@@ -43,6 +43,39 @@ def follow_running(settings: Settings) -> dict | None:
     return running
 
 
+def read_stored_settings(settings: Settings) -> dict:
+    """The settings saved from the dashboard, read without changing anything ({} when there is no
+    database yet, or it cannot be read: `doctor` says why)."""
+    from appliance.store.admin import stored_settings
+    from appliance.store.dsn import is_postgres
+
+    errors: tuple = (OSError,)
+    try:
+        import apsw
+
+        errors += (apsw.Error,)
+        if is_postgres(settings.storage):
+            import psycopg
+
+            from appliance.store import pg_check
+
+            errors += (psycopg.Error,)
+            conn = pg_check.connect(settings.storage)
+        else:
+            from appliance.store.sqlite import DB_FILENAME, connect
+
+            path = settings.data_path / DB_FILENAME
+            if not path.exists():
+                return {}
+            conn = connect(path, readonly=True)
+        try:
+            return stored_settings(conn)
+        finally:
+            conn.close()
+    except errors:
+        return {}
+
+
 def find_origin(registry: OriginRegistry, origin: str) -> Origin:
     try:
         return registry.by_origin(origin)

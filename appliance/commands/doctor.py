@@ -6,8 +6,10 @@ quick_check and has a schema this version knows (on PostgreSQL: the server answe
 version is the latest migration, every table and column is there, the rows every store holds are,
 and the server's settings suit the appliance: `_postgres`); the clock is sane; the key file exists, is private
 (0600, owned by this user) and unwraps every key the database holds; every APNs credential set
-parses and signs a provider token. `--online` also opens a TLS connection (ALPN h2) to each APNs
-host the configuration names. Exits 1 when any check fails, 0 otherwise.
+parses and signs a provider token, wherever it was configured (the config file, or the dashboard:
+a .p8 kept wrapped in the database is unwrapped). `--online` also reaches each profile's APNs host
+(or its `apns_url`): a TLS handshake offering h2, then the HTTP/2 connection preface, which the
+host must answer with its SETTINGS frame. Exits 1 when any check fails, 0 otherwise.
 
 Nothing is written: the database is opened read-only (on PostgreSQL: one READ ONLY transaction,
 rolled back), and the writability probe removes its file. The PostgreSQL URL is a secret: every line
@@ -66,7 +68,7 @@ class Check:
 
 def add_parser(parser: argparse.ArgumentParser, add_setting_flags: Callable) -> None:
     parser.add_argument("--online", action="store_true",
-                        help="Also open a TLS connection to each configured APNs host (reachability).")
+                        help="Also reach each profile's APNs host (or apns_url): TLS, then an HTTP/2 preface.")
     add_setting_flags(parser)
 
 
@@ -98,6 +100,13 @@ def diagnose(flags: dict, config_path: str | None, *, online: bool = False,
 
     follow_running(settings)  # a running appliance's real address, in every URL below
     conn, db_checks = _open_database(settings)
+    if conn is not None:
+        from appliance.store.admin import stored_settings
+
+        try:
+            settings.apply_stored(stored_settings(conn))  # what the dashboard saved, as `serve` reads it
+        except DB_ERRORS:
+            pass
     try:
         origins: list = []
         yield from _origins(settings, conn, origins)
@@ -119,12 +128,23 @@ def diagnose(flags: dict, config_path: str | None, *, online: bool = False,
 
 def _origins(settings: Settings, conn: apsw.Connection | None, seen: list) -> Iterator[Check]:
     """The origins' checks; every origin that parsed is added to `seen`."""
-    from appliance.app import default_origin, default_origin_id
+    from appliance.app import default_origin, default_origin_id, served_default_origin
     from appliance.origins import Origin, load_origins
     from appliance.push.config import build_descriptor, check_push_config, check_push_fits_relay
 
     origins = []
-    makers = [("default origin", settings.effective_public_url, lambda: default_origin(settings))]
+
+    def default():
+        # As `serve` makes it: what the dashboard saved (push, credentials) included.
+        base = default_origin(settings)
+        if conn is None:
+            return base
+        try:
+            return served_default_origin(conn, settings)
+        except DB_ERRORS:
+            return base
+
+    makers = [("default origin", settings.effective_public_url, default)]
     for i, o in enumerate(settings.origins):
         makers.append((f"origins[{i}]", str(o.get("origin", f"origins[{i}]")),
                        lambda o=o, i=i: Origin.from_mapping(o, where=f"origins[{i}]", check_push=check_push_config)))
@@ -158,7 +178,7 @@ def _origins(settings: Settings, conn: apsw.Connection | None, seen: list) -> It
         name = f"descriptor {origin.origin}"
         try:
             check_push_fits_relay(origin.push, where, settings.max_content_length)
-            keys = _executor_keys(conn, ids.get(origin.origin))
+            keys = _executor_keys(conn, origin.id or ids.get(origin.origin))
             desc = build_descriptor(origin.origin, origin.push, keys)
         except ApplianceError as exc:
             yield Check(FAIL, name, str(exc))
@@ -524,6 +544,32 @@ def _ssl_context(p: dict) -> ssl.SSLContext:
     return ctx
 
 
+# RFC 9113 3.4: the client connection preface, then our (empty) SETTINGS frame.
+_H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
+_H2_SETTINGS, _H2_GOAWAY = 0x4, 0x7
+
+
+def _http2_preface(tls: ssl.SSLSocket) -> str | None:
+    """Send the HTTP/2 connection preface; None when the server's first frame is its SETTINGS
+    (RFC 9113 3.4: what an HTTP/2 server sends first), else what came instead. Then a GOAWAY."""
+    tls.sendall(_H2_PREFACE)
+    head = b""
+    while len(head) < 9:
+        chunk = tls.recv(9 - len(head))
+        if not chunk:
+            return "the connection closed" if not head else "the connection closed mid-frame"
+        head += chunk
+    length, ftype, stream = int.from_bytes(head[:3], "big"), head[3], int.from_bytes(head[5:9], "big") & 0x7FFFFFFF
+    if ftype != _H2_SETTINGS or stream != 0 or length % 6:
+        shown = head.decode("latin-1") if all(32 <= b < 127 for b in head) else head.hex()
+        return f"its first bytes were {shown!r}, not a SETTINGS frame"
+    try:  # a polite end: GOAWAY, last stream 0, NO_ERROR
+        tls.sendall(b"\x00\x00\x08" + bytes([_H2_GOAWAY]) + b"\x00" + b"\x00" * 4 + b"\x00" * 8)
+    except OSError:
+        pass
+    return None
+
+
 def _probes(sets: list[tuple[str, dict]], timeout: float) -> Iterator[Check]:
     from urllib.parse import urlsplit
 
@@ -545,6 +591,7 @@ def _probes(sets: list[tuple[str, dict]], timeout: float) -> Iterator[Check]:
             with socket.create_connection((host, port), timeout=timeout) as raw:
                 with ctx.wrap_socket(raw, server_hostname=host) as tls:
                     alpn, version = tls.selected_alpn_protocol(), tls.version()
+                    problem = _http2_preface(tls) if alpn == "h2" else None
         except (OSError, ValueError, ssl.SSLError) as exc:
             yield Check(FAIL, name, f"no TLS connection: {exc}")
             continue
@@ -552,7 +599,10 @@ def _probes(sets: list[tuple[str, dict]], timeout: float) -> Iterator[Check]:
         if alpn != "h2":
             yield Check(FAIL, name, f"{version} but the server did not offer HTTP/2 (ALPN {alpn!r})")
             continue
-        yield Check(PASS, name, f"{version}, HTTP/2, {ms:.0f} ms")
+        if problem:
+            yield Check(FAIL, name, f"{version}, but no HTTP/2 server answered the preface: {problem}")
+            continue
+        yield Check(PASS, name, f"{version}, HTTP/2 (its SETTINGS answered our preface), {ms:.0f} ms")
 
 
 __all__ = ["diagnose", "Check", "PASS", "FAIL", "SKIP", "ConfigError"]

@@ -67,8 +67,9 @@ def test_a_postgresql_store_passes_every_check_and_nothing_is_written(store, mak
     out = doctor(data, url, "--config", config, "--sync-mode", "normal")
     assert out.returncode == 0, out.stdout + out.stderr
     got = lines(out)
+    # The running appliance's own URL (issue #27: the port it really listens on, not the default's).
     for name in ("database", "database tables", "database rows", "database settings", "key file",
-                 "descriptor ws://127.0.0.1:7777"):
+                 f"descriptor ws://127.0.0.1:{srv.port}"):
         assert got[name] == "PASS", (name, out.stdout)
     assert f"schema version {SCHEMA_VERSION} (the latest)" in out.stdout
     assert "postgresql://postgres:***@/" in out.stdout  # the URL is named, its password is not
