@@ -111,7 +111,22 @@ def test_storage_from_rows_sorts_each_second_and_bounds_the_count():
         Storage.from_rows(items, max_records=3)
     assert exc.value.limit == 3
     with pytest.raises(NegentropyError):
-        Storage.from_rows([(9, "aa" * 32), (8, "bb" * 32)])  # not in created_at order
+        Storage.from_rows([(9, "aa" * 32), (9, "cc" * 32), (8, "bb" * 32)], chunk=2)  # not in created_at order
+    with pytest.raises(NegentropyError):
+        Storage.from_rows([(9, "aa" * 31)])  # not a 32-byte id
+    # Chunks: a second's records split across chunks, rows of a chunk in any order.
+    import random
+
+    rng = random.Random(3)
+    rows = sorted((rng.randrange(50), rng.randbytes(32).hex()) for _ in range(500))
+    for size in (1, 2, 7, 64, 1000):
+        shuffled = []
+        for i in range(0, len(rows), size):
+            part = rows[i:i + size]
+            rng.shuffle(part)
+            shuffled += part
+        assert Storage.from_rows(shuffled + shuffled[-3:][::-1] if size == 1000 else shuffled, chunk=size).blob \
+            == _storage(rows).blob
     with pytest.raises(NegentropyError):
         Storage.from_items([(1, bytes(32)), (1, bytes(32))])
     with pytest.raises(NegentropyError):
