@@ -13,14 +13,72 @@ from appliance.errors import ApplianceError
 from appliance.settings import SETTINGS, Settings, load, sample_config
 
 
-def _add_setting_flags(parser: argparse.ArgumentParser) -> None:
+class Parser(argparse.ArgumentParser):
+    """argparse with one-line errors: the problem and where to read more, not the usage block."""
+
+    def error(self, message: str):
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction) and action.required:
+                name = argparse._get_action_name(action)
+                if name and "required" in message and name in message:
+                    what = (action.metavar or "command").lower()
+                    message = f"missing {what}: one of {', '.join(action.choices)}"
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
+# The settings a command that opens the data directory lists in its --help: where the data is. The
+# other settings belong to `serve` (and `config show`); a command still takes them from the config
+# file and APPLIANCE_*, and as flags too (hidden from its --help), as it always did.
+DATA_SETTINGS = ("data_dir", "storage")
+ALL_SETTINGS = tuple(s.name for s in SETTINGS)
+
+
+def _short_help(s) -> str:
+    first = s.help.split(". ")[0].rstrip(".")
+    return f"{first}. [env {s.env}; default {s.default!r}]"
+
+
+def _add_setting_flags(parser: argparse.ArgumentParser, uses: Sequence[str] = ()) -> None:
+    """--config and the settings: `uses` (with DATA_SETTINGS) listed in --help, the others hidden."""
     parser.add_argument("--config", metavar="FILE", help="TOML config file (also APPLIANCE_CONFIG).")
-    group = parser.add_argument_group("settings (flag > APPLIANCE_* env > config file > default)")
+    full = set(uses) >= set(ALL_SETTINGS)
+    shown = set(ALL_SETTINGS) if full else set(DATA_SETTINGS) | set(uses)
+    title = "settings (flag > APPLIANCE_* env > config file > default)" if full else \
+        "settings (these and the others of `appliance serve --help`: flag > APPLIANCE_* env > config file > default)"
+    group = parser.add_argument_group(title)
     for s in SETTINGS:
-        group.add_argument(
-            s.flag, dest=s.name, metavar=s.metavar, default=None,
-            help=f"{s.help} [env {s.env}; default {s.default!r}]",
-        )
+        if s.name in shown:
+            group.add_argument(s.flag, dest=s.name, metavar=s.metavar, default=None,
+                               help=f"{s.help} [env {s.env}; default {s.default!r}]" if full else _short_help(s))
+        else:
+            parser.add_argument(s.flag, dest=s.name, metavar=s.metavar, default=None, help=argparse.SUPPRESS)
+
+
+def _settings_using(*uses: str):
+    """`_add_setting_flags` listing `uses` too (for a command module's `add_parser`)."""
+    return lambda parser: _add_setting_flags(parser, uses)
+
+
+def _server_setting_flags(parser: argparse.ArgumentParser) -> None:
+    _add_setting_flags(parser, ALL_SETTINGS)
+
+
+def warn_unknown_env(environ=None) -> None:
+    """One warning line per APPLIANCE_* variable that names no setting (a typo is otherwise silently
+    ignored), with the nearest setting's variable."""
+    import difflib
+    import os
+
+    from appliance.settings import KNOWN_ENV, ENV_PREFIX
+
+    environ = os.environ if environ is None else environ
+    names = [s.env for s in SETTINGS]
+    for var in sorted(environ):
+        if not var.startswith(ENV_PREFIX) or var in names or var in KNOWN_ENV or var.startswith(ENV_PREFIX + "TEST_"):
+            continue
+        near = difflib.get_close_matches(var, names, n=1, cutoff=0.6)
+        hint = f"did you mean {near[0]}?" if near else "`appliance config sample` lists the settings"
+        print(f"appliance: warning: {var} is not a setting and is ignored; {hint}", file=sys.stderr)
 
 
 def _settings(args: argparse.Namespace) -> Settings:
@@ -29,7 +87,7 @@ def _settings(args: argparse.Namespace) -> Settings:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="appliance",
         description="A self-hosted Nostr relay with a NIP-PL push executor, in one process. "
         "With no command it serves (same as `appliance serve`).",
@@ -39,7 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     serve = sub.add_parser("serve", help="Run the relay (the default command).",
                            description="Run the relay until interrupted.")
-    _add_setting_flags(serve)
+    _server_setting_flags(serve)
 
     config = sub.add_parser("config", help="Show or check configuration.", description="Configuration tools.")
     config_sub = config.add_subparsers(dest="config_command", metavar="ACTION", required=True)
@@ -47,25 +105,25 @@ def build_parser() -> argparse.ArgumentParser:
                           description="Print a commented sample config file listing every setting and its default.")
     check = config_sub.add_parser("show", help="Print the resolved settings and where each came from.",
                                   description="Resolve settings (flag > env > file > default) and print them.")
-    _add_setting_flags(check)
+    _server_setting_flags(check)
 
     origins = sub.add_parser("origins", help="List, add, edit or remove origins (communities).",
                              description="Manage the communities this process serves.")
     from appliance.commands import origins as origins_cli
 
-    origins_cli.add_parser(origins, _add_setting_flags)
+    origins_cli.add_parser(origins, _settings_using("public_url"))
 
     groups = sub.add_parser("groups", help="Create NIP-29 groups; manage admins and members.",
                             description="Manage the groups of an origin.")
     from appliance.commands import groups as groups_cli
 
-    groups_cli.add_parser(groups, _add_setting_flags)
+    groups_cli.add_parser(groups, _settings_using("public_url"))
 
     keys = sub.add_parser("keys", help="List or rotate NIP-PL executor encryption keys.",
                           description="Manage the push executor keys of an origin.")
     from appliance.commands import keys as keys_cli
 
-    keys_cli.add_parser(keys, _add_setting_flags)
+    keys_cli.add_parser(keys, _settings_using("public_url"))
 
     marmot = sub.add_parser("marmot", help="Marmot (MLS over Nostr) groups and the draft multi-device join.",
                             description="Marmot tooling: key packages, groups, messages and the draft "
@@ -84,7 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
                            description="Manage the admin dashboard.")
     from appliance.admin import command as admin_cli
 
-    admin_cli.add_parser(admin, _add_setting_flags)
+    admin_cli.add_parser(admin, _settings_using("public_url", "admin_listen"))
 
     from appliance.commands import backup as backup_cli
     from appliance.commands import doctor as doctor_cli
@@ -102,7 +160,7 @@ def build_parser() -> argparse.ArgumentParser:
     doctor = sub.add_parser("doctor", help="Check the installation: a pass/fail list (exit 1 on a failure).",
                             description="Check the configuration, descriptors, data directory, database, "
                             "clock, key file and APNs credentials without changing anything.")
-    doctor_cli.add_parser(doctor, _add_setting_flags)
+    doctor_cli.add_parser(doctor, _settings_using("public_url"))
 
     migrate = sub.add_parser("migrate-to-postgres", help="Copy the SQLite store into an empty PostgreSQL database.",
                              description="Copy this data directory's SQLite store into an empty PostgreSQL "
@@ -117,7 +175,7 @@ def build_parser() -> argparse.ArgumentParser:
                           "test wake, or try the whole path on a temporary data directory.")
     from appliance.commands import push as push_cli
 
-    push_cli.add_parser(push, _add_setting_flags)
+    push_cli.add_parser(push, _settings_using("public_url"))
 
     emulator = sub.add_parser("emulator", help="Local stand-ins to try push with: an APNs emulator.",
                               description="Local stand-ins for the services push delivers to.")
@@ -165,6 +223,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version"):
         argv = ["serve", *argv]
+    warn_unknown_env()
     args = parser.parse_args(argv)
     try:
         if args.command == "serve":

@@ -6,7 +6,7 @@ Each module offers `add_parser(parser, add_setting_flags)` and `run(args, settin
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
+from typing import Callable, Iterator
 
 from appliance.errors import ConfigError
 from appliance.origins import Origin, OriginRegistry, UnknownOrigin
@@ -74,6 +74,37 @@ def read_stored_settings(settings: Settings) -> dict:
             conn.close()
     except errors:
         return {}
+
+
+def add_list_options(parser) -> None:
+    parser.add_argument("--json", action="store_true", help="One JSON object per line (for scripts) instead of a table.")
+
+
+def print_list(rows: list[dict], columns: list[tuple[str, Callable[[dict], object]]], *, as_json: bool,
+               empty: str) -> None:
+    """A list as an aligned table with a header (`empty` when there is nothing), or with --json one
+    JSON object per line (nothing when empty)."""
+    import json
+
+    if as_json:
+        for row in rows:
+            print(json.dumps(row))
+        return
+    if not rows:
+        print(empty)
+        return
+    cells = [[h for h, _ in columns]] + [["-" if (v := get(r)) is None or v == "" else str(v) for _, get in columns]
+                                         for r in rows]
+    widths = [max(len(line[i]) for line in cells) for i in range(len(columns))]
+    for line in cells:
+        print("  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip())
+
+
+def when(ts) -> str | None:
+    """A Unix time as the tables show it (UTC)."""
+    import time
+
+    return None if ts is None else time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(ts))
 
 
 def find_origin(registry: OriginRegistry, origin: str) -> Origin:

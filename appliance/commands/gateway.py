@@ -11,7 +11,7 @@ import json
 import time
 from typing import Callable
 
-from appliance.commands import open_data
+from appliance.commands import add_list_options, open_data, print_list, when
 from appliance.settings import Settings
 
 
@@ -20,7 +20,9 @@ def add_parser(parser: argparse.ArgumentParser, add_setting_flags: Callable) -> 
     keys = sub.add_parser("keys", help="List or rotate the keys that seal endpoint grants.",
                           description="Grant-sealing keys of the APNs gateway.")
     keys_sub = keys.add_subparsers(dest="keys_command", metavar="ACTION", required=True)
-    ls = keys_sub.add_parser("list", help="List grant keys as JSON (never the secrets).", description="List grant keys.")
+    ls = keys_sub.add_parser("list", help="List grant keys (never the secrets).",
+                             description="List grant keys: a table, or with --json one object per line.")
+    add_list_options(ls)
     add_setting_flags(ls)
     rot = keys_sub.add_parser("rotate", help="Make a new current grant key; the old one becomes decrypt-only.",
                               description="Rotate the grant-sealing key. Grants sealed by the old key keep "
@@ -46,8 +48,12 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     with open_data(settings) as (store, _registry):
         now = int(time.time())
         if args.keys_command == "list":
-            for row in store.read_sync(authority.grant_keys):
-                print(json.dumps(row.to_json()))
+            print_list([row.to_json() for row in store.read_sync(authority.grant_keys)],
+                       [("ID", lambda k: k["id"]), ("STATE", lambda k: k["state"]),
+                        ("CREATED", lambda k: when(k["created_at"])), ("RETIRED", lambda k: when(k["retired_at"])),
+                        ("DECRYPTS UNTIL", lambda k: when(k["decrypts_until"])),
+                        ("SECRET", lambda k: "held" if k["secret_held"] else "erased")],
+                       as_json=args.json, empty="no grant keys")
             return 0
         keyfile = KeyFile.for_store(settings.data_path, store)
         print(json.dumps(store.write_sync(lambda conn: rotate_grant_key(conn, keyfile, now)).to_json()))

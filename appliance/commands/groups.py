@@ -15,13 +15,15 @@ from typing import Callable
 import apsw
 
 from appliance.errors import ConfigError, Rejected
-from appliance.commands import find_origin, open_data
+from appliance.commands import add_list_options, find_origin, open_data, print_list
 from appliance.settings import Settings
 
 
 def add_parser(parser: argparse.ArgumentParser, add_setting_flags: Callable) -> None:
     sub = parser.add_subparsers(dest="groups_command", metavar="ACTION", required=True)
-    ls = sub.add_parser("list", help="List the groups of an origin as JSON.", description="List groups.")
+    ls = sub.add_parser("list", help="List the groups of an origin.",
+                        description="List the groups of an origin: a table, or with --json one object per line.")
+    add_list_options(ls)
     ls.add_argument("origin")
     add_setting_flags(ls)
     create = sub.add_parser("create", help="Create a group.", description="Create a NIP-29 group.")
@@ -99,8 +101,11 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         state = GroupState()
         store.read_sync(state.load)
         if args.groups_command == "list":
-            for g in state.groups_of(origin.id):
-                print(json.dumps(group_json(g)))
+            print_list([group_json(g) for g in state.groups_of(origin.id)],
+                       [("ID", lambda g: g["id"]), ("NAME", lambda g: g["name"]),
+                        ("PRIVATE", lambda g: "yes" if g["private"] else "no"),
+                        ("CLOSED", lambda g: "yes" if g["closed"] else "no"),
+                        ("MEMBERS", lambda g: len(g["members"]))], as_json=args.json, empty="no groups")
             return 0
         groups = Groups(state, RelayKeys(KeyFile.for_store(settings.data_path, store)),
                         h_grammar=lambda _o: origin.push.get("h_grammar", "uuid-v4-lowercase"))

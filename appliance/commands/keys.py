@@ -14,16 +14,17 @@ from typing import Callable
 import apsw
 
 from appliance.errors import ConfigError
-from appliance.commands import find_origin, open_data
+from appliance.commands import add_list_options, find_origin, open_data, print_list, when
 from appliance.origins import Origin
 from appliance.settings import Settings
 
 
 def add_parser(parser: argparse.ArgumentParser, add_setting_flags: Callable) -> None:
     sub = parser.add_subparsers(dest="keys_command", metavar="ACTION", required=True)
-    ls = sub.add_parser("list", help="List an origin's executor keys as JSON (never the private keys).",
-                        description="List executor keys.")
+    ls = sub.add_parser("list", help="List an origin's executor keys (never the private keys).",
+                        description="List the executor keys of an origin: a table, or with --json one object per line.")
     ls.add_argument("origin")
+    add_list_options(ls)
     add_setting_flags(ls)
     rot = sub.add_parser("rotate", help="Make a new current key; the old one retires.",
                          description="Rotate the executor encryption key of a push-enabled origin. The old key "
@@ -78,8 +79,13 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         origin = _push_origin(find_origin(registry, args.origin))
         now = int(time.time())
         if args.keys_command == "list":
-            for k in store.read_sync(lambda conn: keystore.list_keys(conn, origin.id)):
-                print(json.dumps(k.to_json()))
+            rows = [k.to_json() for k in store.read_sync(lambda conn: keystore.list_keys(conn, origin.id))]
+            print_list(rows, [("ID", lambda k: k["id"]), ("STATE", lambda k: k["state"]),
+                              ("PUBKEY", lambda k: k["pubkey"]), ("CREATED", lambda k: when(k["created_at"])),
+                              ("RETIRING SINCE", lambda k: when(k["became_retiring_at"])),
+                              ("ACCEPTED UNTIL", lambda k: when(k["accept_until"])),
+                              ("PRIVATE KEY", lambda k: "held" if k["private_key_held"] else "erased")],
+                       as_json=args.json, empty="no executor keys")
             return 0
         if args.keys_command == "erase":
             store.write_sync(lambda conn: erase_key(conn, origin, args.key_id, now))

@@ -15,6 +15,7 @@ from typing import Any, Callable, Iterable
 
 import apsw
 
+from appliance.commands import add_list_options, print_list
 from appliance.errors import ConfigError
 from appliance.origins import Origin, check_routes, load_origins, save_origin
 from appliance.settings import Settings
@@ -26,7 +27,9 @@ LISTS = ("allow", "block", "allow_kinds", "block_kinds", "ban_events", "block_ip
 
 def add_parser(parser: argparse.ArgumentParser, add_setting_flags: Callable) -> None:
     sub = parser.add_subparsers(dest="origins_command", metavar="ACTION", required=True)
-    ls = sub.add_parser("list", help="List origins as JSON.", description="List every origin with its settings.")
+    ls = sub.add_parser("list", help="List origins (a table; --json for every field).",
+                        description="List every origin: a table, or with --json one object per line with every field.")
+    add_list_options(ls)
     add_setting_flags(ls)
     add = sub.add_parser("add", help="Add an origin.", description="Add a community served by this process.")
     add.add_argument("origin", help="Canonical origin, e.g. wss://chat.example.org")
@@ -162,6 +165,25 @@ def origin_json(o: Origin) -> dict:
     return {"id": o.id, **o.to_mapping()}
 
 
+def _push_summary(o: dict) -> str:
+    profiles = (o.get("push") or {}).get("app_profiles") or []
+    if not o.get("push"):
+        return "off"
+    return ", ".join(p.get("id", "?") + (" (key stored)" if p.get("key_stored") else "") for p in profiles) or "on"
+
+
+ORIGIN_COLUMNS = [
+    ("ID", lambda o: o["id"]),
+    ("ORIGIN", lambda o: o["origin"]),
+    ("HOSTS", lambda o: ",".join(o.get("hosts") or [])),
+    ("PATH", lambda o: o.get("path")),
+    ("POLICY", lambda o: o.get("access_policy", "public")),
+    ("ALLOW", lambda o: len(o.get("allow") or [])),
+    ("BLOCK", lambda o: len(o.get("block") or [])),
+    ("PUSH", _push_summary),
+]
+
+
 # -- the command line -----------------------------------------------------------------------------
 
 
@@ -173,8 +195,8 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         prepare_origins(store, settings, serving=False)
         cmd = args.origins_command
         if cmd == "list":
-            for o in store.read_sync(load_origins):
-                print(json.dumps(origin_json(o)))
+            print_list([origin_json(o) for o in store.read_sync(load_origins)], ORIGIN_COLUMNS, as_json=args.json,
+                       empty="no origins")
             return 0
         if cmd == "add":
             def op(conn):

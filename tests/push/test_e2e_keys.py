@@ -82,7 +82,7 @@ async def test_rotation_while_serving(make_server):
                                   exec_pub=rotated["pubkey"], d="after2", ttl=3)))[0]
     # Once no unexpired lease names it, the purge loop erases the old private key.
     def erased():
-        rows = [json.loads(line) for line in cli(server, "keys", "list", ORIGIN).splitlines()]
+        rows = [json.loads(line) for line in cli(server, "keys", "list", ORIGIN, "--json").splitlines()]
         old = next(r for r in rows if r["id"] == old_id)
         return old["state"] == "expired" and not old["private_key_held"]
 
