@@ -273,6 +273,8 @@ class Appliance:
         """Pick up origins and groups edited out of process (CLI); True if anything changed."""
         generation = await self.store.read(config_generation)
         if generation == self.generation:
+            if self.push is not None and self.push.transports.files_changed():
+                await self._reload_push_files()
             return False
         from appliance.origins import load_origins
 
@@ -297,6 +299,21 @@ class Appliance:
         self.wal_scrub_pending = True  # an edit may have erased key material (`appliance keys erase`)
         log.info("reloaded origins and groups generation=%d", generation)
         return True
+
+    async def _reload_push_files(self) -> None:
+        """A key_file or ca_file changed on disk: the profiles naming it read it again (a file that
+        no longer loads is said once; the transports that read the old one keep serving)."""
+        from appliance.origins import load_origins
+
+        changed = self.push.transports.files_changed()
+        origins = await self.store.read(load_origins)
+        try:
+            await asyncio.to_thread(self.push.load, origins)
+            await self.push.close_retired()
+            log.info("read again after a change on disk: %s", ", ".join(changed))
+        except ApplianceError as exc:
+            self.push.transports.forget_files(changed)
+            log.error("a changed key or CA file was not applied, still serving the previous one: %s", exc)
 
     async def _reload_stored_settings(self) -> None:
         """Settings saved from the dashboard (of this node or another over the same database)."""

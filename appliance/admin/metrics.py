@@ -26,6 +26,9 @@ from appliance.errors import PREFIXES
 from appliance.store import meta
 from appliance.store.meta import health_probe
 
+from .health import STATES
+from .health import states as transport_states
+
 # Seconds the health check waits for the database before it answers 503.
 HEALTH_TIMEOUT = 5.0
 
@@ -73,6 +76,18 @@ class Machines:
         body = {"status": "ok" if ok else "failing", "version": __version__,
                 "uptime_seconds": int(time.time() - self.app.started_at), "checks": checks,
                 "origins": len(self.app.relay.origins.origins), "connections": len(self.app.relay.sessions)}
+        if ok and self.app.push is not None:
+            # Each app profile's transport (the HTTP status stays the database's: a provider being
+            # down is not cured by restarting the appliance). A short reason, never a host or status.
+            try:
+                states = await asyncio.wait_for(transport_states(self.app), HEALTH_TIMEOUT)
+            except Exception:
+                states = None
+            if states is not None:
+                body["transports"] = [{"origin": t.origin, "app_profile": t.profile, "transport": t.transport,
+                                       "state": t.state, "reason": t.reason} for t in states]
+                body["push"] = "failing" if any(t.state == "failing" for t in states) else \
+                    "fault" if any(t.state == "fault" for t in states) else "ok"
         return JSONResponse(body, status_code=200 if ok else 503)
 
     async def _authorized(self, request: Request) -> bool:
@@ -145,6 +160,26 @@ class Machines:
                             "sent), and dead-lettered ones.", "gauge",
                             [({"state": "queued"}, summary["queued"]), ({"state": "retrying"}, summary["failed"]),
                              ({"state": "dead"}, summary["dead"])]))
+        if app.push is not None:
+            from appliance.store.wakes import alerts
+
+            states = await transport_states(app)
+            metrics.append(("appliance_transport_state", "State of each app profile's transport: 1 for the state it "
+                            "is in (ok, idle, failing: the last 3 attempts failed transiently or the host refuses "
+                            "connections, fault: configuration), 0 for the others.", "gauge",
+                            [({"origin": t.origin, "app_profile": t.profile, "state": state}, int(t.state == state))
+                             for t in states for state in STATES]))
+            metrics.append(("appliance_transport_failures", "Transient failures in a row of each app profile's "
+                            "transport since its last answer.", "gauge",
+                            [({"origin": t.origin, "app_profile": t.profile}, t.failures) for t in states]))
+            active = await app.store.read(alerts)
+            per_origin_alerts = {oid: 0 for oid in origins}
+            for a in active:
+                if a["origin"] in per_origin_alerts:
+                    per_origin_alerts[a["origin"]] += 1
+            metrics.append(("appliance_push_alerts", "Push alerts not cleared by a success yet (dismissed ones "
+                            "included).", "gauge",
+                            [({"origin": origins[oid]}, n) for oid, n in per_origin_alerts.items()]))
         for collect in self.collectors:
             metrics.extend(await collect())
         lines: list[str] = []

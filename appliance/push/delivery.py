@@ -74,6 +74,8 @@ RECHECK_AFTER = 0.5
 # per wake falls with the size of a claim (the rows of one batch share index pages and a commit):
 # this makes claims large without opening more HTTP/2 streams than there are workers.
 CLAIM_AHEAD = 4
+# Transient failures in a row after which an app profile's transport is failing (an alert).
+FAILING_AFTER = 3
 
 
 
@@ -107,6 +109,27 @@ class Wake:
     lease_until: float = float("inf")
     #: when it was last re-checked (time.monotonic()): see RECHECK_AFTER
     checked_at: float = field(default_factory=time.monotonic)
+
+
+def describe(outcome: Outcome) -> str:
+    """An outcome for the operator: `503 ServiceUnavailable: detail`, `- : detail` without an answer."""
+    return f"{outcome.status or '-'} {outcome.reason or ''}".strip() + (f": {outcome.detail}" if outcome.detail
+                                                                        else "")
+
+
+def note_health(conn: apsw.Connection, origin: int, app_profile: str, outcome: Outcome, now: float) -> None:
+    """An attempt's outcome (a wake's or a test wake's) in its profile's health: an accepted one
+    clears the profile's alerts; FAILING_AFTER transient failures in a row, or a host refusing the
+    connection, make the profile failing and raise an alert (cleared by the next accepted one)."""
+    what = describe(outcome)
+    failures, refused = wakes.note_outcome(conn, origin, app_profile, outcome.kind, what, outcome.refused, now)
+    if outcome.kind == ACCEPTED:
+        wakes.clear_alerts(conn, origin, app_profile, now)
+    elif outcome.kind == TRANSIENT and (refused or failures >= FAILING_AFTER):
+        reason = "connection refused" if refused else "failing"
+        detail = what if refused else f"{failures} attempts in a row failed; the last: {what}"
+        if wakes.raise_alert(conn, origin, app_profile, reason, detail, outcome.status, now):
+            log.error("push transport failing origin=%d app_profile=%s: %s", origin, app_profile, detail)
 
 
 def backoff(attempt: int, base: float, rng: Callable[[], float] = random.random) -> float:
@@ -277,9 +300,9 @@ class Delivery:
             wakes.count_attempt(conn, job.id)
         what = f"{outcome.status or '-'} {outcome.reason or ''}".strip() + (f": {outcome.detail}" if outcome.detail
                                                                              else "")
+        note_health(conn, job.origin, job.app_profile, outcome, now)
         if kind == ACCEPTED:
             wakes.set_state(conn, job.id, "delivered", now)
-            wakes.clear_alerts(conn, job.origin, job.app_profile, now)
             return
         if kind == INVALID_ENDPOINT:
             # Disable that endpoint generation only: every lease generation this wake covered (they

@@ -39,12 +39,21 @@ class Unconfigured:
         pass
 
 
-def _sharing_key(p: ApnsProfile, key_file: str) -> tuple:
+def file_signature(path: str | None) -> tuple:
+    """What changes when a file is rewritten or replaced (None when it cannot be read)."""
+    if not path or path.startswith("stored:"):
+        return ()
     try:
-        mtime = os.stat(key_file).st_mtime_ns
+        st = os.stat(path)
     except OSError:
-        mtime = 0
-    return (p.topic, p.environment, p.base_url, p.ca_file, p.key.team_id, p.key.key_id, key_file, mtime)
+        return (None,)
+    return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def _sharing_key(p: ApnsProfile, key_file: str) -> tuple:
+    # The files' signatures too: a key or CA file changed on disk gets a transport that read it afresh.
+    return (p.topic, p.environment, p.base_url, p.ca_file, p.key.team_id, p.key.key_id, key_file,
+            file_signature(key_file), file_signature(p.ca_file))
 
 
 class ProfileTransports:
@@ -58,6 +67,18 @@ class ProfileTransports:
         self._by_origin: dict[int, dict[str, Transport]] = {}
         self._shared: dict[tuple, Transport] = {}
         self._tokens: dict[tuple, ProviderToken] = {}
+        #: the files the profiles name (key_file, ca_file) and their signatures when last read
+        self._files: dict[str, tuple] = {}
+
+    def forget_files(self, paths: list[str]) -> None:
+        """Take these files' current signatures as read (a change that failed to load is said once)."""
+        for path in paths:
+            if path in self._files:
+                self._files[path] = file_signature(path)
+
+    def files_changed(self) -> list[str]:
+        """The key and CA files that changed on disk (rewritten, replaced, removed) since they were read."""
+        return [path for path, sig in self._files.items() if file_signature(path) != sig]
 
     def get(self, origin_id: int, profile_id: str) -> Transport | None:
         return self._by_origin.get(origin_id, {}).get(profile_id)
@@ -69,6 +90,12 @@ class ProfileTransports:
         by_origin: dict[int, dict[str, Transport]] = {}
         shared: dict[tuple, Transport] = {}
         tokens: dict[tuple, ProviderToken] = {}
+        files: dict[str, tuple] = {}
+        for o in origins:  # before reading them: a change while they are read is seen next time
+            for entry in o.push.get("app_profiles", []) if o.push else []:
+                for name in ("key_file", "ca_file"):
+                    if isinstance(entry.get(name), str):
+                        files[entry[name]] = file_signature(entry[name])
         for o in origins:
             if not o.push:
                 continue
@@ -106,7 +133,7 @@ class ProfileTransports:
                 table[pid] = transport
             by_origin[o.id] = table
         retired = [t for k, t in self._shared.items() if k not in shared]
-        self._by_origin, self._shared, self._tokens = by_origin, shared, tokens
+        self._by_origin, self._shared, self._tokens, self._files = by_origin, shared, tokens, files
         return retired
 
     def all(self) -> list[Transport]:

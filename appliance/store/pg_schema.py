@@ -342,12 +342,27 @@ MIGRATIONS: tuple[str, ...] = (
     );
     CREATE INDEX admin_auth_events_expiry ON admin_auth_events(expires_at);
     """,
+    # 5: SQLite's 15: transport health per app profile; dismissed alerts.
+    """
+    ALTER TABLE push_alerts ADD COLUMN dismissed_at DOUBLE PRECISION;
+    CREATE TABLE transport_health (
+        origin      BIGINT NOT NULL,
+        app_profile TEXT COLLATE "C" NOT NULL,
+        failures    BIGINT NOT NULL,
+        refused     BIGINT NOT NULL,
+        last_at     DOUBLE PRECISION NOT NULL,
+        last_outcome TEXT COLLATE "C" NOT NULL,
+        last_detail TEXT COLLATE "C" NOT NULL,
+        ok_at       DOUBLE PRECISION,
+        PRIMARY KEY (origin, app_profile)
+    );
+    """,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)
 # The SQLite schema version whose tables migration SCHEMA_VERSION matches (migrate-to-postgres
 # copies only from a database at that version).
-SQLITE_SCHEMA_VERSION = 14
+SQLITE_SCHEMA_VERSION = 15
 
 # Serialises migrations between nodes starting at once (pg_advisory_xact_lock key).
 MIGRATION_LOCK = 0x6170706C69616E63

@@ -435,6 +435,23 @@ MIGRATIONS: tuple[str, ...] = (
     ) WITHOUT ROWID;
     CREATE INDEX admin_auth_events_expiry ON admin_auth_events(expires_at);
     """,
+    # 15: operator health of each app profile's transport (the overview, /admin/health, metrics):
+    # transient failures in a row and whether the host refused the connection, written with each
+    # outcome; an alert the operator dismissed stays hidden until it clears and comes back.
+    """
+    ALTER TABLE push_alerts ADD COLUMN dismissed_at REAL;
+    CREATE TABLE transport_health (
+        origin      INTEGER NOT NULL,
+        app_profile TEXT NOT NULL,
+        failures    INTEGER NOT NULL,         -- transient failures in a row since the last answer
+        refused     INTEGER NOT NULL,         -- 1: the last attempt found the host refusing connections
+        last_at     REAL NOT NULL,            -- the last attempt (wake or test wake)
+        last_outcome TEXT NOT NULL,           -- its transports.base outcome kind
+        last_detail TEXT NOT NULL,            -- status, reason and detail, for the operator
+        ok_at       REAL,                     -- the last accepted attempt
+        PRIMARY KEY (origin, app_profile)
+    ) WITHOUT ROWID;
+    """,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

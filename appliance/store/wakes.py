@@ -47,6 +47,9 @@ __all__ = [
     "log_attempt",
     "raise_alert",
     "clear_alerts",
+    "dismiss_alert",
+    "note_outcome",
+    "transport_health",
     "purge",
     "next_due",
     "list_jobs",
@@ -191,8 +194,28 @@ SQL_ALERT = (
     "VALUES (?, ?, ?, ?, ?, ?, ?, 1, NULL) "
     "ON CONFLICT (origin, app_profile, reason) DO UPDATE SET detail = excluded.detail, status = excluded.status, "
     "last_at = excluded.last_at, count = count + 1, "
-    "first_at = CASE WHEN cleared_at IS NULL THEN first_at ELSE excluded.first_at END, cleared_at = NULL "
+    "first_at = CASE WHEN cleared_at IS NULL THEN first_at ELSE excluded.first_at END, cleared_at = NULL, "
+    # dismissed by the operator: hidden for the rest of this episode, shown again once it came back
+    "dismissed_at = CASE WHEN cleared_at IS NULL THEN dismissed_at ELSE NULL END "
     "RETURNING count, first_at = last_at"
+)
+SQL_DISMISS_ALERT = (
+    "UPDATE push_alerts SET dismissed_at = ? WHERE origin = ? AND app_profile = ? AND reason = ? "
+    "AND cleared_at IS NULL AND dismissed_at IS NULL"
+)
+# One attempt's outcome in its profile's health row: transient failures count up (anything else
+# the host answered resets them), `refused` is this attempt's, an accepted one notes when.
+SQL_HEALTH = (
+    "INSERT INTO transport_health (origin, app_profile, failures, refused, last_at, last_outcome, last_detail, "
+    "ok_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?) "
+    "ON CONFLICT (origin, app_profile) DO UPDATE SET "
+    "failures = CASE WHEN excluded.failures = 0 THEN 0 ELSE transport_health.failures + 1 END, "
+    "refused = excluded.refused, last_at = excluded.last_at, last_outcome = excluded.last_outcome, "
+    "last_detail = excluded.last_detail, ok_at = coalesce(excluded.ok_at, transport_health.ok_at) "
+    "RETURNING failures, refused"
+)
+SQL_HEALTH_ROWS = (
+    "SELECT origin, app_profile, failures, refused, last_at, last_outcome, last_detail, ok_at FROM transport_health"
 )
 SQL_CLEAR_ALERTS = "UPDATE push_alerts SET cleared_at = ? WHERE origin = ? AND app_profile = ? AND cleared_at IS NULL"
 SQL_PURGE_JOBS = "DELETE FROM wake_jobs WHERE finished_at IS NOT NULL AND finished_at < ?"
@@ -520,6 +543,7 @@ def record_delivered(conn: apsw.Connection, attempts: list[tuple], now: float) -
     conn.execute(SQL_FINISH_MEMBERS_MANY, (now, ids))
     for origin, app_profile in {(job.origin, job.app_profile): None for job, *_ in attempts}:
         conn.execute(SQL_CLEAR_ALERTS, (now, origin, app_profile))
+        note_outcome(conn, origin, app_profile, "accepted", "accepted", False, now)
 
 
 def raise_alert(conn: apsw.Connection, origin: int, app_profile: str, reason: str, detail: str,
@@ -527,6 +551,27 @@ def raise_alert(conn: apsw.Connection, origin: int, app_profile: str, reason: st
     """Record a configuration fault; True if the alert is new (or came back after clearing)."""
     _count, fresh = conn.execute(SQL_ALERT, (origin, app_profile, reason, detail, status, now, now)).fetchone()
     return bool(fresh)
+
+
+def dismiss_alert(conn: apsw.Connection, origin: int, app_profile: str, reason: str, now: float) -> bool:
+    """The operator has seen an alert: hidden until it clears and comes back. Whether it was shown."""
+    conn.execute(SQL_DISMISS_ALERT, (now, origin, app_profile, reason))
+    return conn.changes() == 1
+
+
+def note_outcome(conn: apsw.Connection, origin: int, app_profile: str, kind: str, detail: str, refused: bool,
+                 now: float) -> tuple[int, bool]:
+    """Record one attempt in its profile's health; (transient failures in a row, host refused)."""
+    failures = 1 if kind == "transient" else 0
+    failures, refused = conn.execute(SQL_HEALTH, (origin, app_profile, failures, int(bool(refused)), now, kind,
+                                                  detail[:500], now if kind == "accepted" else None)).fetchone()
+    return failures, bool(refused)
+
+
+def transport_health(conn: apsw.Connection) -> dict[tuple[int, str], dict[str, Any]]:
+    """Every profile's health row by (origin, app profile)."""
+    keys = ("origin", "app_profile", "failures", "refused", "last_at", "last_outcome", "last_detail", "ok_at")
+    return {(r[0], r[1]): dict(zip(keys, r)) for r in conn.execute(SQL_HEALTH_ROWS)}
 
 
 def clear_alerts(conn: apsw.Connection, origin: int, app_profile: str, now: float) -> int:
@@ -606,7 +651,8 @@ def delivery_log(conn: apsw.Connection, *, limit: int = 100, **filters: Any) -> 
     return [dict(zip(_LOG_COLUMNS, r)) for r in conn.execute(sql, (*args, limit))]
 
 
-_ALERT_COLUMNS = ("origin", "app_profile", "reason", "detail", "status", "first_at", "last_at", "count", "cleared_at")
+_ALERT_COLUMNS = ("origin", "app_profile", "reason", "detail", "status", "first_at", "last_at", "count", "cleared_at",
+                  "dismissed_at")
 
 
 def alerts(conn: apsw.Connection, *, active_only: bool = True) -> list[dict[str, Any]]:

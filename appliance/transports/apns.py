@@ -270,7 +270,7 @@ class ApnsTransport:
                     return Outcome(CONFIGURATION, detail=f"the TLS certificate of {self.profile.base_url} is "
                                                          f"not trusted ({exc.tls.verify_message}): check "
                                                          "apns_url/ca_file")
-                return Outcome(TRANSIENT, detail=str(exc))
+                return Outcome(TRANSIENT, detail=str(exc), refused=exc.refused)
             except TimeoutError:
                 return Outcome(TRANSIENT, detail=f"no answer from {self.profile.base_url} in {self.timeout:g} s")
             except Http2Error as exc:

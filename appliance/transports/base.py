@@ -64,6 +64,8 @@ class Outcome:
     #: disables the endpoint only while that generation is still the lease's current one
     generation: int | None = None
     detail: str = ""  # a short operator-facing explanation (never a token or a secret)
+    #: no connection: the provider's host refused it (nothing listens there); its profile is failing
+    refused: bool = False
 
     def __post_init__(self) -> None:
         if self.kind not in OUTCOME_KINDS:

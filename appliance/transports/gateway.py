@@ -107,8 +107,12 @@ class GatewayTransport:
             response = await self._client.post(self.url, content=body, headers=headers)
         except httpx.TimeoutException:
             return Outcome(TRANSIENT, detail=f"no answer from the gateway {self.url} in time")
-        except httpx.HTTPError as exc:
-            return Outcome(TRANSIENT, detail=f"gateway unreachable: {type(exc).__name__}")
+        except httpx.ConnectError as exc:
+            refused = isinstance(exc.__cause__ or exc.__context__, ConnectionRefusedError) or "refused" in str(exc)
+            return Outcome(TRANSIENT, detail="gateway unreachable: " + ("connection refused" if refused else
+                                                                         "cannot connect"), refused=refused)
+        except httpx.HTTPError:
+            return Outcome(TRANSIENT, detail="gateway unreachable: the connection failed")
         return outcome_of(response.status_code, response.content)
 
 

@@ -69,9 +69,10 @@ class Http2Error(Exception):
 class ConnectFailed(Http2Error):
     """No connection could be made; `tls` is set when the server's certificate was not trusted."""
 
-    def __init__(self, message: str, tls: ssl.SSLCertVerificationError | None = None):
+    def __init__(self, message: str, tls: ssl.SSLCertVerificationError | None = None, refused: bool = False):
         super().__init__(message)
         self.tls = tls
+        self.refused = refused  # the host answered the connection attempt with a refusal (RST)
 
 
 class StreamRefused(Http2Error):
@@ -735,6 +736,9 @@ class Http2Client:
             except ssl.SSLCertVerificationError as exc:
                 raise ConnectFailed(f"TLS certificate not trusted: {exc.verify_message}", tls=exc) from None
             except (OSError, asyncio.TimeoutError) as exc:
+                if isinstance(exc, ConnectionRefusedError):
+                    raise ConnectFailed(f"cannot connect to {self.authority}: connection refused (nothing "
+                                        "listens there, or a firewall says no)", refused=True) from None
                 raise ConnectFailed(f"cannot connect to {self.authority}: {exc or 'timed out'}") from None
             self._conn = conn
             self.connections_made += 1

@@ -15,8 +15,7 @@ from starlette.routing import Route
 from appliance.commands.origins import find
 from appliance.errors import ConfigError
 from appliance.origins import load_origins
-from appliance.push.delivery import DeliverySettings
-from appliance.push.profiles import Unconfigured
+from appliance.push.delivery import DeliverySettings, note_health
 from appliance.store import wakes
 from appliance.transports import ACCEPTED, OUTCOME_KINDS, WakeRequest
 
@@ -52,37 +51,24 @@ class DeliveriesSection:
     # -- overview ---------------------------------------------------------------------------------------
 
     async def overview(self, admin) -> dict:
+        from ..health import read_states
+
         app = admin.app
-        now = time.time()
 
         def read(conn):
-            return wakes.queue_summary(conn), wakes.alerts(conn), wakes.last_outcomes(conn, now - 86400), \
-                load_origins(conn)
+            return wakes.queue_summary(conn), wakes.alerts(conn), load_origins(conn), read_states(conn, app.push)
 
-        summary, alerts, last, origins = await admin.read(read)
+        summary, alerts, origins, states = await admin.read(read)
         names = {o.id: o.origin for o in origins}
-        alert_lines = [f"{names.get(a['origin'], a['origin'])} · {a['app_profile']}: {a['reason']} — {a['detail']}"
-                       f" ({a['count']}×, last {admin.templates.globals['fmt_time'](a['last_at'])})" for a in alerts]
-        faults = {(a["origin"], a["app_profile"]) for a in alerts}
-        latest = {(r["origin"], r["app_profile"]): r for r in last}
-        transports = []
-        for o in origins:
-            for p in o.push.get("app_profiles", []):
-                t = app.push.transports.get(o.id, p["id"]) if app.push else None
-                unconfigured = t.detail if isinstance(t, Unconfigured) else None
-                r = latest.get((o.id, p["id"]))
-                if unconfigured:
-                    state, detail = "fault", unconfigured
-                elif (o.id, p["id"]) in faults:
-                    state, detail = "fault", "configuration alert (see above)"
-                elif r is None:
-                    state, detail = "idle", "no delivery in the last day"
-                else:
-                    state = "ok" if r["outcome"] != "configuration" else "fault"
-                    detail = f"{r['outcome']} {r['status'] or ''} {r['reason'] or ''}".strip()
-                transports.append({"origin": o.origin, "profile": p["id"], "transport": p["transport"],
-                                   "state": state, "detail": detail})
-        return {"wakes": summary, "alerts": alert_lines, "transports": transports}
+        fmt = admin.templates.globals["fmt_time"]
+        alert_rows = [{"text": f"{names.get(a['origin'], a['origin'])} · {a['app_profile']}: {a['reason']} — "
+                               f"{a['detail']} ({a['count']}×, last {fmt(a['last_at'])})",
+                       "origin": a["origin"], "profile": a["app_profile"], "reason": a["reason"]}
+                      for a in alerts if not a["dismissed_at"]]
+        transports = [{"origin": s.origin, "profile": s.profile, "transport": s.transport, "state": s.state,
+                       "detail": s.detail} for s in states]
+        return {"wakes": summary, "alerts": alert_rows, "dismissed": sum(1 for a in alerts if a["dismissed_at"]),
+                "transports": transports}
 
     # -- pages ---------------------------------------------------------------------------------------------
 
@@ -116,9 +102,15 @@ class DeliveriesSection:
                 job = jobs.get(job_id)
                 return red.lease(job.lease_pubkey, job.lease_d) if job else fallback
 
+            def author_fp(job_id: str) -> str:
+                job = jobs.get(job_id)
+                return red.fingerprint(job.lease_pubkey, "pk") if job else ""
+
             log = [{**r, "origin_name": names.get(r["origin"], str(r["origin"])),
-                    "lease_fp": lease_fp(r["job_id"], r["lease"])} for r in rows[:PAGE_SIZE]]
-            dead_rows = [{"id": j.id, "origin": names.get(j.origin, str(j.origin)), "profile": j.app_profile,
+                    "lease_fp": lease_fp(r["job_id"], r["lease"]), "author_fp": author_fp(r["job_id"])}
+                   for r in rows[:PAGE_SIZE]]
+            dead_rows = [{"id": j.id, "origin": names.get(j.origin, str(j.origin)), "origin_id": j.origin,
+                          "profile": j.app_profile, "author_fp": red.fingerprint(j.lease_pubkey, "pk"),
                           "lease_fp": red.lease(j.lease_pubkey, j.lease_d), "class": j.cls, "attempts": j.attempts,
                           "created_at": j.created_at, "finished_at": j.finished_at, "last_error": j.last_error or ""}
                          for j in dead]
@@ -130,7 +122,8 @@ class DeliveriesSection:
             return admin.render(request, "admin/deliveries.html", status=status, section="deliveries", log=log,
                                 more=len(rows) > PAGE_SIZE, dead=dead_rows, counts=counts, outcomes=OUTCOME_KINDS,
                                 chart=chart, origins=origins, profiles=profiles, windows=list(WINDOWS), window=window,
-                                q=q, error=error)
+                                q=q, error=error,
+                                back="/deliveries" + (f"?{request.url.query}" if request.url.query else ""))
 
         async def dead_action(request: Request):
             form = request.state.form
@@ -169,12 +162,27 @@ class DeliveriesSection:
             except asyncio.TimeoutError:
                 outcome = None
             latency = (time.monotonic() - started) * 1000
+            if outcome is not None:
+                # The profile's health takes the answer like a wake's: an accepted test wake clears
+                # its alerts (a fixed configuration), a refused connection makes it failing.
+                await admin.app.store.write(
+                    lambda conn: note_health(conn, origin.id, profile, outcome, time.time()))
             return admin.render(request, "admin/test_wake.html", section="descriptor", origin=origin,
                                 profile=profile, outcome=outcome, accepted=outcome is not None and
                                 outcome.kind == ACCEPTED, request_id=request_id, latency=latency,
                                 token_fp=red.fingerprint(token, "ep"))
 
+        async def dismiss(request: Request):
+            form = request.state.form
+            origin = int(form["origin"]) if str(form.get("origin", "")).isdigit() else -1
+            profile, reason = str(form.get("profile", "")), str(form.get("reason", ""))
+            done = await admin.app.store.write(
+                lambda conn: wakes.dismiss_alert(conn, origin, profile, reason, time.time()))
+            return admin.redirect("/", "Alert dismissed: it shows again if it comes back after a success."
+                                  if done else "That alert is no longer active.")
+
         return [
+            Route("/alerts/dismiss", admin.guard(dismiss), methods=["POST"]),
             Route("/deliveries", admin.guard(page), methods=["GET"]),
             Route("/deliveries/dead", admin.guard(dead_action), methods=["POST"]),
             Route("/descriptor/test-wake", admin.guard(test_wake), methods=["POST"]),
