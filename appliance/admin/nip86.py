@@ -21,6 +21,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from appliance.commands import moderation
 from appliance.errors import ConfigError
 from appliance.store.admin import spend_auth_event
+from appliance.store.fingerprints import KEY_PURPOSE
 from appliance.nostr.nip98 import HttpAuthError, verify_http_auth
 from appliance.relay.peers import url_as_reached
 
@@ -70,14 +71,20 @@ class Management:
     def __init__(self, app):
         self.app = app
         s = app.settings
+        # Pubkeys may be given as hex, npub1... or the dashboard's fingerprint (pk:...) of one seen here.
+        fp = app.keyfile.derive(KEY_PURPOSE)
         # method -> (handler(conn, origin_id, params) -> result, writes?)
         self.methods: dict[str, tuple[Callable, bool]] = {
-            "banpubkey": (lambda c, o, p: moderation.ban_pubkey(c, s, o, _param(p, 0), _param(p, 1, "")), True),
-            "unbanpubkey": (lambda c, o, p: moderation.unban_pubkey(c, s, o, _param(p, 0)), True),
+            "banpubkey": (lambda c, o, p: moderation.ban_pubkey(c, s, o, _param(p, 0), _param(p, 1, ""),
+                                                                         fingerprint_key=fp), True),
+            "unbanpubkey": (lambda c, o, p: moderation.unban_pubkey(c, s, o, _param(p, 0), fingerprint_key=fp),
+                            True),
             "listbannedpubkeys": (lambda c, o, p: [{"pubkey": k, "reason": r}
                                                    for k, r in moderation.list_pubkeys(c, o, "block")], False),
-            "allowpubkey": (lambda c, o, p: moderation.allow_pubkey(c, s, o, _param(p, 0), _param(p, 1, "")), True),
-            "unallowpubkey": (lambda c, o, p: moderation.unallow_pubkey(c, s, o, _param(p, 0)), True),
+            "allowpubkey": (lambda c, o, p: moderation.allow_pubkey(c, s, o, _param(p, 0), _param(p, 1, ""),
+                                                                             fingerprint_key=fp), True),
+            "unallowpubkey": (lambda c, o, p: moderation.unallow_pubkey(c, s, o, _param(p, 0),
+                                                                                 fingerprint_key=fp), True),
             "listallowedpubkeys": (lambda c, o, p: [{"pubkey": k, "reason": r}
                                                     for k, r in moderation.list_pubkeys(c, o, "allow")], False),
             "banevent": (lambda c, o, p: moderation.ban_event(c, s, o, _param(p, 0), _param(p, 1, "")), True),

@@ -8,11 +8,11 @@ or a screenshot can check it against a pubkey they know (an unkeyed hash could b
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 from typing import Any
 
-FINGERPRINT_HEX = 10  # 40 bits: unambiguous among any one appliance's users
+from appliance.store.fingerprints import FINGERPRINT_HEX, fingerprint
+
+__all__ = ["FINGERPRINT_HEX", "Redactor"]
 
 
 class Redactor:
@@ -21,8 +21,7 @@ class Redactor:
 
     def fingerprint(self, value: str, kind: str = "pk") -> str:
         """`pk:1a2b3c4d5e` (kinds: pk a pubkey, author or #p value alike; ep an endpoint; lease a lease address)."""
-        digest = hmac.new(self.key, f"{kind}:{value}".encode(), hashlib.sha256).hexdigest()
-        return f"{kind}:{digest[:FINGERPRINT_HEX]}"
+        return fingerprint(self.key, value, kind)
 
     def lease(self, pubkey: str, d: str) -> str:
         return self.fingerprint(f"{pubkey}:{d}", "lease")

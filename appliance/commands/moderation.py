@@ -14,7 +14,9 @@ disallow, disallowing takes it off the allowlist and refuses it.
 
 from __future__ import annotations
 
+import re
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import apsw
@@ -22,11 +24,70 @@ import apsw
 from appliance.errors import ConfigError
 from appliance.origins import Origin, normalize_ip
 from appliance.settings import Settings
+from appliance.nostr.nip19 import Nip19Error, decode_key
 from appliance.store import admin as notes
+from appliance.store.fingerprints import FINGERPRINT_HEX, matching, seen_pubkeys
 
 from .origins import change_list, edit_origin, find
 
 _HEX = frozenset("0123456789abcdef")
+
+
+_FINGERPRINT = re.compile(r"pk:[0-9a-f]{%d}" % FINGERPRINT_HEX)
+
+
+@dataclass(frozen=True)
+class PubkeyRef:
+    """A pubkey as the operator gave it: `pubkey` (64 hex) and, when given as a fingerprint, that
+    fingerprint (what to say about it: the full key is not repeated)."""
+
+    pubkey: str
+    fingerprint: str | None = None
+
+    @property
+    def shown(self) -> str:
+        return self.fingerprint or self.pubkey
+
+
+def resolve_pubkey(conn: apsw.Connection, value: Any, *, origin: Origin | None = None,
+                   fingerprint_key: bytes | None = None, what: str = "pubkey") -> PubkeyRef:
+    """A pubkey given as 64 hex characters, as `npub1...`, or as a fingerprint (`pk:...`) of a
+    pubkey this instance has seen (at `origin` first, then anywhere). An unknown fingerprint, or
+    one that two seen pubkeys share, is refused with what to give instead."""
+    text = value.strip() if isinstance(value, str) else value
+    if isinstance(text, str) and len(text) == 64 and set(text.lower()) <= _HEX:
+        return PubkeyRef(text.lower())
+    if isinstance(text, str) and text.lower().startswith("npub1"):
+        try:
+            return PubkeyRef(decode_key(text.lower(), "npub").hex())
+        except Nip19Error as exc:
+            raise ConfigError(what, text, f"not a valid npub ({exc}): expected 64 lowercase hex characters, an "
+                              "npub1..., or a fingerprint pk:... as the dashboard shows it") from None
+    if isinstance(text, str) and text.lower().startswith(("nsec1", "ncryptsec1")):
+        raise ConfigError(what, text, "that is a secret key: give the pubkey (hex or npub1...), and keep the "
+                          "secret private")
+    if isinstance(text, str) and _FINGERPRINT.fullmatch(text):
+        if fingerprint_key is None:
+            raise ConfigError(what, text, "a fingerprint is resolved by the appliance that showed it: use the "
+                              "dashboard, or give the pubkey as hex or npub1...")
+        found = matching(fingerprint_key, text, [*(sorted(origin.block | origin.allow) if origin else []),
+                                                 *seen_pubkeys(conn, origin.id if origin else None)])
+        if not found and origin is not None:
+            found = matching(fingerprint_key, text, seen_pubkeys(conn))
+        if len(found) == 1:
+            return PubkeyRef(found[0], text)
+        if not found:
+            raise ConfigError(what, text, "no pubkey this appliance has seen has that fingerprint (fingerprints "
+                              "are this appliance's own: copy it from its dashboard), or give the pubkey as hex "
+                              "or npub1...")
+        raise ConfigError(what, text, f"ambiguous: {len(found)} pubkeys this appliance has seen share that "
+                          "fingerprint; give the pubkey as hex or npub1... instead")
+    raise ConfigError(what, value, "expected a pubkey: 64 lowercase hex characters, an npub1..., or a "
+                      "fingerprint pk:... as the dashboard shows it")
+
+
+def _pubkey(conn: apsw.Connection, value: Any, origin: str | int, fingerprint_key: bytes | None) -> PubkeyRef:
+    return resolve_pubkey(conn, value, origin=find(conn, origin), fingerprint_key=fingerprint_key)
 
 
 def _hex64(value: Any, what: str) -> str:
@@ -57,8 +118,8 @@ def _now() -> int:
 
 
 def ban_pubkey(conn: apsw.Connection, settings: Settings, origin: str | int, pubkey: str,
-               reason: str | None = None) -> Origin:
-    pubkey = _hex64(pubkey, "pubkey")
+               reason: str | None = None, *, fingerprint_key: bytes | None = None) -> Origin:
+    pubkey = _pubkey(conn, pubkey, origin, fingerprint_key).pubkey
     o = find(conn, origin)
     if pubkey in o.allow:
         change_list(conn, settings, o.id, "allow", remove=[pubkey])
@@ -68,16 +129,17 @@ def ban_pubkey(conn: apsw.Connection, settings: Settings, origin: str | int, pub
     return saved
 
 
-def unban_pubkey(conn: apsw.Connection, settings: Settings, origin: str | int, pubkey: str) -> Origin:
-    pubkey = _hex64(pubkey, "pubkey")
+def unban_pubkey(conn: apsw.Connection, settings: Settings, origin: str | int, pubkey: str, *,
+                 fingerprint_key: bytes | None = None) -> Origin:
+    pubkey = _pubkey(conn, pubkey, origin, fingerprint_key).pubkey
     o = find(conn, origin)
     notes.drop_note(conn, o.id, "banned_pubkey", pubkey)
     return change_list(conn, settings, o.id, "block", remove=[pubkey])
 
 
 def allow_pubkey(conn: apsw.Connection, settings: Settings, origin: str | int, pubkey: str,
-                 reason: str | None = None) -> Origin:
-    pubkey = _hex64(pubkey, "pubkey")
+                 reason: str | None = None, *, fingerprint_key: bytes | None = None) -> Origin:
+    pubkey = _pubkey(conn, pubkey, origin, fingerprint_key).pubkey
     o = find(conn, origin)
     if pubkey in o.block:
         change_list(conn, settings, o.id, "block", remove=[pubkey])
@@ -87,8 +149,9 @@ def allow_pubkey(conn: apsw.Connection, settings: Settings, origin: str | int, p
     return saved
 
 
-def unallow_pubkey(conn: apsw.Connection, settings: Settings, origin: str | int, pubkey: str) -> Origin:
-    pubkey = _hex64(pubkey, "pubkey")
+def unallow_pubkey(conn: apsw.Connection, settings: Settings, origin: str | int, pubkey: str, *,
+                   fingerprint_key: bytes | None = None) -> Origin:
+    pubkey = _pubkey(conn, pubkey, origin, fingerprint_key).pubkey
     o = find(conn, origin)
     notes.drop_note(conn, o.id, "allowed_pubkey", pubkey)
     return change_list(conn, settings, o.id, "allow", remove=[pubkey])

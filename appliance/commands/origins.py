@@ -48,7 +48,9 @@ def add_parser(parser: argparse.ArgumentParser, add_setting_flags: Callable) -> 
                            ("unblock", "Remove pubkeys from the blocklist.")):
         p = sub.add_parser(verb, help=helptext, description=helptext)
         p.add_argument("origin")
-        p.add_argument("pubkeys", nargs="+", metavar="PUBKEY")
+        p.add_argument("pubkeys", nargs="+", metavar="PUBKEY",
+                       help="64 hex characters, npub1..., or a fingerprint pk:... the dashboard shows (a pubkey "
+                       "this appliance has seen)")
         add_setting_flags(p)
 
 
@@ -104,8 +106,15 @@ def _save(conn: apsw.Connection, settings: Settings, origin: Origin) -> Origin:
     from appliance.store.meta import bump_generation
 
     data = origin.to_mapping()
-    checked = Origin.from_mapping(data, id=origin.id, where=origin.origin, check_push=check_push_config)
-    check_push_fits_relay(checked.push, origin.origin, settings.max_content_length)
+    # Named as the edit names them (`push.app_profiles[0].key_file`), the origin said in the hint.
+    try:
+        checked = Origin.from_mapping(data, id=origin.id, where="", check_push=check_push_config,
+                                      push_where="push")
+        check_push_fits_relay(checked.push, "push", settings.max_content_length)
+    except ConfigError as exc:
+        if origin.origin in exc.hint or exc.name == "origin":
+            raise
+        raise ConfigError(exc.name, exc.value, f"{exc.hint} (at {origin.origin})") from None
     saved = save_origin(conn, checked)
     check_routes(load_origins(conn))  # refused here, not at the next start
     bump_generation(conn)  # a running appliance reloads origins within a second
@@ -215,13 +224,30 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
                     saved = set_push(conn, settings, args.origin, push)
                 return saved or find(conn, args.origin)
         else:
+            from appliance.commands.moderation import resolve_pubkey
+            from appliance.store.fingerprints import KEY_PURPOSE
+            from appliance.store.keyfile import KeyFile
+
             name = "allow" if cmd in ("allow", "disallow") else "block"
             adding = cmd in ("allow", "block")
+            key = KeyFile.for_store(settings.data_path, store).derive(KEY_PURPOSE)
+            refs: list = []
 
             def op(conn):
+                # hex, npub1... or the dashboard's fingerprint of a pubkey seen here (pk:...)
+                origin = find(conn, args.origin)
+                refs[:] = [resolve_pubkey(conn, v, origin=origin, fingerprint_key=key) for v in args.pubkeys]
+                keys = [r.pubkey for r in refs]
                 return change_list(conn, settings, args.origin, name,
-                                   add=args.pubkeys if adding else (), remove=() if adding else args.pubkeys)
+                                   add=keys if adding else (), remove=() if adding else keys)
         saved = store.write_sync(op)
+        if cmd in ("allow", "disallow", "block", "unblock") and any(r.fingerprint for r in refs):
+            # Given as fingerprints: named as such, never as the full keys they resolved to.
+            done = {"allow": "allowed", "disallow": "no longer allowed", "block": "blocked",
+                    "unblock": "unblocked"}[cmd]
+            for r in refs:
+                print(f"{done} {r.shown} at {saved.origin}")
+            return 0
         print(json.dumps(origin_json(saved)))
     return 0
 

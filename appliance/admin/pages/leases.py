@@ -57,7 +57,8 @@ def routes(admin) -> list[Route]:
         return admin.render(request, "admin/leases.html", section="leases",
                             leases=[view(r, now, names) for r in rows[:PAGE_SIZE]], more=len(rows) > PAGE_SIZE,
                             offset=offset, page_size=PAGE_SIZE, origins=origins, profiles=profiles,
-                            states=LEASE_STATES, q=q)
+                            states=LEASE_STATES, q=q,
+                            back="/leases" + (f"?{request.url.query}" if request.url.query else ""))
 
     async def detail(request: Request, error: str = "", status: int = 200):
         origin_id, pubkey, d = admin.unseal(request.path_params["ref"])

@@ -4,6 +4,8 @@ removed by fingerprint; the operator pastes a full pubkey only to add one."""
 
 from __future__ import annotations
 
+import re
+
 from starlette.requests import Request
 from starlette.routing import Route
 
@@ -17,12 +19,18 @@ from appliance.relay.groups import read_group
 from ..web import Page
 
 
+def safe_back(path: str) -> str:
+    """A dashboard path to return to (`/leases?...`), or '' for anything else (no open redirect)."""
+    return path if re.fullmatch(r"/[a-z][A-Za-z0-9/_-]*(\?[^\s<>\"\\]*)?", path) and "//" not in path else ""
+
+
 def _lines(text: str) -> list[str]:
     return [v for v in text.replace(",", " ").split() if v]
 
 
 def routes(admin) -> list[Route]:
     settings = admin.settings
+    red = admin.redactor
 
     async def origin_or_404(request: Request):
         oid = request.path_params["oid"]
@@ -106,15 +114,23 @@ def routes(admin) -> list[Route]:
         value = str(form.get("value", "")).strip()
         reason = str(form.get("reason", "")).strip()
         fp = str(form.get("fp", ""))
+        back = safe_back(str(form.get("back", "")))
+        done: list[str] = []
+
+        def pubkey(conn) -> str:
+            """hex, npub1... or a fingerprint (pk:...) of a pubkey seen here, resolved on the server"""
+            ref = moderation.resolve_pubkey(conn, value, origin=find(conn, origin.id), fingerprint_key=red.key)
+            done.append(red.fingerprint(ref.pubkey, "pk"))
+            return ref.pubkey
 
         def op(conn, ctx):
             current = find(conn, origin.id)
             if action == "ban_pubkey":
-                return moderation.ban_pubkey(conn, settings, origin.id, value, reason)
+                return moderation.ban_pubkey(conn, settings, origin.id, pubkey(conn), reason)
             if action == "unban_pubkey":
                 return moderation.unban_pubkey(conn, settings, origin.id, resolve_fp(current.block, fp))
             if action == "allow_pubkey":
-                return moderation.allow_pubkey(conn, settings, origin.id, value, reason)
+                return moderation.allow_pubkey(conn, settings, origin.id, pubkey(conn), reason)
             if action == "unallow_pubkey":
                 return moderation.unallow_pubkey(conn, settings, origin.id, resolve_fp(current.allow, fp))
             if action == "ban_event":
@@ -136,8 +152,34 @@ def routes(admin) -> list[Route]:
         try:
             await admin.write(op)
         except ConfigError as exc:
+            if back:
+                return await block_page(request, str(exc), 400)
             return await detail(request, str(exc), 400)
-        return admin.redirect(f"/origins/{origin.id}", "Saved.")
+        if action == "ban_pubkey" and done:
+            msg = f"Blocked {done[0]} at {origin.origin}: it can neither read nor publish there."
+        elif action == "allow_pubkey" and done:
+            msg = f"Allowed {done[0]} at {origin.origin}."
+        else:
+            msg = "Saved."
+        return admin.redirect(back or f"/origins/{origin.id}", msg)
+
+    async def block_page(request: Request, error: str = "", status: int = 200):
+        """Confirm blocking an author the dashboard showed as a fingerprint (resolved here, on the
+        server: the page never holds the full key)."""
+        origin = await origin_or_404(request)
+        params = request.query_params if request.method == "GET" else request.state.form
+        fp = str(params.get("fp", params.get("value", ""))).strip()
+        back = safe_back(str(params.get("back", "")))
+        blocked = False
+        if not error:
+            try:
+                ref = await admin.read(lambda conn: moderation.resolve_pubkey(
+                    conn, fp, origin=find(conn, origin.id), fingerprint_key=red.key, what="author"))
+                blocked = ref.pubkey in origin.block
+            except ConfigError as exc:
+                error, status = str(exc), 404 if "no pubkey" in str(exc) else 409
+        return admin.render(request, "admin/block_author.html", status=status, section="origins", origin=origin,
+                            fp=fp, back=back, error=error, blocked=blocked)
 
     async def group_create(request: Request):
         origin = await origin_or_404(request)
@@ -195,6 +237,7 @@ def routes(admin) -> list[Route]:
         Route("/origins/{oid:int}", admin.guard(detail), methods=["GET"]),
         Route("/origins/{oid:int}", admin.guard(edit), methods=["POST"]),
         Route("/origins/{oid:int}/moderation", admin.guard(moderate), methods=["POST"]),
+        Route("/origins/{oid:int}/block", admin.guard(block_page), methods=["GET"]),
         Route("/origins/{oid:int}/groups", admin.guard(group_create), methods=["POST"]),
         Route("/origins/{oid:int}/groups/{h}", admin.guard(group_edit), methods=["POST"]),
     ]
