@@ -80,6 +80,7 @@ def default_origin(settings: Settings) -> Origin:
         },
         where="public_url",
         check_push=check_push_config,
+        push_where="[push]",
     )
 
 
@@ -123,7 +124,7 @@ def _merge(current: Origin, declared: Origin, now: frozenset[str], before: froze
     if "hosts" not in now and "hosts" in before - now:
         data.pop("hosts", None)  # derived from the origin again
     data = {k: v for k, v in data.items() if v is not None}
-    return Origin.from_mapping(data, id=current.id, where=f"origins[{declared.origin}]")
+    return Origin.from_mapping(data, id=current.id, where="origin")
 
 
 def _declared_before(conn, key: str) -> frozenset[str]:
@@ -181,9 +182,9 @@ def prepare_origins(store: SqliteStore, settings: Settings, *, serving: bool = T
     ]
     # Refused before anything is saved, by every command (a saved origin the server would refuse
     # stalls its reloads and its next start).
-    check_push_fits_relay(base.push, "push", settings.max_content_length)
+    check_push_fits_relay(base.push, "[push]", settings.max_content_length)
     for i, o in enumerate(declared):
-        check_push_fits_relay(o.push, f"origins[{i}]", settings.max_content_length)
+        check_push_fits_relay(o.push, f"origins[{i}].push", settings.max_content_length)
 
     def op(conn):
         stored = {o.origin: o for o in load_origins(conn)}
@@ -486,6 +487,7 @@ def _wire_push(app: "Appliance", origins: list[Origin]) -> None:
                 relay_max_content_length=app.settings.max_content_length, authorize=authorize,
                 delivery=DeliverySettings.from_settings(app.settings),
                 transports=ProfileTransports(make_gateway=make_gateway))
+    push.names = push_names(app.store, app.settings)
     try:
         push.load(origins)
     except Exception:
@@ -499,6 +501,24 @@ def _wire_push(app: "Appliance", origins: list[Origin]) -> None:
     app.relay.store_hooks.add_stored(push.stored)
     app.relay.store_hooks.add_stored_batch(push.stored_batch)
     app.nip11_extensions.append(push.nip11)
+
+
+def push_names(store, settings: Settings) -> dict[int, str]:
+    """Origin id -> its push table as the operator wrote it in the config file (`[push]`,
+    `origins[0].push`), for messages; origins made with the CLI or the dashboard are not here."""
+    names: dict[int, str] = {}
+
+    def read(conn):
+        default_id = default_origin_id(conn)
+        if default_id is not None and settings.push:
+            names[default_id] = "[push]"
+        by_origin = {o.origin: o.id for o in load_origins(conn)}
+        for i, o in enumerate(settings.origins):
+            if isinstance(o.get("origin"), str) and o["origin"] in by_origin and o.get("push"):
+                names[by_origin[o["origin"]]] = f"origins[{i}].push"
+
+    store.read_sync(read)
+    return names
 
 
 def _nip29_self(app: "Appliance", origin: Origin, doc: dict) -> None:

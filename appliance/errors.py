@@ -50,6 +50,17 @@ def redact_secret_like(text: str) -> str:
     return _SECRET_LIKE.sub(lambda m: "nsec1... " + REDACTED if m.group()[0] in "nN" else REDACTED, text)
 
 
+def at(where: str, name: str) -> str:
+    """A setting's name as the operator wrote it, under `where`: `[push] app_profiles[0]` under a
+    config file's table header, `origins[0].push.app_profiles[0]` under a dotted path, the name
+    alone at the top."""
+    if not where:
+        return name
+    if re.fullmatch(r"\[[^\[\]]+\]", where):
+        return f"{where} {name}"
+    return f"{where}.{name}"
+
+
 class ConfigError(ApplianceError):
     """An invalid setting: the message names the setting, the value and a hint. A value (or a part
     of the hint) that looks like a secret key is not repeated."""

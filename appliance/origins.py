@@ -10,7 +10,7 @@ from urllib.parse import urlsplit
 
 import apsw
 
-from appliance.errors import ConfigError
+from appliance.errors import ConfigError, at
 from appliance.store import origin_rows
 
 POLICIES = ("public", "members")
@@ -87,53 +87,56 @@ class Origin:
 
     @classmethod
     def from_mapping(cls, data: dict[str, Any], *, id: int = 0, where: str = "origin",
-                     check_push: Callable[[Any, str], dict] | None = None) -> "Origin":
-        """Build and validate an origin from a config table or a stored JSON row."""
+                     check_push: Callable[[Any, str], dict] | None = None,
+                     push_where: str | None = None) -> "Origin":
+        """Build and validate an origin from a config table or a stored JSON row. `where` names the
+        origin's table as the operator wrote it (`origins[0]`), `push_where` its push table
+        (default `where`.push; `[push]` for the default origin's)."""
         known = {f for f in cls.__dataclass_fields__ if f != "id"}
         unknown = sorted(set(data) - known)
         if unknown:
-            raise ConfigError(f"{where}.{unknown[0]}", data[unknown[0]], "unknown origin field")
+            raise ConfigError(at(where, f"{unknown[0]}"), data[unknown[0]], "unknown origin field")
         origin = data.get("origin")
         parts = urlsplit(origin) if isinstance(origin, str) else None
         if parts is None or parts.scheme not in ("ws", "wss") or not parts.hostname:
-            raise ConfigError(f"{where}.origin", origin, "expected a ws:// or wss:// URL such as wss://chat.example.org")
+            raise ConfigError(at(where, "origin"), origin, "expected a ws:// or wss:// URL such as wss://chat.example.org")
         if parts.query or parts.fragment or parts.username or parts.password:
-            raise ConfigError(f"{where}.origin", origin, "an origin has no query, fragment or user part")
+            raise ConfigError(at(where, "origin"), origin, "an origin has no query, fragment or user part")
         hosts = data.get("hosts") or [parts.hostname]
         if isinstance(hosts, str) or not all(isinstance(h, str) and h for h in hosts):
-            raise ConfigError(f"{where}.hosts", hosts, "expected a list of host names")
+            raise ConfigError(at(where, "hosts"), hosts, "expected a list of host names")
         path = data.get("path") or parts.path or "/"
         if not isinstance(path, str) or not path.startswith("/"):
-            raise ConfigError(f"{where}.path", path, "expected a path starting with /")
+            raise ConfigError(at(where, "path"), path, "expected a path starting with /")
         policy = data.get("access_policy", "public")
         if policy not in POLICIES:
-            raise ConfigError(f"{where}.access_policy", policy, "must be public or members")
+            raise ConfigError(at(where, "access_policy"), policy, "must be public or members")
         lists = {}
         for name in ("allow", "block", "ban_events"):
             values = data.get(name, [])
             if isinstance(values, str) or not isinstance(values, (list, tuple, set, frozenset)) \
                     or not all(_is_pubkey(v) for v in values):
                 what = "event ids" if name == "ban_events" else "pubkeys"
-                raise ConfigError(f"{where}.{name}", values, f"expected a list of 64-hex {what}")
+                raise ConfigError(at(where, f"{name}"), values, f"expected a list of 64-hex {what}")
             lists[name] = frozenset(values)
         for name in ("allow_kinds", "block_kinds"):
             values = data.get(name, [])
             if not isinstance(values, (list, tuple, set, frozenset)) or not all(_is_kind(v) for v in values):
-                raise ConfigError(f"{where}.{name}", values, "expected a list of kind numbers (0-65535)")
+                raise ConfigError(at(where, f"{name}"), values, "expected a list of kind numbers (0-65535)")
             lists[name] = frozenset(values)
         ips = data.get("block_ips", [])
         if isinstance(ips, str) or not isinstance(ips, (list, tuple, set, frozenset)):
-            raise ConfigError(f"{where}.block_ips", ips, "expected a list of IP addresses")
-        lists["block_ips"] = frozenset(normalize_ip(ip, f"{where}.block_ips") for ip in ips)
+            raise ConfigError(at(where, "block_ips"), ips, "expected a list of IP addresses")
+        lists["block_ips"] = frozenset(normalize_ip(ip, at(where, "block_ips")) for ip in ips)
         auth_required = data.get("auth_required", False)
         if not isinstance(auth_required, bool):
-            raise ConfigError(f"{where}.auth_required", auth_required, "expected true or false")
+            raise ConfigError(at(where, "auth_required"), auth_required, "expected true or false")
         pubkey = data.get("pubkey", "")
         if pubkey and not _is_pubkey(pubkey):
-            raise ConfigError(f"{where}.pubkey", pubkey, "expected 64 lowercase hex characters")
+            raise ConfigError(at(where, "pubkey"), pubkey, "expected 64 lowercase hex characters")
         for name in ("name", "description", "contact", "icon"):
             if not isinstance(data.get(name, ""), str):
-                raise ConfigError(f"{where}.{name}", data.get(name), "expected text")
+                raise ConfigError(at(where, f"{name}"), data.get(name), "expected text")
         return cls(
             origin=origin,
             hosts=tuple(h.lower() for h in hosts),
@@ -151,17 +154,19 @@ class Origin:
             block_kinds=lists["block_kinds"],
             ban_events=lists["ban_events"],
             block_ips=lists["block_ips"],
-            push=_push_config(data.get("push"), where, check_push, origin),
+            push=_push_config(data.get("push"), at(where, "push") if push_where is None else push_where, check_push,
+                              origin),
             id=id,
         )
 
 
 def _push_config(push: Any, where: str, check_push: Callable[..., dict] | None, origin: str) -> dict:
-    """The push table: checked in depth by the executor's rules when the caller supplies them."""
+    """The push table (`where` names it): checked in depth by the executor's rules when the caller
+    supplies them."""
     if push is None:
         return {}
     if not isinstance(push, dict):
-        raise ConfigError(f"{where}.push", push, "expected a [push] table")
+        raise ConfigError(where, push, "expected a [push] table")
     return check_push(push, where, origin) if check_push is not None else dict(push)
 
 
@@ -223,7 +228,7 @@ def _path_under(path: str, prefix: str) -> bool:
 
 def load_origins(conn: apsw.Connection) -> list[Origin]:
     return [
-        Origin.from_mapping({"origin": origin, **json.loads(config)}, id=oid, where=f"origins[{origin}]")
+        Origin.from_mapping({"origin": origin, **json.loads(config)}, id=oid, where="origin")
         for oid, origin, config in origin_rows.origin_rows(conn)
     ]
 

@@ -579,3 +579,31 @@ def sample_config() -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+#: The unit of each numeric setting, shown beside its value (the dashboard, `config show`): a
+#: setting with no entry is text, a switch or a choice.
+UNITS: dict[str, str] = {
+    "port": "TCP port", "max_message_length": "bytes", "max_subscriptions": "subscriptions per connection",
+    "max_filters": "filters per REQ or COUNT", "max_limit": "events per filter", "default_limit": "events per filter",
+    "max_query_bytes": "bytes per REQ", "query_timeout": "seconds", "max_filter_values": "values per filter list",
+    "max_event_tags": "tags per event", "max_content_length": "bytes", "created_at_past": "seconds",
+    "created_at_future": "seconds", "event_rate": "EVENTs per second per connection",
+    "event_burst": "EVENTs (per connection)", "req_rate": "REQs/COUNTs per second per connection",
+    "req_burst": "REQs/COUNTs (per connection)", "ip_event_rate": "EVENTs per second per address",
+    "ip_event_burst": "EVENTs (per address)", "ip_req_rate": "REQs/COUNTs per second per address",
+    "ip_req_burst": "REQs/COUNTs (per address)", "receive_rate": "bytes per second", "receive_burst": "bytes",
+    "flood_backoff": "seconds", "auth_window": "seconds", "write_batch": "writes per commit",
+    "reader_threads": "threads", "purge_interval": "seconds", "lease_workers": "processes",
+    "wake_workers": "wakes at once", "wake_min_interval": "seconds", "wake_max_attempts": "attempts",
+    "wake_retry_delay": "seconds", "wake_useful_age": "seconds", "wake_visibility_timeout": "seconds",
+    "delivery_log_retention": "seconds", "max_connections_per_ip": "connections per address",
+    "admin_session_ttl": "seconds",
+}
+
+
+def summary(setting: Setting) -> str:
+    """A setting's help in one line: its first sentence, with its unit."""
+    first = setting.help.split(". ")[0].rstrip(".") + "."
+    unit = UNITS.get(setting.name)
+    return f"{first} Unit: {unit}." if unit else first

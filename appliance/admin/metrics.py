@@ -33,6 +33,12 @@ from .health import states as transport_states
 HEALTH_TIMEOUT = 5.0
 
 
+def _failed(exc: BaseException) -> str:
+    if isinstance(exc, (asyncio.TimeoutError, TimeoutError)):
+        return f"failed: no answer within {HEALTH_TIMEOUT:g} s"
+    return "failed: the database refused it"
+
+
 def _label(value: str) -> str:
     return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
@@ -61,7 +67,7 @@ class Machines:
                                    HEALTH_TIMEOUT)
             checks["database_read"] = "ok"
         except Exception as exc:  # the check's whole point is to report it
-            checks["database_read"] = f"failed: {type(exc).__name__}"
+            checks["database_read"] = _failed(exc)
         try:
             await asyncio.wait_for(self.app.store.write(health_probe(time.time())), HEALTH_TIMEOUT)
             full_since = self.app.store.full_since
@@ -71,7 +77,7 @@ class Machines:
             else:
                 checks["database_write"] = "ok"
         except Exception as exc:
-            checks["database_write"] = f"failed: {type(exc).__name__}"
+            checks["database_write"] = _failed(exc)
         ok = all(v == "ok" for v in checks.values())
         body = {"status": "ok" if ok else "failing", "version": __version__,
                 "uptime_seconds": int(time.time() - self.app.started_at), "checks": checks,

@@ -188,7 +188,7 @@ class Admin:
         csrf = self.signer.csrf(session_id) if session_id else (self.signer.csrf("pre:" + presession)
                                                                  if presession else "")
         html = self.templates.get_template(template).render(
-            request=request, csrf=csrf, signed_in=bool(session_id), htmx=assets.HTMX.name in self.assets,
+            request=request, csrf=csrf, signed_in=bool(session_id), htmx=assets.HTMX.name in self.assets, status=status,
             gateway_enabled="gateway" in self.sections, deliveries_enabled="deliveries" in self.sections,
             message=request.query_params.get("msg", "") if request is not None else "", **ctx)
         response = HTMLResponse(html, status_code=status)
@@ -197,7 +197,7 @@ class Admin:
         return response
 
     def error_page(self, request: Request | None, message: str, status: int = 400) -> HTMLResponse:
-        return self.render(request, "admin/error.html", status=status, error=message)
+        return self.render(request, "admin/error.html", status=status, error=message)  # (status: the title)
 
     def redirect(self, path: str, msg: str = "") -> RedirectResponse:
         url = f"{BASE}{path}"
@@ -254,7 +254,14 @@ class Admin:
             Route("/logout", self.guard(self.logout), methods=["POST"]),
             Route("/static/{name}", self.static, methods=["GET", "HEAD"]),
         ]
-        return Starlette(routes=own + page_routes)
+        # Last: any other /admin URL is a page that does not exist (styled, with a way back).
+        last = [Route("/{path:path}", self.not_found, methods=["GET", "HEAD", "POST"])]
+        return Starlette(routes=own + page_routes + last)
+
+    async def not_found(self, request: Request) -> Response:
+        request.state.session_id = await self._session(request)
+        request.state.presession = None
+        return self._finish(self.render(request, "admin/not_found.html", status=404, path=request.url.path))
 
     # -- request wrappers -------------------------------------------------------------------------------------------
 

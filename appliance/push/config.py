@@ -11,9 +11,9 @@ import os
 from dataclasses import fields
 from typing import Any, Mapping, Sequence
 
-from appliance.errors import ConfigError
+from appliance.errors import ConfigError, at
 from appliance.transports.apns import ENVIRONMENTS, ApnsProfile, check_apns_url
-from appliance.transports.credentials import ApnsKey, CredentialError
+from appliance.transports.credentials import ApnsKey, CredentialError, check_apple_id
 from appliance.transports.gateway import check_gateway_url
 
 from .descriptor import (
@@ -55,48 +55,54 @@ def _is_int(v: Any) -> bool:
 
 
 def check_push_config(push: Any, where: str, origin: str = "wss://config.check") -> dict:
-    """Shape-check a push table; return it as a plain dict (JSON/TOML round-trippable)."""
+    """Shape-check a push table (`where` names it as the operator wrote it: `[push]`,
+    `origins[0].push`, `push`); return it as a plain dict (JSON/TOML round-trippable)."""
     if push is None:
         return {}
     if not isinstance(push, dict):
-        raise ConfigError(f"{where}.push", push, "expected a [push] table")
+        raise ConfigError(where, push, "expected a [push] table")
     unknown = sorted(set(push) - set(PUSH_FIELDS))
     if unknown:
-        raise ConfigError(f"{where}.push.{unknown[0]}", push[unknown[0]],
+        raise ConfigError(at(where, f"{unknown[0]}"), push[unknown[0]],
                           "unknown push field; known: " + ", ".join(PUSH_FIELDS))
     if not push:
         return {}
     profiles = push.get("app_profiles", [])
     if not isinstance(profiles, list):
-        raise ConfigError(f"{where}.push.app_profiles", profiles,
+        raise ConfigError(at(where, "app_profiles"), profiles,
                           'expected a list of {id = "...", transport = "apns|fcm|unifiedpush", ...}')
+    if not profiles:
+        raise ConfigError(at(where, "app_profiles"), profiles,
+                          "push is on but has no app profile, so no lease could name one and no device could be "
+                          'woken: add one (app_profiles = [{ id = "com.example.app/ios", transport = "apns", ... }]) '
+                          "or turn push off (remove the table)")
     for i, entry in enumerate(profiles):
-        check_app_profile(entry, f"{where}.push.app_profiles[{i}]")
+        check_app_profile(entry, at(where, f"app_profiles[{i}]"))
     for name in ("push_kinds", "urgent_kinds"):
         ks = push.get(name, [])
         if not isinstance(ks, list) or not all(_is_int(k) for k in ks):
-            raise ConfigError(f"{where}.push.{name}", ks, "expected a list of kind numbers")
+            raise ConfigError(at(where, f"{name}"), ks, "expected a list of kind numbers")
     if not isinstance(push.get("h_grammar", "uuid-v4-lowercase"), str):
-        raise ConfigError(f"{where}.push.h_grammar", push.get("h_grammar"), "expected text")
+        raise ConfigError(at(where, "h_grammar"), push.get("h_grammar"), "expected text")
     cs = push.get("class_support", {})
     if not isinstance(cs, dict) or not all(isinstance(v, list) and all(isinstance(c, str) for c in v)
                                            for v in cs.values()):
-        raise ConfigError(f"{where}.push.class_support", cs, "expected a table transport = [classes]")
+        raise ConfigError(at(where, "class_support"), cs, "expected a table transport = [classes]")
     lim = push.get("limitation", {})
     known = set(Limits.ADVERTISED)
     if not isinstance(lim, dict):
-        raise ConfigError(f"{where}.push.limitation", lim, "expected a table of limits")
+        raise ConfigError(at(where, "limitation"), lim, "expected a table of limits")
     for k, v in lim.items():
         if k not in known:
-            raise ConfigError(f"{where}.push.limitation.{k}", v, "unknown limit; known: " + ", ".join(sorted(known)))
+            raise ConfigError(at(where, f"limitation.{k}"), v, "unknown limit; known: " + ", ".join(sorted(known)))
         if not _is_int(v) or v <= 0:
-            raise ConfigError(f"{where}.push.limitation.{k}", v, "expected a positive whole number")
+            raise ConfigError(at(where, f"limitation.{k}"), v, "expected a positive whole number")
     skew = push.get("allowed_skew", Limits.allowed_skew)
     if not _is_int(skew) or skew <= 0:
-        raise ConfigError(f"{where}.push.allowed_skew", skew, "expected a positive whole number of seconds")
+        raise ConfigError(at(where, "allowed_skew"), skew, "expected a positive whole number of seconds")
     ep = push.get("endpoint")
     if ep is not None and not isinstance(ep, str):
-        raise ConfigError(f"{where}.push.endpoint", ep, "expected an https:// URL")
+        raise ConfigError(at(where, "endpoint"), ep, "expected an https:// URL")
     # Every descriptor rule that does not depend on the executor keys, now: an origin saved with a
     # descriptor the appliance would refuse to serve could stop the next start (or a reload).
     build_descriptor(origin, push, [ExecutorKey("config-check", _PROBE_PUBKEY, current=True)])
@@ -112,7 +118,7 @@ def check_app_profile(entry: Any, where: str) -> None:
         raise ConfigError(where, entry, 'expected {id = "...", transport = "apns|fcm|unifiedpush", ...}')
     unknown = sorted(set(entry) - set(APP_PROFILE_FIELDS))
     if unknown:
-        raise ConfigError(f"{where}.{unknown[0]}", entry[unknown[0]],
+        raise ConfigError(at(where, f"{unknown[0]}"), entry[unknown[0]],
                           f"app profile {pid!r}: unknown field; known: " + ", ".join(APP_PROFILE_FIELDS))
     delivery_profile(entry, where)
 
@@ -133,31 +139,35 @@ def delivery_profile(entry: dict, where: str = "app_profiles",
     if not given:
         return None
     if entry.get("transport") != "apns":
-        raise ConfigError(f"{where}.{given[0]}", entry[given[0]],
+        raise ConfigError(at(where, f"{given[0]}"), entry[given[0]],
                           f"app profile {pid!r}: delivery credentials are for transport \"apns\"; this "
                           f"appliance has no {entry.get('transport')} transport")
     if "key_file" in entry and "key_stored" in entry:
-        raise ConfigError(f"{where}.key_stored", entry["key_stored"],
+        raise ConfigError(at(where, "key_stored"), entry["key_stored"],
                           f"app profile {pid!r}: give key_file or key_stored, not both")
     required = [k if k != "key_file" or "key_stored" not in entry else "key_stored" for k in REQUIRED_CREDENTIALS]
     missing = [k for k in required if k not in entry]
     if missing:
-        raise ConfigError(f"{where}.{missing[0]}", None,
+        raise ConfigError(at(where, f"{missing[0]}"), None,
                           f"app profile {pid!r}: credentials need all of " + ", ".join(REQUIRED_CREDENTIALS)
                           + " (or key_stored instead of key_file)")
     for k in given:
         if not isinstance(entry[k], str) or not entry[k]:
-            raise ConfigError(f"{where}.{k}", entry[k], f"app profile {pid!r}: expected non-empty text")
+            raise ConfigError(at(where, f"{k}"), entry[k], f"app profile {pid!r}: expected non-empty text")
     for k in ("key_file", "ca_file"):
         if k in entry and not os.path.isabs(entry[k]):
-            raise ConfigError(f"{where}.{k}", entry[k], f"app profile {pid!r}: use an absolute path (the file "
+            raise ConfigError(at(where, f"{k}"), entry[k], f"app profile {pid!r}: use an absolute path (the file "
                               "is read again at every start and reload, from wherever that runs)")
     if entry["environment"] not in ENVIRONMENTS:
-        raise ConfigError(f"{where}.environment", entry["environment"],
+        raise ConfigError(at(where, "environment"), entry["environment"],
                           f"app profile {pid!r}: expected " + " or ".join(f'"{e}"' for e in ENVIRONMENTS))
+    field = "apns_url"
     try:
         apns_url = check_apns_url(entry["apns_url"]) if "apns_url" in entry else None
+        for field in ("team_id", "key_id"):
+            check_apple_id(field, entry[field])
         if "key_stored" in entry:
+            field = "key_stored"
             pem = (stored_keys or {}).get(entry["key_stored"])
             if pem is None:
                 if stored_keys is None:
@@ -165,12 +175,14 @@ def delivery_profile(entry: dict, where: str = "app_profiles",
                 raise CredentialError(f"no uploaded .p8 key {entry['key_stored']} in this database")
             key = ApnsKey.from_pem(entry["team_id"], entry["key_id"], pem)
         else:
+            field = "key_file"
             key = ApnsKey.load(entry["team_id"], entry["key_id"], entry["key_file"])
+        field = "ca_file"
         profile = ApnsProfile(pid, entry["topic"], entry["environment"], key,
                               apns_url=apns_url, ca_file=entry.get("ca_file"))
         profile.ssl_context()  # a ca_file that does not load fails here, not at the first wake
     except CredentialError as exc:
-        raise ConfigError(where, pid, f"app profile {pid!r}: {exc}") from None
+        raise ConfigError(at(where, field), entry.get(field), f"app profile {pid!r}: {exc}") from None
     return profile
 
 
@@ -181,17 +193,17 @@ def gateway_url_of(entry: dict, where: str = "app_profiles") -> str | None:
         return None
     pid, url = entry.get("id"), entry[GATEWAY_FIELD]
     if entry.get("transport") != "apns":
-        raise ConfigError(f"{where}.{GATEWAY_FIELD}", url,
+        raise ConfigError(at(where, f"{GATEWAY_FIELD}"), url,
                           f"app profile {pid!r}: an APNs gateway delivers transport \"apns\" only")
     given = [k for k in CREDENTIAL_FIELDS if k in entry]
     if given:
-        raise ConfigError(f"{where}.{given[0]}", entry[given[0]],
+        raise ConfigError(at(where, f"{given[0]}"), entry[given[0]],
                           f"app profile {pid!r}: a profile with gateway_url has no APNs credentials of its "
                           "own (the gateway holds them); remove one or the other")
     try:
         return check_gateway_url(url)
     except ValueError as exc:
-        raise ConfigError(f"{where}.{GATEWAY_FIELD}", url, f"app profile {pid!r}: {exc}") from None
+        raise ConfigError(at(where, f"{GATEWAY_FIELD}"), url, f"app profile {pid!r}: {exc}") from None
 
 
 # Any valid x-only public key will do for the key-independent checks (this is the generator's).
@@ -234,6 +246,6 @@ def check_push_fits_relay(push: dict, where: str, max_content_length: int) -> No
         return
     limit = push_limits(push).max_content_len
     if limit > max_content_length:
-        raise ConfigError(f"{where}.push.limitation.max_content_len", limit,
+        raise ConfigError(at(where, f"limitation.max_content_len"), limit,
                           f"more than the relay accepts (max_content_length = {max_content_length}); "
                           "lower it or raise max_content_length")

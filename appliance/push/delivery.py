@@ -112,7 +112,9 @@ class Wake:
 
 
 def describe(outcome: Outcome) -> str:
-    """An outcome for the operator: `503 ServiceUnavailable: detail`, `- : detail` without an answer."""
+    """An outcome for the operator: `503 ServiceUnavailable: detail`, the detail alone without an answer."""
+    if outcome.status is None and not outcome.reason:
+        return outcome.detail or outcome.kind
     return f"{outcome.status or '-'} {outcome.reason or ''}".strip() + (f": {outcome.detail}" if outcome.detail
                                                                         else "")
 
@@ -129,7 +131,7 @@ def note_health(conn: apsw.Connection, origin: int, app_profile: str, outcome: O
         reason = "connection refused" if refused else "failing"
         detail = what if refused else f"{failures} attempts in a row failed; the last: {what}"
         if wakes.raise_alert(conn, origin, app_profile, reason, detail, outcome.status, now):
-            log.error("push transport failing origin=%d app_profile=%s: %s", origin, app_profile, detail)
+            log.warning("push transport failing origin=%d app_profile=%s: %s", origin, app_profile, detail)
 
 
 def backoff(attempt: int, base: float, rng: Callable[[], float] = random.random) -> float:
@@ -379,7 +381,7 @@ class Delivery:
             return await transport.send(request)
         except Exception as exc:  # a transport bug must not lose the job: retry it later
             log.exception("transport failed for job %s", wake.job.id)
-            return Outcome(TRANSIENT, detail=f"transport error: {type(exc).__name__}")
+            return Outcome(TRANSIENT, detail="the transport failed unexpectedly (the log has the details)")
 
     async def _attempt(self, wake: Wake) -> tuple[Outcome, float]:
         t0 = time.perf_counter()

@@ -98,6 +98,24 @@ class Limits:
     )
 
 
+#: One line per limit, with its unit: what the dashboard and the sample config say about it.
+LIMIT_HELP: dict[str, str] = {
+    "max_lease_ttl": "Longest a lease may last, from now to its expiration (seconds; 2592000 is 30 days).",
+    "max_leases_per_pubkey": "Active leases one author may hold at this origin (leases).",
+    "max_subscriptions_per_lease": "Subscriptions in one lease (subscriptions).",
+    "max_kinds": "Kinds in one subscription filter (kinds).",
+    "max_authors": "Pubkeys in one filter's authors (pubkeys).",
+    "max_h": "Channel ids in one filter's #h (channels).",
+    "max_tag_values": "Values in one filter's #p or #e (values).",
+    "max_ignore": "Ignore filters in one subscription (filters).",
+    "max_content_len": "Largest encrypted lease content accepted (bytes; at most the relay's max_content_length).",
+    "max_plaintext_len": "Largest decrypted lease accepted (bytes).",
+    "max_endpoint_len": "Longest device endpoint (token) in a lease (bytes).",
+    "max_string_len": "Longest string value in a lease (bytes).",
+    "allowed_skew": "Clock difference allowed for a lease's times; not advertised (seconds).",
+}
+
+
 @dataclass(frozen=True)
 class ExecutorKey:
     id: str

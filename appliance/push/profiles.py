@@ -17,12 +17,17 @@ from __future__ import annotations
 import os
 from typing import Callable
 
+from appliance.errors import ConfigError, at
 from appliance.origins import Origin
 from appliance.transports import CONFIGURATION, Outcome, Transport, WakeRequest
 from appliance.transports.apns import ApnsProfile, ApnsTransport
 from appliance.transports.credentials import ProviderToken
 
 from .config import delivery_profile, gateway_url_of
+
+
+def _said_at(exc: ConfigError, origin: Origin) -> ConfigError:
+    return exc if origin.origin in exc.hint else ConfigError(exc.name, exc.value, f"{exc.hint} (at {origin.origin})")
 
 
 class Unconfigured:
@@ -83,7 +88,8 @@ class ProfileTransports:
     def get(self, origin_id: int, profile_id: str) -> Transport | None:
         return self._by_origin.get(origin_id, {}).get(profile_id)
 
-    def configure(self, origins: list[Origin], stored_keys: dict[str, bytes] | None = None) -> list[Transport]:
+    def configure(self, origins: list[Origin], stored_keys: dict[str, bytes] | None = None,
+                  names: dict[int, str] | None = None) -> list[Transport]:
         """Build the map for these origins (ConfigError if credentials do not load); returns the
         transports no longer used, for the caller to close on the event loop. `stored_keys` are the
         .p8 keys kept in the database (fingerprint -> PEM)."""
@@ -102,8 +108,11 @@ class ProfileTransports:
             table: dict[str, Transport] = {}
             for i, entry in enumerate(o.push.get("app_profiles", [])):
                 pid = entry["id"]
-                where = f"origins[{o.origin}].push.app_profiles[{i}]"
-                url = gateway_url_of(entry, where)
+                where = at((names or {}).get(o.id, "push"), f"app_profiles[{i}]")
+                try:
+                    url = gateway_url_of(entry, where)
+                except ConfigError as exc:
+                    raise _said_at(exc, o) from None
                 if url is not None:
                     if self._make_gateway is None:
                         table[pid] = Unconfigured("no gateway transport", f"app profile {pid!r}: gateway delivery "
@@ -113,7 +122,10 @@ class ProfileTransports:
                     transport = shared.get(key) or self._shared.get(key) or self._make_gateway(o.id, url)
                     shared[key] = table[pid] = transport
                     continue
-                profile = delivery_profile(entry, where, stored_keys or {})
+                try:
+                    profile = delivery_profile(entry, where, stored_keys or {})
+                except ConfigError as exc:
+                    raise _said_at(exc, o) from None
                 if profile is None:
                     if entry["transport"] == "apns":
                         table[pid] = Unconfigured("no credentials", f"app profile {pid!r} has no APNs credentials "

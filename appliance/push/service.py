@@ -15,12 +15,13 @@ from __future__ import annotations
 import logging
 import time
 from collections import OrderedDict
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any, Awaitable, Callable
 
 import apsw
 
-from appliance.errors import Rejected
+from appliance.errors import ConfigError, Rejected
 from appliance.nostr import nip44
 from appliance.origins import Origin
 from appliance.push.workers import LeaseValidator
@@ -39,6 +40,17 @@ from .matcher import Authorize, Matcher
 from .profiles import ProfileTransports
 
 log = logging.getLogger("appliance.push")
+
+
+@contextmanager
+def said_at(origin: Origin):
+    """A ConfigError about an origin's push table names the origin in its hint (not in the setting's name)."""
+    try:
+        yield
+    except ConfigError as exc:
+        if origin.origin in exc.hint:
+            raise
+        raise ConfigError(exc.name, exc.value, f"{exc.hint} (at {origin.origin})") from None
 
 
 @dataclass
@@ -83,6 +95,9 @@ class Push:
         self.delivery = Delivery(store, transport_for=self.transports.get, authorize=self.authorize,
                                  settings=self.settings)
         self._retired: list = []
+        #: origin id -> its push table as the operator wrote it (`[push]`, `origins[0].push`), for
+        #: messages; any other origin's (made with the CLI or the dashboard) is `push`, with the origin said
+        self.names: dict[int, str] = {}
 
     def close(self) -> None:
         self.validator.close()
@@ -115,13 +130,14 @@ class Push:
                 return keystore.list_keys(conn, oid), keystore.load_secrets(conn, self.keyfile, oid)
 
             if self.relay_max_content_length is not None:
-                check_push_fits_relay(o.push, f"origins[{o.origin}]", self.relay_max_content_length)
+                with said_at(o):
+                    check_push_fits_relay(o.push, self.names.get(o.id, "push"), self.relay_max_content_length)
             rows, secrets = self.store.write_sync(op)
             desc = build_descriptor(o.origin, o.push, keystore.advertised(rows, now))
             loaded[o.id] = OriginPush(o.id, desc, rows, secrets, frozenset(desc.push_kinds))
         # Credentials last: a profile whose key does not load refuses the whole (re)load.
         stored = self.store.read_sync(lambda conn: load_apns_keys(conn, self.keyfile))
-        self._retired += self.transports.configure([o for o in origins if o.id in loaded], stored)
+        self._retired += self.transports.configure([o for o in origins if o.id in loaded], stored, self.names)
         self.origins = loaded
 
     def maintain(self, conn: apsw.Connection, now: int) -> int:

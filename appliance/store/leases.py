@@ -186,9 +186,11 @@ SQL_LEASES_PER_AUTHOR = (
     "SELECT pubkey, count(*) AS n FROM leases WHERE origin = ? AND active = 1 AND expiration > ? "
     "GROUP BY pubkey ORDER BY n DESC, pubkey LIMIT ?"
 )
+# Active: the effective leases that can wake a device now (the Leases page's "active" state):
+# not expired, not revoked, and their endpoint generation not invalidated by the provider.
 SQL_LEASE_TOTALS = (
-    "SELECT origin, sum(active = 1 AND expiration > ?), sum(active = 0 AND expiration > ?), count(*) "
-    "FROM leases GROUP BY origin"
+    "SELECT origin, sum(active = 1 AND invalidated_at IS NULL AND revoked_at IS NULL AND expiration > ?), "
+    "sum(active = 0 AND expiration > ?), count(*) FROM leases GROUP BY origin"
 )
 
 

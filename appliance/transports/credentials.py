@@ -55,10 +55,11 @@ def parse_p8(data: bytes) -> ec.EllipticCurvePrivateKey:
         key = serialization.load_pem_private_key(data, password=None)
     except TypeError:
         raise CredentialError("the .p8 key is password-protected; APNs keys are not") from None
-    except ValueError as exc:
-        raise CredentialError(f"not a PEM private key ({type(exc).__name__})") from None
-    except Exception as exc:  # cryptography raises its own types for unsupported algorithms
-        raise CredentialError(f"not a usable private key ({type(exc).__name__})") from None
+    except ValueError:
+        raise CredentialError("not a PEM private key: use the .p8 file as Apple's developer site gives it "
+                              "(AuthKey_<key id>.p8, a few lines of text)") from None
+    except Exception:  # cryptography raises its own types for unsupported algorithms
+        raise CredentialError("not a usable private key (an unsupported key type, or a damaged file)") from None
     if not isinstance(key, ec.EllipticCurvePrivateKey) or not isinstance(key.curve, ec.SECP256R1):
         raise CredentialError("not an APNs key: APNs signing keys are P-256 (ES256) elliptic-curve keys")
     return key

@@ -17,7 +17,7 @@ from appliance.store.credentials import list_apns_keys
 
 from ..web import Upload
 from appliance.push.config import build_descriptor, check_push_config, check_push_fits_relay
-from appliance.push.descriptor import CLASS_REGISTRY, H_GRAMMARS, TRANSPORTS, ExecutorKey, Limits, \
+from appliance.push.descriptor import CLASS_REGISTRY, H_GRAMMARS, LIMIT_HELP, TRANSPORTS, ExecutorKey, Limits, \
     descriptor_to_json
 
 # A stand-in key for previews of an origin whose first key is generated when push is saved on.
@@ -159,11 +159,44 @@ def credential_summary(entry: dict, stored: dict[str, int]) -> str:
     return "no credentials: wakes wait as configuration faults"
 
 
-def failing_rule(exc: ConfigError) -> str:
-    """`rule urgent-subset: ...` for descriptor rules, `field ...: ...` for the shape checks."""
+# The form's labels, by the push table's field names (what an error names instead of the path).
+FIELD_LABELS = {
+    "app_profiles": "App profiles", "push_kinds": "Push kinds", "urgent_kinds": "Urgent kinds",
+    "h_grammar": "h grammar", "class_support": "Class support", "limitation": "Limitation",
+    "allowed_skew": "allowed_skew (seconds)", "endpoint": "Executor endpoint", "key": ".p8 key (upload)",
+}
+PROFILE_LABELS = {
+    "id": "Id", "transport": "Transport", "topic": "Topic (bundle id)", "team_id": "Team id", "key_id": "Key id",
+    "key_file": "or a .p8 path on this server", "key_stored": ".p8 key (upload)", "environment": "Environment",
+    "apns_url": "APNs URL override", "ca_file": "Extra CA file", "gateway_url": "gateway_url",
+}
+
+
+def form_field(name: str, push: dict | None = None) -> str:
+    """A push setting's name (`push.app_profiles[0].key_file`) as the form's field label says it
+    (`App profile com.example.app/ios: or a .p8 path on this server`)."""
+    import re
+
+    path = re.sub(r"^(\[push\] |push\.|push$|limitation\.)", "", name) if name != "limitation" else name
+    if name.startswith("limitation.") or path.startswith("limitation."):
+        return "Limitation " + path.split(".", 1)[-1]
+    m = re.fullmatch(r"app_profiles\[(\d+)\](?:\.(\w+))?", path)
+    if m:
+        profiles = (push or {}).get("app_profiles", [])
+        i = int(m.group(1))
+        pid = profiles[i].get("id") if i < len(profiles) and isinstance(profiles[i], dict) else None
+        label = f"App profile {pid}" if pid else f"App profile {i + 1}"
+        return f"{label}: {PROFILE_LABELS.get(m.group(2), m.group(2))}" if m.group(2) else label
+    return FIELD_LABELS.get(path, path or "Push")
+
+
+def failing_rule(exc: ConfigError, push: dict | None = None) -> str:
+    """`Descriptor rule urgent-subset: ...` for descriptor rules; `<form field>: <why> (value ...)`
+    for the shape checks, the field named as the form labels it."""
     if exc.name.startswith("push descriptor of"):
         return f"Descriptor rule {exc.value}: {exc.hint}"
-    return f"{exc.name}: {exc.hint} (value {exc.value!r})"
+    value = "" if exc.value in (None, "", [], {}) else f" (value {exc.value!r})"
+    return f"{form_field(exc.name, push)}: {exc.hint}{value}"
 
 
 def routes(admin) -> list[Route]:
@@ -190,7 +223,7 @@ def routes(admin) -> list[Route]:
             keys = op.current_descriptor(int(time.time())).keys if op else (PREVIEW_KEY,)
             desc = build_descriptor(origin.origin, checked, keys)
         except ConfigError as exc:
-            return "", failing_rule(exc)
+            return "", failing_rule(exc, push)
         return json.dumps({"push": descriptor_to_json(desc)}, indent=2), ""
 
     async def page(request: Request, error: str = "", status: int = 200, push: dict | None = None, origin=None):
@@ -208,6 +241,7 @@ def routes(admin) -> list[Route]:
                             preview_json=preview_json, preview_error=preview_error, limits=Limits(),
                             advertised=Limits.ADVERTISED, transports=sorted(TRANSPORTS), classes=CLASS_REGISTRY,
                             grammars=sorted(H_GRAMMARS), summaries=summaries, environments=("production", "sandbox"),
+                            limit_help=LIMIT_HELP,
                             saved_push=origin.push)
 
     async def save(request: Request):
@@ -229,7 +263,7 @@ def routes(admin) -> list[Route]:
         try:
             await admin.write(op)
         except ConfigError as exc:
-            return await page(request, "Not saved. " + failing_rule(exc), 400, push=push, origin=origin)
+            return await page(request, "Not saved. " + failing_rule(exc, push), 400, push=push, origin=origin)
         return admin.redirect(f"/descriptor?origin={origin.id}", "Descriptor saved; NIP-11 shows it now.")
 
     async def live_preview(request: Request):

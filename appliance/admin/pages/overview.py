@@ -37,7 +37,8 @@ async def context(admin) -> dict:
         "connections": len(app.relay.sessions),
         "per_origin": per_origin,
         "events_per_s": rec.latest("events_per_s"),
-        "active_leases": sum(t[0] for t in totals.values()),
+        # Effective leases only: at origins whose push is on (a lease elsewhere wakes nothing).
+        "active_leases": sum(t[0] for oid, t in totals.items() if app.push is not None and oid in app.push.origins),
         "wakes": None, "alerts": [], "transports": [], "wakes_per_s": rec.latest("wakes_per_s"),
         "chart_events": line_chart("Events per second, last hour", {"events/s": rec.series("events_per_s")},
                                    span=3600),

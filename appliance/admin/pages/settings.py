@@ -16,7 +16,7 @@ from starlette.routing import Route
 
 from appliance.commands.backup import postgres_backup
 from appliance.errors import ConfigError
-from appliance.settings import BY_NAME, SETTINGS
+from appliance.settings import BY_NAME, SETTINGS, UNITS, summary
 from appliance.store import admin as stored
 from appliance.store.meta import bump_generation
 
@@ -52,7 +52,9 @@ def routes(admin) -> list[Route]:
                 shown = ", ".join(admin.redactor.fingerprint(v, "pk") for v in values) or "(empty)"
             else:
                 shown = str(value)
-            out.append((s.name, shown, settings.sources.get(s.name, "default"), s.help))
+            unit = UNITS.get(s.name)
+            out.append((s.name, f"{shown} {unit}" if unit and shown not in ("", "(set)", "(empty)") else shown,
+                        settings.sources.get(s.name, "default"), summary(s)))
         return out
 
     def shown(name: str) -> str:
@@ -61,13 +63,13 @@ def routes(admin) -> list[Route]:
     async def page(request: Request, error: str = "", status: int = 200):
         extra = [await section.settings_context(admin) for section in admin.sections.values()
                  if hasattr(section, "settings_context")]
-        editable = [(s.name, shown(s.name), settings.sources.get(s.name, "default"), s.help,
+        editable = [(s.name, shown(s.name), settings.sources.get(s.name, "default"), summary(s),
                      "" if s.name in PUBKEY_SETTINGS | SECRET_SETTINGS else str(settings.values[s.name]))
                     for s in SETTINGS if s.editable]
         postgres = postgres_backup(settings) if admin.app.store.backend == "postgresql" else None
         return admin.render(request, "admin/settings.html", status=status, section="settings", rows=rows(),
                             editable=editable, error=error, extra_sections=extra, postgres=postgres,
-                            data_dir=str(settings.data_path.resolve()))
+                            data_dir=str(settings.data_path.resolve()), full_help={s.name: s.help for s in SETTINGS})
 
     async def edit(request: Request):
         form = request.state.form
