@@ -352,6 +352,10 @@ SETTINGS: tuple[Setting, ...] = (
        "Bearer token a Prometheus scraper sends to read /admin/metrics without a dashboard sign-in. "
        "Empty: metrics need a signed-in session (or the dashboard's own listener, see admin_listen)."),
     _s("log_level", _str, "info", "Logging level.", choices=("debug", "info", "warning", "error")),
+    _s("log_client_addresses", _bool, False,
+       "Write client addresses into log lines at info level and above (uvicorn's line for each websocket, a "
+       "failed dashboard sign-in). Off by default: the log keeps no record of who connected; turn it on for "
+       "a while to trace abuse."),
     _s("marmot_draft_multi_device", _bool, False,
        "Allow `appliance marmot` to run the draft Marmot multi-device join (pairing payload, kind 452 "
        "admin authorization, External Commit with the join PSK). Off by default: the draft's bytes are "

@@ -425,7 +425,8 @@ class Admin:
         row = await self.read(auth.rows.auth_row)
         ok = await asyncio.to_thread(auth.verify_password, str(form.get("password", "")), row.password_hash)
         if not ok:
-            log.warning("admin sign-in failed from %s", address)
+            # The address only when the operator asked for addresses in the log (log_client_addresses).
+            log.warning("admin sign-in failed%s", f" from {address}" if self.settings.log_client_addresses else "")
             return self.render(request, "admin/login.html", status=401, has_password=row.password_hash is not None,
                                error="Wrong password." if row.password_hash else
                                "No password is set yet: open the setup URL the appliance printed at start, "
