@@ -2,7 +2,8 @@
 APPLIANCE_BINARY), started on a temporary data directory with push delivering to a local APNs
 emulator, then: NIP-11, an event published and read back over websockets, the dashboard's setup
 and login pages with the verified htmx, a lease and an event that wake a device through the
-emulator, a backup and the doctor by the same binary, and SIGTERM. Figures (size, cold start, idle RSS) go to
+emulator, a backup and the doctor by the same binary, and SIGTERM; then `push try` and `emulator
+apns` from the binary alone (no source tree, no Python on its PATH). Figures (size, cold start, idle RSS) go to
 test-artifacts/smoke.json and are printed (`make smoke` shows them).
 
 The Dockerfile's build and run steps are these same ones (`make dist`, then the binary with a data
@@ -236,3 +237,62 @@ def test_the_executable_serves_end_to_end(binary, tmp_path, apns):
     ARTIFACTS.mkdir(exist_ok=True)
     (ARTIFACTS / "smoke.json").write_text(json.dumps(figures, indent=2) + "\n")
     print("\nstandalone executable:", json.dumps(figures, indent=2))
+
+
+def _bare_env(tmp_path: Path) -> dict:
+    """No source tree and no Python for the executable to lean on: no PYTHONPATH, no venv, a PATH
+    without the test's Python, and no APPLIANCE_* of the suite's."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("APPLIANCE_", "PYTHON", "VIRTUAL_ENV"))}
+    env["PATH"] = "/usr/bin:/bin"
+    env["HOME"] = str(tmp_path)
+    return env
+
+
+def test_the_executable_runs_push_try_alone(binary, tmp_path):
+    """`dist/appliance push try` from an empty directory: its own appliance (the binary run again)
+    and its own APNs emulator, every step printed, exit 0."""
+    work = tmp_path / "elsewhere"
+    work.mkdir()
+    out = subprocess.run([str(binary), "push", "try"], capture_output=True, text=True, cwd=work,
+                         env=_bare_env(tmp_path), timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    for step in ("[1/7] APNs emulator listening", "[2/7] appliance serving", "[3/7] lease accepted: OK true",
+                 "[4/7] event stored: OK true", "[5/7] wake job", "[6/7] APNs request",
+                 f"      body {APNS_BODY.decode()}", "[7/7] delivery log: attempt 1 accepted (status 200)"):
+        assert step in out.stdout, out.stdout
+    assert list(work.iterdir()) == []  # nothing left behind where it ran
+
+
+def test_the_executable_runs_the_apns_emulator(binary, tmp_path):
+    """`dist/appliance emulator apns`: its profile settings, its .p8 and certificate in --dir."""
+    apns_dir = tmp_path / "apns"
+    proc = subprocess.Popen([str(binary), "emulator", "apns", "--listen", "127.0.0.1:0", "--dir", str(apns_dir)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path,
+                            env=_bare_env(tmp_path))
+    lines = []
+    try:
+        deadline = time.monotonic() + 120
+        while not any(line.startswith("environment = ") for line in lines):
+            assert time.monotonic() < deadline, lines
+            line = proc.stdout.readline()
+            assert line, f"the emulator exited: {lines}"
+            lines.append(line.rstrip("\n"))
+        found = dict(line.split(" = ", 1) for line in lines if " = " in line)
+        assert {"apns_url", "ca_file", "team_id", "key_id", "key_file", "environment"} <= set(found), lines
+        key_file = Path(json.loads(found["key_file"]))
+        assert key_file.parent == apns_dir and key_file.read_bytes().startswith(b"-----BEGIN PRIVATE KEY-----")
+        assert Path(json.loads(found["ca_file"])).is_file()
+        port = int(json.loads(found["apns_url"]).rsplit(":", 1)[1])
+        import socket
+        import ssl
+
+        ctx = ssl.create_default_context(cafile=json.loads(found["ca_file"]))
+        ctx.set_alpn_protocols(["h2"])
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as raw:
+            with ctx.wrap_socket(raw, server_hostname="127.0.0.1") as tls:
+                assert tls.selected_alpn_protocol() == "h2"
+    finally:
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=30) == 0
+        proc.stdout.close()
