@@ -259,7 +259,7 @@ def test_plain_words(browser, apns, tmp_path):
         page.click("#descriptor-form button[type=submit]")
         error = page.locator("main > .error").inner_text()
         shot(page, "descriptor-error")
-        assert f"App profile {IOS}: or a .p8 path on this server" in error and "not a PEM private key" in error, error
+        assert f"App profile {IOS}: .p8 path on this server: not a PEM private key" in error, error
         for jargon in ("push.push", "ValueError", "(ValueError)", f"{server.url}.push", "public_url.push"):
             assert jargon not in error, (jargon, error)
         # Credentials that work, then a test wake with a token APNs cannot take: "Not sent: ...".

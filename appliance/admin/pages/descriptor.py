@@ -167,7 +167,7 @@ FIELD_LABELS = {
 }
 PROFILE_LABELS = {
     "id": "Id", "transport": "Transport", "topic": "Topic (bundle id)", "team_id": "Team id", "key_id": "Key id",
-    "key_file": "or a .p8 path on this server", "key_stored": ".p8 key (upload)", "environment": "Environment",
+    "key_file": ".p8 path on this server", "key_stored": ".p8 key (upload)", "environment": "Environment",
     "apns_url": "APNs URL override", "ca_file": "Extra CA file", "gateway_url": "gateway_url",
 }
 
@@ -195,8 +195,15 @@ def failing_rule(exc: ConfigError, push: dict | None = None) -> str:
     for the shape checks, the field named as the form labels it."""
     if exc.name.startswith("push descriptor of"):
         return f"Descriptor rule {exc.value}: {exc.hint}"
+    import re
+
+    label = form_field(exc.name, push)
+    hint = exc.hint
+    if label.startswith("App profile "):  # the label names the profile already
+        hint = re.sub(r"^app profile '[^']*': ", "", hint)
+    hint = re.sub(r" \(at wss?://[^)\s]*\)$", "", hint)  # this page is the origin's
     value = "" if exc.value in (None, "", [], {}) else f" (value {exc.value!r})"
-    return f"{form_field(exc.name, push)}: {exc.hint}{value}"
+    return f"{label}: {hint}{value}"
 
 
 def routes(admin) -> list[Route]:
