@@ -144,8 +144,12 @@ class Delivery:
 
     def __init__(self, store, *, transport_for: Callable[[int, str], Transport | None], authorize: Authorize,
                  settings: DeliverySettings, clock: Callable[[], float] = time.time,
-                 monotonic: Callable[[], float] = time.monotonic):
+                 monotonic: Callable[[], float] = time.monotonic,
+                 lease_ref: Callable[[str, str], str] | None = None):
         self.store = store
+        # How the delivery log and log lines name a lease, from (pubkey, d): the dashboard's
+        # fingerprint (`lease:1a2b3c4d5e`) when the executor gives its key.
+        self.lease_ref = lease_ref or wakes.redact_lease
         self.transport_for = transport_for
         self.authorize = authorize
         self.settings = settings
@@ -169,6 +173,9 @@ class Delivery:
         # Failures that repeat each cycle while they last (a full disk): once, then once a minute.
         self._cycle_faults = FaultLog(log, "wake delivery cycle", clock=monotonic)
         self._record_faults = FaultLog(log, "recording wake outcomes", clock=monotonic)
+
+    def _lease(self, job) -> str:
+        return self.lease_ref(job.lease_pubkey, job.lease_d)
 
     def nudge(self) -> None:
         """New wakes may be due (called after the commit that wrote them)."""
@@ -296,7 +303,7 @@ class Delivery:
         job, s = wake.job, self.settings
         wakes.log_attempt(conn, job, at=now, cls=wake.cls, attempt=wake.attempt, outcome=outcome.kind,
                           status=outcome.status, reason=outcome.reason, latency_ms=latency_ms,
-                          detail=outcome.detail)
+                          detail=outcome.detail, lease=self._lease(job))
         kind = outcome.kind
         if kind not in (CONFIGURATION, REFRESH_RETRY):
             wakes.count_attempt(conn, job.id)
@@ -322,7 +329,7 @@ class Delivery:
                                       now)
             wakes.set_state(conn, job.id, "invalidated", now, what)
             log.info("endpoint generation invalidated origin=%d lease=%s app_profile=%s reason=%s", job.origin,
-                     job.lease, job.app_profile, outcome.reason)
+                     self._lease(job), job.app_profile, outcome.reason)
             return
         if kind in (CONFIGURATION, REFRESH_RETRY):
             # The operator's to fix: alert, touch no endpoint, keep the job for later. Not an
@@ -362,11 +369,11 @@ class Delivery:
                             outcome.detail))
                 continue
             if run:
-                wakes.record_delivered(conn, run, now)
+                wakes.record_delivered(conn, run, now, self._lease)
                 run = []
             self.record(conn, wake, outcome, latency, now)
         if run:
-            wakes.record_delivered(conn, run, now)
+            wakes.record_delivered(conn, run, now, self._lease)
 
     # -- the loop ----------------------------------------------------------------------------------
 

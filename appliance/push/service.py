@@ -74,6 +74,15 @@ class OriginPush:
         return desc
 
 
+def lease_fingerprints(keyfile: KeyFile):
+    """(pubkey, d) -> the lease's fingerprint as the dashboard shows it (`lease:1a2b3c4d5e`): the
+    delivery log names leases the way the operator sees them everywhere else."""
+    from appliance.store.fingerprints import KEY_PURPOSE, fingerprint
+
+    key = keyfile.derive(KEY_PURPOSE)
+    return lambda pubkey, d: fingerprint(key, f"{pubkey}:{d}", "lease")
+
+
 class Push:
     CONV_CACHE = 65536
 
@@ -93,7 +102,7 @@ class Push:
         self.transports = transports or ProfileTransports()
         self.settings = delivery or DeliverySettings()
         self.delivery = Delivery(store, transport_for=self.transports.get, authorize=self.authorize,
-                                 settings=self.settings)
+                                 settings=self.settings, lease_ref=lease_fingerprints(keyfile))
         self._retired: list = []
         #: origin id -> its push table as the operator wrote it (`[push]`, `origins[0].push`), for
         #: messages; any other origin's (made with the CLI or the dashboard) is `push`, with the origin said

@@ -22,7 +22,7 @@ import hashlib
 import os
 import threading
 import time
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import apsw
 import orjson
@@ -526,16 +526,22 @@ def _adopt_orphans(conn: apsw.Connection, wake_id: str, due_at: float) -> None:
 
 
 def log_attempt(conn: apsw.Connection, job: WakeJob, *, at: float, cls: str, attempt: int, outcome: str,
-                status: int | None, reason: str | None, latency_ms: float | None, detail: str = "") -> None:
-    conn.execute(SQL_LOG, (at, job.origin, job.lease, job.app_profile, job.transport, cls, job.id, attempt, outcome,
-                           status, reason, latency_ms, detail))
+                status: int | None, reason: str | None, latency_ms: float | None, detail: str = "",
+                lease: str | None = None) -> None:
+    """One attempt in the delivery log; `lease` is how the row names the lease (default `job.lease`;
+    the executor gives the dashboard's fingerprint, `lease:1a2b3c4d5e`)."""
+    conn.execute(SQL_LOG, (at, job.origin, lease or job.lease, job.app_profile, job.transport, cls, job.id, attempt,
+                           outcome, status, reason, latency_ms, detail))
 
 
-def record_delivered(conn: apsw.Connection, attempts: list[tuple], now: float) -> None:
+def record_delivered(conn: apsw.Connection, attempts: list[tuple], now: float,
+                     lease_of: Callable[[WakeJob], str] | None = None) -> None:
     """Accepted attempts (job, class, attempt, status, reason, latency_ms, detail), all at `now`: what
     `log_attempt`, `count_attempt`, `set_state(..., "delivered")` and `clear_alerts` do for each,
-    a statement per step for all of them (alerts cleared once per app profile)."""
-    conn.executemany(SQL_LOG, [(now, job.origin, job.lease, job.app_profile, job.transport, cls, job.id, attempt,
+    a statement per step for all of them (alerts cleared once per app profile). `lease_of` names
+    each row's lease (as `log_attempt`'s `lease`)."""
+    name = lease_of or (lambda job: job.lease)
+    conn.executemany(SQL_LOG, [(now, job.origin, name(job), job.app_profile, job.transport, cls, job.id, attempt,
                                 "accepted", status, reason, latency_ms, detail)
                                for job, cls, attempt, status, reason, latency_ms, detail in attempts])
     ids = orjson.dumps([job.id for job, *_ in attempts]).decode()

@@ -67,3 +67,36 @@ def test_log_client_addresses_is_the_opt_in(tmp_path):
         server.stop()
     assert f'{client} - "WebSocket /" [accepted]' in text, text
     assert f"admin sign-in failed from {FORWARDED}" in text, text
+
+
+def test_the_delivery_log_names_leases_as_the_dashboard_does(tmp_path):
+    """The delivery log's lease reference is the dashboard's fingerprint (`lease:1a2b3c4d5e`), not a
+    prefix of the author's pubkey."""
+    from appliance.admin.redact import Redactor
+    from appliance.store.fingerprints import KEY_PURPOSE
+    from appliance.store.keyfile import KeyFile
+    from tests.push.delivery_helpers import Apns, Pusher, delivery_config, log_rows, token, wait_until
+
+    (tmp_path / "apns").mkdir()
+    apns = Apns(tmp_path / "apns").start()
+    server = Server(tmp_path / "data", config=delivery_config(apns)).start()
+    try:
+        async def wake():
+            alice, bob = await Pusher.connect(server), await Pusher.connect(server)
+            tok = token()
+            lease = await bob.lease(tok, subscriptions=[{"filter": {"kinds": [9], "#p": [bob.pubkey]},
+                                                         "class": "default"}])
+            await alice.publish(9, [["p", bob.pubkey]])
+            await wait_until(lambda: log_rows(server), timeout=30)
+            await alice.client.close()
+            await bob.client.close()
+            return bob.pubkey, next(t[1] for t in lease["tags"] if t[0] == "d")
+
+        pubkey, d = asyncio.run(wake())
+        (row,) = log_rows(server)
+        red = Redactor(KeyFile.read(server.data_dir / "appliance.key").derive(KEY_PURPOSE))
+        assert row["lease"] == red.lease(pubkey, d) and row["lease"].startswith("lease:")
+        assert pubkey[:12] not in row["lease"]
+    finally:
+        server.stop()
+        apns.stop()
