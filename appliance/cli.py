@@ -187,6 +187,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     sync_cli.add_parser(sub, _add_setting_flags)
 
+    from appliance.commands import transfer as transfer_cli
+
+    transfer_cli.add_parsers(sub, _add_setting_flags)
+
     bench = sub.add_parser("bench", help="Measure this machine: relay ingest and query speed.",
                            description="Benchmarks that start a relay on a temporary data dir.")
     from appliance import bench as bench_mod
@@ -303,6 +307,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             from appliance.commands import sync as sync_cli
 
             return sync_cli.run(args, _settings(args))
+
+        if args.command in ("export", "import", "delete"):
+            from appliance.commands import transfer as transfer_cli
+
+            run = {"export": transfer_cli.run_export, "import": transfer_cli.run_import,
+                   "delete": transfer_cli.run_delete}[args.command]
+            return run(args, _settings(args))
         if args.command == "bench":
             from appliance import bench as bench_mod
 

@@ -81,18 +81,21 @@ class Event:
         self.sig = sig
 
     def to_dict(self) -> dict[str, Any]:
+        """The event's fields in the order it is serialized (see `to_json_bytes`)."""
         return {
-            "id": self.id,
-            "pubkey": self.pubkey,
-            "created_at": self.created_at,
-            "kind": self.kind,
-            "tags": self.tags,
             "content": self.content,
+            "created_at": self.created_at,
+            "id": self.id,
+            "kind": self.kind,
+            "pubkey": self.pubkey,
             "sig": self.sig,
+            "tags": self.tags,
         }
 
     def to_json_bytes(self) -> bytes:
-        """Compact UTF-8 JSON (orjson emits exactly what JSON.stringify would)."""
+        """Compact UTF-8 JSON (orjson escapes exactly as JSON.stringify does), keys in alphabetical
+        order: strfry stores and exports every event in that form, so events moved between the two
+        with `export`/`import` keep their bytes both ways (docs/spec-notes.md, JSON lines)."""
         return orjson.dumps(self.to_dict())
 
     def to_json(self) -> str:

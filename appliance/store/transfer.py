@@ -1,0 +1,193 @@
+"""The operator's bulk reads and deletes of one origin's events (`appliance export`, `delete`).
+
+A filter here selects every event it matches at the origin, whoever may read it (the operator's
+tools see all the data, as a backup does), oldest first. Reads go in pages keyed on
+(created_at, id), so memory stays constant however many events match, on both backends (a
+PostgreSQL cursor would otherwise hold the whole answer); deletes go in chunks of rowids, each its
+own short write transaction, so a server running beside them waits for the write lock at most
+one chunk's time.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+from appliance.nostr.filters import Filter
+from appliance.store.events import _in, delete_row
+
+# Events per page of an export, and per write transaction of a delete.
+DEFAULT_PAGE = 5000
+
+
+def filter_condition(f: Filter, now: int) -> tuple[str, list]:
+    """The filter (but its `limit`) as a condition on `events e` past its origin, and its bindings.
+    Expired events not purged yet are left out, as REQ leaves them out."""
+    where = ["(e.expiration IS NULL OR e.expiration > ?)"]
+    params: list = [now]
+    if f.ids is not None:
+        where.append(_in("e.id", sorted(f.ids), params))
+    if f.authors is not None:
+        where.append(_in("e.pubkey", sorted(f.authors), params))
+    if f.kinds is not None:
+        where.append(_in("e.kind", sorted(f.kinds), params))
+    if f.since is not None:
+        where.append("e.created_at >= ?")
+        params.append(f.since)
+    if f.until is not None:
+        where.append("e.created_at <= ?")
+        params.append(f.until)
+    for name, values in sorted(f.tags.items()):
+        sub: list = [name]
+        cond = _in("x.value", sorted(values), sub)
+        where.append(f"EXISTS (SELECT 1 FROM tags x WHERE x.event = e.rowid AND x.name = ? AND {cond})")
+        params.extend(sub)
+    return " AND ".join(where), params
+
+
+def _matches_nothing(f: Filter) -> bool:
+    return ((f.ids is not None and not f.ids) or (f.authors is not None and not f.authors)
+            or (f.kinds is not None and not f.kinds) or any(not v for v in f.tags.values())
+            or f.limit == 0 or (f.since is not None and f.until is not None and f.since > f.until))
+
+
+def _limited(conn, origin: int, f: Filter, cond: str, params: list) -> tuple[str, list]:
+    """With a `limit`, the filter selects its newest `limit` events (newest first, on equal
+    created_at the lowest id first: REQ's order): the condition grows a bound on (created_at, id)
+    at the last of them, found with one indexed walk."""
+    if f.limit is None:
+        return cond, params
+    row = conn.execute(
+        f"SELECT e.created_at, e.id FROM events e WHERE e.origin = ? AND {cond} "
+        "ORDER BY e.created_at DESC, e.id LIMIT 1 OFFSET ?", [origin, *params, f.limit - 1]).fetchone()
+    if row is None:  # fewer than `limit` match: all of them
+        return cond, params
+    created_at, eid = row
+    return (f"{cond} AND e.created_at >= ? AND (e.created_at > ? OR e.id <= ?)",
+            [*params, created_at, created_at, eid])
+
+
+def export_pages(conn, origin: int, f: Filter, now: int, page: int = DEFAULT_PAGE) -> Iterator[list[bytes]]:
+    """The stored JSON (UTF-8 bytes) of every event at `origin` the filter selects, oldest first and
+    on equal created_at the lowest id first (the order strfry writes a batch of events in, so an
+    export it imports comes out of its own export in the same order), a page at a time. Run it
+    inside one read transaction: the pages then come from one snapshot."""
+    if _matches_nothing(f):
+        return
+    cond, params = _limited(conn, origin, f, *filter_condition(f, now))
+    first = ("SELECT e.created_at, e.id, CAST(e.raw AS BLOB) FROM events e INDEXED BY events_time "
+             f"WHERE e.origin = ? AND {cond} ORDER BY e.created_at, e.id LIMIT ?")
+    rest = ("SELECT e.created_at, e.id, CAST(e.raw AS BLOB) FROM events e INDEXED BY events_time "
+            f"WHERE e.origin = ? AND {cond} AND e.created_at >= ? AND (e.created_at > ? OR e.id > ?) "
+            "ORDER BY e.created_at, e.id LIMIT ?")
+    rows = conn.execute(first, [origin, *params, page]).fetchall()
+    while rows:
+        yield [r[2] for r in rows]
+        if len(rows) < page:
+            return
+        created_at, eid = rows[-1][0], rows[-1][1]
+        rows = conn.execute(rest, [origin, *params, created_at, created_at, eid, page]).fetchall()
+
+
+SQL_MAX_ROWID = "SELECT max(rowid) FROM events"
+
+
+def count_matching(conn, origin: int, f: Filter, now: int) -> int:
+    """How many events at `origin` the filter selects (what `delete_matching` deletes)."""
+    if _matches_nothing(f):
+        return 0
+    cond, params = _limited(conn, origin, f, *filter_condition(f, now))
+    return conn.execute(f"SELECT count(*) FROM events e WHERE e.origin = ? AND {cond}",
+                        [origin, *params]).fetchone()[0]
+
+
+class Deletion:
+    """Deleting what a filter selects, one chunk per write transaction (`step`), in rowid order.
+
+    Only events stored when it began are deleted: the first step notes the highest rowid, and
+    later steps go no further. (New rows get rowids above every stored one, and the highest goes
+    in the last step; only if the server deletes that row first, a replacement of it for
+    instance, can a row stored meanwhile get a rowid within the bound.)"""
+
+    def __init__(self, origin: int, f: Filter, now: int, chunk: int = DEFAULT_PAGE):
+        self.origin, self.filter, self.now, self.chunk = origin, f, now, chunk
+        self.bound: int | None = None
+        self.after = 0
+        self.deleted = 0
+        self.done = _matches_nothing(f)
+        self._cond: tuple[str, list] | None = None
+
+    def step(self, conn) -> int:
+        """Delete the next chunk (inside a write transaction); how many rows went."""
+        if self.done:
+            return 0
+        if self._cond is None:
+            self.bound = conn.execute(SQL_MAX_ROWID).fetchone()[0] or 0
+            self._cond = _limited(conn, self.origin, self.filter, *filter_condition(self.filter, self.now))
+        cond, params = self._cond
+        rowids = [r[0] for r in conn.execute(
+            f"SELECT e.rowid FROM events e WHERE e.origin = ? AND e.rowid > ? AND e.rowid <= ? AND {cond} "
+            "ORDER BY e.rowid LIMIT ?", [self.origin, self.after, self.bound, *params, self.chunk])]
+        for rowid in rowids:
+            delete_row(conn, rowid)
+        if len(rowids) < self.chunk:
+            self.done = True
+        if rowids:
+            self.after = rowids[-1]
+        self.deleted += len(rowids)
+        return len(rowids)
+
+
+def store_imported(conn, items: list) -> list:
+    """Store imported events (`events.PendingEvent`s, no hooks) in order, inside one write
+    transaction, under the rules of a publish (NIP-01 replacement, NIP-09 deletion, NIP-40
+    expiry): one StoreResult, AlreadyStored or Rejected per item. Runs of plain events take the
+    batched path; the others go one at a time, each in a savepoint of its own."""
+    from appliance.errors import AlreadyStored, Rejected
+    from appliance.store.events import batchable, store_events_batch
+
+    results: list = [None] * len(items)
+    i = 0
+    while i < len(items):
+        j = i
+        while j < len(items) and batchable(items[j].ev, None):
+            j += 1
+        if j - i > 1:
+            conn.execute("SAVEPOINT imported")
+            try:
+                results[i:j] = store_events_batch(conn, items[i:j])
+            except (AlreadyStored, Rejected, *_DB_ERRORS):
+                # (a value the batch statement cannot take, say): the run again one by one
+                conn.execute("ROLLBACK TO imported")
+                conn.execute("RELEASE imported")
+            else:
+                conn.execute("RELEASE imported")
+                i = j
+                continue
+        j = max(j, i + 1)
+        for k in range(i, j):
+            conn.execute("SAVEPOINT imported")
+            try:
+                results[k] = items[k](conn)
+            except (AlreadyStored, Rejected) as exc:
+                conn.execute("ROLLBACK TO imported")
+                results[k] = exc
+            conn.execute("RELEASE imported")
+        i = j
+    return results
+
+
+def _db_errors() -> tuple[type[BaseException], ...]:
+    """The drivers' statement errors (a batch that fails on one is written again one by one)."""
+    import apsw
+
+    errors: list[type[BaseException]] = [apsw.ConstraintError, apsw.MismatchError]
+    try:
+        import psycopg
+    except ImportError:
+        pass
+    else:
+        errors.append(psycopg.DataError)
+    return tuple(errors)
+
+
+_DB_ERRORS = _db_errors()
