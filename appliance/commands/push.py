@@ -333,11 +333,12 @@ def describe_outcome(outcome, request_id: str, ms: float) -> str:
     answer = f"the provider answered {outcome.status}" + (f" {outcome.reason}" if outcome.reason else "")
     if outcome.kind == ACCEPTED:
         return f"sent: {answer} (apns-id {request_id}, {ms:.0f} ms)"
+    shown = outcome.detail.replace("; not sent", "")
     if outcome.status is None:
         why = outcome.reason or outcome.kind
-        detail = f": {outcome.detail}" if outcome.detail else ""
+        detail = f": {shown}" if shown else ""
         return f"not sent ({outcome.kind}): {why}{detail}"
-    detail = f"; {outcome.detail}" if outcome.detail else ""
+    detail = f"; {shown}" if shown else ""
     return f"not accepted ({outcome.kind}): {answer} (apns-id {request_id}, {ms:.0f} ms){detail}"
 
 
@@ -432,6 +433,14 @@ def _run_test_wake(args: argparse.Namespace, settings: Settings, running: dict |
             await transport.close()
 
     outcome, request_id, ms = asyncio.run(wake())
+    if outcome is not None:
+        # The profile's health takes the answer as the dashboard's test wake does: an accepted one
+        # clears its alerts (a fixed configuration), a refused connection makes it failing.
+        from appliance.commands import open_data
+        from appliance.push.delivery import note_health
+
+        with open_data(settings) as (store, _registry):
+            store.write_sync(lambda conn: note_health(conn, origin.id, args.profile, outcome, time.time()))
     print(f"test wake to token {token_fingerprint(token)} through {args.profile} at {origin.origin}", flush=True)
     print(describe_outcome(outcome, request_id, ms), flush=True)
     from appliance.transports import ACCEPTED

@@ -132,11 +132,39 @@ def test_test_wake_prints_the_providers_answer(tmp_path, apns):
         out = cli("push", "test-wake", "--data-dir", server.data_dir, "--profile", IOS, "--token", tok)
         assert out.returncode == 1
         assert "not accepted (invalid_endpoint): the provider answered 410 Unregistered" in out.stdout, out.stdout
+        # An accepted test wake clears the profile's configuration alert, as the dashboard's does.
+        apns.emulator.behave(None, 403, "InvalidProviderToken", times=1)
+        asyncio.run(_mention_wake(server))
+        assert asyncio.run(_alerts_after(server, lambda alerts: alerts))
+        out = cli("push", "test-wake", "--data-dir", server.data_dir, "--profile", IOS, "--token", token())
+        assert out.returncode == 0, out.stdout
+        assert asyncio.run(_alerts_after(server, lambda alerts: not alerts)) == []
         out = cli("push", "test-wake", "--data-dir", server.data_dir, "--profile", "com.example.app/android",
                   "--token", tok)
         assert out.returncode == 2 and "no APNs app profile" in out.stderr
     finally:
         server.stop()
+
+
+async def _mention_wake(server: Server) -> None:
+    """A lease and an event that wakes it (the answer is the emulator's business)."""
+    alice, bob = await Pusher.connect(server), await Pusher.connect(server)
+    await bob.lease(token(), subscriptions=[{"filter": {"kinds": [9], "#p": [bob.pubkey]}, "class": "default"}])
+    await alice.publish(9, [["p", bob.pubkey]])
+    await alice.client.close()
+    await bob.client.close()
+
+
+async def _alerts_after(server: Server, predicate, timeout: float = 30):
+    """The active alerts once `predicate(alerts)` holds."""
+    from tests.pg import db_rows
+    from tests.push.delivery_helpers import wait_until
+
+    def active():
+        return db_rows(server.data_dir, "SELECT app_profile, reason FROM push_alerts WHERE cleared_at IS NULL")
+
+    await wait_until(lambda: predicate(active()) or None, timeout=timeout)
+    return active()
 
 
 def test_test_wake_uses_a_key_uploaded_in_the_dashboard(tmp_path, apns):
