@@ -366,6 +366,7 @@ def build(settings: Settings) -> Appliance:
 
         settings.apply_stored(store.read_sync(stored_settings))  # saved from the dashboard
         origins = prepare_origins(store, settings)
+        sync_search_kinds(store, settings)
         keyfile = KeyFile.for_store(settings.data_path, store)
     except Exception:
         store.close()
@@ -392,6 +393,25 @@ def build(settings: Settings) -> Appliance:
     _wire_gateway(app)
     _wire_nodes(app)
     return app
+
+
+def sync_search_kinds(store, settings: Settings) -> None:
+    """NIP-50: index the events of kinds added to `search_kinds` since the last start, and unindex
+    those of kinds removed, before serving (the kinds table then follows the setting)."""
+    from appliance.store.search import Rebuild
+
+    rebuild = Rebuild(settings.search_kinds, full=False)
+    last = [time.monotonic()]
+
+    def progress(r: Rebuild) -> None:
+        if time.monotonic() - last[0] > 5:
+            last[0] = time.monotonic()
+            log.info("search index: %d of %d rowids done", r.after, r.bound or 0)
+
+    rebuild.run(store.write_sync, progress)
+    if rebuild.added or rebuild.removed:
+        log.info("search index: kinds %s indexed, kinds %s unindexed (search_kinds is now %s)",
+                 list(rebuild.added), list(rebuild.removed), list(rebuild.kinds))
 
 
 def make_bus(store):

@@ -190,6 +190,9 @@ def build_parser() -> argparse.ArgumentParser:
     from appliance.commands import transfer as transfer_cli
 
     transfer_cli.add_parsers(sub, _add_setting_flags)
+    from appliance.commands import search as search_cli
+
+    search_cli.add_parser(sub, _add_setting_flags)
 
     bench = sub.add_parser("bench", help="Measure this machine: relay ingest and query speed.",
                            description="Benchmarks that start a relay on a temporary data dir.")
@@ -314,6 +317,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             run = {"export": transfer_cli.run_export, "import": transfer_cli.run_import,
                    "delete": transfer_cli.run_delete}[args.command]
             return run(args, _settings(args))
+        if args.command == "search":
+            from appliance.commands import search as search_cli
+
+            return search_cli.run(args, _settings(args))
         if args.command == "bench":
             from appliance import bench as bench_mod
 

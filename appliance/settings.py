@@ -127,6 +127,27 @@ def _pubkeys(value: Any) -> tuple[str, ...]:
     return tuple(dict.fromkeys(items))
 
 
+def _kinds(value: Any) -> tuple[int, ...]:
+    """A list of event kinds: a TOML list, or numbers separated by commas or spaces ([] for none)."""
+    if isinstance(value, (list, tuple)):
+        items = list(value)
+    else:
+        text = _str(value).strip()
+        if text.startswith("[") and text.endswith("]"):
+            text = text[1:-1]
+        items = [v for v in text.replace(",", " ").split() if v]
+    kinds = []
+    for item in items:
+        try:
+            kind = _int(item)
+        except ValueError:
+            raise ValueError(f"{item!r} is not a kind (a whole number from 0 to 65535)") from None
+        if not 0 <= kind <= 65535:
+            raise ValueError(f"{kind} is not a kind (a whole number from 0 to 65535)")
+        kinds.append(kind)
+    return tuple(sorted(set(kinds)))
+
+
 @dataclass(frozen=True)
 class Setting:
     """One setting: its name, type, default and the help text shown everywhere."""
@@ -222,6 +243,11 @@ SETTINGS: tuple[Setting, ...] = (
     _s("negentropy_idle_timeout", _float, 60.0,
        "Seconds a NIP-77 negentropy session may go without a message before it is closed (NEG-ERR "
        "`closed:`), its memory freed.", minimum=1, maximum=86400),
+    _s("search_kinds", _kinds, (1, 30023),
+       "Kinds whose content NIP-50 `search` finds (full-text index; other kinds never match a search): "
+       "short notes and long-form articles by default. Indexing costs ingest time and disk for each "
+       "event of these kinds. `appliance serve` indexes a kind added here (and drops one removed) at "
+       "start; `appliance search reindex` rebuilds the whole index.", metavar="KINDS"),
     _s("max_filter_values", _int, 1000,
        "Values allowed in one filter list (ids, authors, kinds, a tag).", minimum=1, maximum=100000),
     _s("max_event_tags", _int, 2000, "Tags allowed on one event.", minimum=1, maximum=100000),

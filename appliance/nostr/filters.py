@@ -6,11 +6,13 @@ import re
 from typing import Any, Iterable
 
 from .event import MAX_SAFE_INT, Event
+from .search import content_matches, search_terms
 
 __all__ = [
     "Filter",
     "InvalidFilter",
     "parse_filter",
+    "only_searchable",
     "matches",
     "matches_any",
     "DEFAULT_MAX_VALUES",
@@ -156,18 +158,22 @@ def parse_filter(
     return f
 
 
-def _search_terms(search: str) -> list[str]:
-    # NIP-50 "key:value" extensions (e.g. language:en) are not content terms.
-    return [w.casefold() for w in search.split() if ":" not in w]
+def only_searchable(f: Filter, search_kinds: Iterable[int]) -> Filter:
+    """A filter with `search` narrowed to the kinds a relay's search index holds (all of them
+    when it names none), so stored and live events match it alike; others unchanged."""
+    if f.search is not None:
+        kinds = frozenset(search_kinds)
+        f.kinds = kinds if f.kinds is None else f.kinds & kinds
+    return f
 
 
 def matches(f: Filter, ev: Event) -> bool:
     """NIP-01: every present condition must hold; within one list any value may match.
 
     since and until are inclusive. limit plays no part (it bounds stored
-    results only). search, when present, requires every term (case-folded
-    substring) to occur in the content; this is a plain fallback for live
-    events, a store may rank stored results its own way.
+    results only). search, when present, requires every word of it (NIP-50
+    key:value extensions aside) as a word of the content, case and diacritics
+    folded (nostr.search: the store's index splits and folds the same way).
     """
     if f.ids is not None and ev.id not in f.ids:
         return False
@@ -185,11 +191,8 @@ def matches(f: Filter, ev: Event) -> bool:
                 break
         else:
             return False
-    if f.search is not None:
-        content = ev.content.casefold()
-        for term in _search_terms(f.search):
-            if term not in content:
-                return False
+    if f.search is not None and not content_matches(search_terms(f.search), ev.content):
+        return False
     return True
 
 

@@ -9,6 +9,8 @@ from appliance.origins import Origin
 from appliance.settings import Settings
 
 SUPPORTED_NIPS = [1, 9, 11, 29, 40, 42, 45, 77]
+# NIP-50 search, advertised while some kinds are searchable (the search_kinds setting).
+SEARCH_NIP = 50
 
 NOSTR_JSON = "application/nostr+json"
 
@@ -45,7 +47,7 @@ def document(origin: Origin, settings: Settings, extensions: list[Extension] = (
         "description": origin.description,
         "software": "appliance",
         "version": __version__,
-        "supported_nips": SUPPORTED_NIPS,
+        "supported_nips": sorted([*SUPPORTED_NIPS, SEARCH_NIP]) if s.search_kinds else SUPPORTED_NIPS,
         "limitation": {
             "max_message_length": s.max_message_length,
             "max_subscriptions": s.max_subscriptions,

@@ -21,12 +21,15 @@ from appliance.store import pg_schema
 from appliance.store.dsn import redact
 from appliance.store.postgres import _message
 
-SQL_TABLES = "SELECT name FROM sqlite_schema WHERE type = 'table' AND name NOT LIKE 'sqlite_%' ORDER BY rowid"
+# The ordinary tables: not the search index (an FTS5 virtual table and its shadow tables; PostgreSQL's
+# own index, events_search, is written by its trigger as the events are copied).
+SQL_TABLES = ("SELECT name FROM sqlite_schema WHERE type = 'table' AND name NOT LIKE 'sqlite_%' AND name IN "
+              "(SELECT name FROM pragma_table_list WHERE schema = 'main' AND type = 'table') ORDER BY rowid")
 SQL_COLUMNS = "SELECT name FROM pragma_table_info(?)"
 # Identity columns and their tables: the next id PostgreSQL hands out follows the copied ones.
 IDENTITIES = (("origins", "id"), ("events", "rowid"), ("delivery_log", "id"))
 # Rows migration 1 seeds, which the copy brings (with their values) instead.
-SEEDED = ("meta", "admin_auth")
+SEEDED = ("meta", "admin_auth", "search_kinds")
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ import orjson
 from appliance.errors import AlreadyStored, Rejected
 from appliance.nostr.event import Event, is_addressable, is_event_id, is_replaceable
 from appliance.nostr.filters import Filter
+from appliance.store import search
 from appliance.store.dialect import postgres_variant
 
 # NIP-PL, Lease and Key Lifecycle: "relays MUST ignore deletion requests targeting this kind".
@@ -478,15 +479,35 @@ def any_expired(conn, now: int) -> bool:
 
 def build_query(origin: int, f: Filter, scope: ReadScope | None, now: int, limit: int, *, count: bool = False,
                 rowids: bool = False, condition: bool = False, raw_bytes: bool = False,
-                at_second: int | None = None, expired: bool = True, records: bool = False):
+                at_second: int | None = None, expired: bool = True, records: bool = False, ranked: bool = False):
     """SQL and bindings for one filter: pick the most selective index to drive the scan.
-    `expired`: as for `_scope_sql`. `records`: (created_at, id) rows, see `negentropy_rows`."""
+    `expired`: as for `_scope_sql`. `records`: (created_at, id) rows, see `negentropy_rows`.
+    A filter with `search` is driven by the search index (store/search.py); `ranked`: its answer,
+    most relevant first (see `_search_answer`)."""
+    if f.search is not None:
+        sql, params = _build_query(origin, f, scope, now, limit, count=count, rowids=rowids, condition=condition,
+                                   raw_bytes=raw_bytes, expired=expired, records=records, ranked=ranked)
+        return (sql if sql is None else search.register(sql)), params
+    return _build_query(origin, f, scope, now, limit, count=count, rowids=rowids, condition=condition,
+                        raw_bytes=raw_bytes, at_second=at_second, expired=expired, records=records)
+
+
+def _build_query(origin: int, f: Filter, scope: ReadScope | None, now: int, limit: int, *, count: bool = False,
+                 rowids: bool = False, condition: bool = False, raw_bytes: bool = False,
+                 at_second: int | None = None, expired: bool = True, records: bool = False, ranked: bool = False):
     params: list = []
     where: list[str] = []
     tag_items = sorted(f.tags.items(), key=lambda kv: (_TAG_PREFERENCE.index(kv[0])
                                                        if kv[0] in _TAG_PREFERENCE else 99, kv[0]))
     drive_tag = None
-    if f.ids is None and tag_items and (f.authors is None or tag_items[0][0] in ("e", "p")):
+    searching = f.search is not None
+    if searching:
+        if condition:
+            return None, None
+        # The search's value is the first binding (PostgreSQL's text binds it in FROM: search.register).
+        where.append(search.CONDITION)
+        params.append(search.fts_query(search.search_terms(f.search)))
+    elif f.ids is None and tag_items and (f.authors is None or tag_items[0][0] in ("e", "p")):
         drive_tag, tag_items = tag_items[0], tag_items[1:]
 
     # Driving from the tag index, the event's kind, rowid and created_at are in the index entry:
@@ -534,7 +555,9 @@ def build_query(origin: int, f: Filter, scope: ReadScope | None, now: int, limit
     # has grown since it was opened has none) SQLite prefers an index that yields the ORDER BY
     # and scans every event of the origin in it (events_time for `ids`, events_id for the tie
     # reads below): hundreds of milliseconds at 20k events where the named index takes 0.1 ms.
-    if drive_tag is None:
+    if searching:
+        source = search.SOURCE
+    elif drive_tag is None:
         source = f"events e INDEXED BY {_events_index(f)}"
     elif (count or rowids) and not needs_row:
         source = "tags t INDEXED BY tags_lookup"  # an index-only scan: nothing here needs the event row
@@ -557,6 +580,10 @@ def build_query(origin: int, f: Filter, scope: ReadScope | None, now: int, limit
                     params)
         return f"SELECT {distinct}{time_col}, e.id FROM {source} WHERE {clause} ORDER BY {time_col} LIMIT ?", params
     raw = "CAST(e.raw AS BLOB)" if raw_bytes else "e.raw"  # bytes: no UTF-8 decoding, ready to send
+    if ranked:  # NIP-50: most relevant first, then newest, then lowest id
+        params.append(limit)
+        return (f"SELECT e.created_at, e.id, {raw} FROM {source} WHERE {clause} "
+                f"ORDER BY {search.RANK}, e.created_at DESC, e.id LIMIT ?", params)
     if at_second is not None:  # every event of one second, lowest id first (see _filter_answer)
         params.append(at_second)
         params.append(limit * fanout)
@@ -590,6 +617,7 @@ def _matches_nothing(f: Filter) -> bool:
         or (f.kinds is not None and not f.kinds)
         or any(not v for v in f.tags.values())
         or (f.since is not None and f.until is not None and f.since > f.until)
+        or (f.search is not None and not search.search_terms(f.search))  # no word to look for
     )
 
 
@@ -625,20 +653,40 @@ def query_rows(
     raw_bytes: bool = False,
 ) -> list[tuple[str, str | bytes]]:
     """`query_events` as (id, raw) pairs; with `raw_bytes` each raw is the stored UTF-8 bytes."""
-    live = [f for f in filters if not (_matches_nothing(f) or f.search is not None or f.limit == 0)]
-    # (NIP-50 search is not supported: such a filter matches nothing here.)
+    live = [f for f in filters if not (_matches_nothing(f) or f.limit == 0)]
     share = max_bytes // len(live) if max_bytes is not None and live else None
     if len(live) == 1:  # one filter: its answer is in order and without duplicates already
         f = live[0]
         limit = min(f.limit if f.limit is not None else default_limit, max_limit)
-        return [(eid, raw) for _c, eid, raw in _filter_answer(conn, origin, f, scope, now, limit, share, raw_bytes)]
+        answer = _search_answer if f.search is not None else _filter_answer
+        return [(eid, raw) for _c, eid, raw in answer(conn, origin, f, scope, now, limit, share, raw_bytes)]
+    # Several filters (a search among them or not): their events together, newest first.
     found: dict[str, tuple[int, str | bytes]] = {}
     for f in live:
         limit = min(f.limit if f.limit is not None else default_limit, max_limit)
-        for created_at, eid, raw in _filter_answer(conn, origin, f, scope, now, limit, share, raw_bytes):
+        answer = _search_answer if f.search is not None else _filter_answer
+        for created_at, eid, raw in answer(conn, origin, f, scope, now, limit, share, raw_bytes):
             found[eid] = (created_at, raw)
     ordered = sorted(found.items(), key=lambda kv: (-kv[1][0], kv[0]))
     return [(eid, raw) for eid, (_c, raw) in ordered]
+
+
+def _search_answer(conn: apsw.Connection, origin: int, f: Filter, scope: ReadScope, now: int, limit: int,
+                   share: int | None, raw_bytes: bool) -> list[tuple]:
+    """A search filter's answer (NIP-50): (created_at, id, raw), the most relevant first, then the
+    newest, then the lowest id; at most `limit` events and, past the first, `share` bytes."""
+    sql, params = build_query(origin, f, scope, now, limit, raw_bytes=raw_bytes, ranked=True)
+    rows = conn.execute(sql, params).fetchall()
+    if share is None:
+        return rows
+    out: list[tuple] = []
+    size = 0
+    for row in rows:
+        size += len(row[2])
+        if size > share and out:
+            break
+        out.append(row)
+    return out
 
 
 def _filter_answer(conn: apsw.Connection, origin: int, f: Filter, scope: ReadScope, now: int, limit: int,
@@ -741,7 +789,7 @@ def negentropy_rows(conn: apsw.Connection, origin: int, f: Filter, scope: ReadSc
 def count_events(conn: apsw.Connection, origin: int, filters: list[Filter], scope: ReadScope, now: int) -> int:
     """NIP-45 COUNT: distinct events matching any filter (limits do not apply), counted by SQLite
     in one statement (several filters: the UNION of their rows), never by collecting ids here."""
-    live = [f for f in filters if not _matches_nothing(f) and f.search is None]
+    live = [f for f in filters if not _matches_nothing(f)]
     if not live:
         return 0
     expired = any_expired(conn, now)
@@ -770,7 +818,10 @@ def count_events(conn: apsw.Connection, origin: int, filters: list[Filter], scop
         part, part_params = build_query(origin, f, scope, now, 0, rowids=True, expired=expired)
         parts.append(part)
         params += part_params
-    return conn.execute(f"SELECT count(*) FROM ({' UNION '.join(parts)})", params).fetchone()[0]
+    sql = f"SELECT count(*) FROM ({' UNION '.join(parts)})"
+    if any(f.search is not None for f in live):  # its searches' PostgreSQL text (search.register)
+        sql = search.register(sql)
+    return conn.execute(sql, params).fetchone()[0]
 
 
 SQL_TOP_AUTHORS_SINCE = (

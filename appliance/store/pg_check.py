@@ -31,7 +31,11 @@ SQL_GENERATION_ROW = "SELECT value FROM meta WHERE name = 'config_generation'"
 SQL_ADMIN_ROW = "SELECT count(*) FROM admin_auth WHERE id = 1"
 # SQLite's own catalogue, for the tables a store of this version has (the PostgreSQL ladder makes
 # the same tables and columns: tests/store/test_schema.py holds the two together).
-SQL_LITE_TABLES = "SELECT name FROM sqlite_schema WHERE type = 'table' ORDER BY name"
+# (The search index is each backend's own: SQLite's FTS5 virtual table and its shadow tables are
+# left out, PostgreSQL's events_search added: SEARCH_INDEX_COLUMNS.)
+SQL_LITE_TABLES = ("SELECT name FROM pragma_table_list WHERE schema = 'main' AND type = 'table' "
+                   "AND name NOT LIKE 'sqlite_%' ORDER BY name")
+SEARCH_INDEX_COLUMNS = {"events_search": ["event", "tsv"]}
 SQL_LITE_COLUMNS = "SELECT name FROM pragma_table_info(?)"
 
 # PostgreSQL's lowest supported version here (README: 13 or later).
@@ -101,6 +105,7 @@ def expected_columns() -> dict[str, list[str]]:
     finally:
         lite.close()
     want["schema_version"] = ["version"]
+    want.update(SEARCH_INDEX_COLUMNS)
     return want
 
 

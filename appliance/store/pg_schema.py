@@ -357,12 +357,49 @@ MIGRATIONS: tuple[str, ...] = (
         PRIMARY KEY (origin, app_profile)
     );
     """,
+    # 6: SQLite's 16: NIP-50 search. The content of events of the searchable kinds as a tsvector
+    # ('simple' configuration: lowercased words, no stemming, as SQLite's unicode61 tokenizer) in a
+    # GIN-indexed table of its own, written by a trigger in each event's own transaction and deleted
+    # with the event (ON DELETE CASCADE).
+    """
+    CREATE TABLE search_kinds (
+        kind        BIGINT PRIMARY KEY
+    );
+    INSERT INTO search_kinds (kind) VALUES (1), (30023);
+    CREATE TABLE events_search (
+        event       BIGINT PRIMARY KEY REFERENCES events(rowid) ON DELETE CASCADE,
+        tsv         tsvector NOT NULL
+    );
+    CREATE INDEX events_search_tsv ON events_search USING gin (tsv);
+    CREATE FUNCTION appliance_search_text(raw text) RETURNS tsvector LANGUAGE plpgsql IMMUTABLE AS $$
+    BEGIN
+        IF position('\\u0000' IN raw) = 0 THEN
+            RETURN to_tsvector('simple', coalesce(raw::jsonb ->> 'content', ''));
+        END IF;
+        BEGIN  -- jsonb refuses \\u0000: read it as a space (or, past that, index nothing)
+            RETURN to_tsvector('simple', coalesce(replace(raw, '\\u0000', ' ')::jsonb ->> 'content', ''));
+        EXCEPTION WHEN OTHERS THEN
+            RETURN ''::tsvector;
+        END;
+    END $$;
+    CREATE FUNCTION appliance_index_search() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN
+        IF EXISTS (SELECT 1 FROM search_kinds WHERE kind = NEW.kind) THEN
+            INSERT INTO events_search (event, tsv) VALUES (NEW.rowid, appliance_search_text(NEW.raw));
+        END IF;
+        RETURN NULL;
+    END $$;
+    CREATE TRIGGER events_search_insert AFTER INSERT ON events
+        FOR EACH ROW EXECUTE FUNCTION appliance_index_search();
+    INSERT INTO events_search (event, tsv)
+        SELECT rowid, appliance_search_text(raw) FROM events WHERE kind IN (SELECT kind FROM search_kinds);
+    """,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)
 # The SQLite schema version whose tables migration SCHEMA_VERSION matches (migrate-to-postgres
 # copies only from a database at that version).
-SQLITE_SCHEMA_VERSION = 15
+SQLITE_SCHEMA_VERSION = 16
 
 # Serialises migrations between nodes starting at once (pg_advisory_xact_lock key).
 MIGRATION_LOCK = 0x6170706C69616E63

@@ -452,6 +452,31 @@ MIGRATIONS: tuple[str, ...] = (
         PRIMARY KEY (origin, app_profile)
     ) WITHOUT ROWID;
     """,
+    # 16: NIP-50 search. The content of events of the searchable kinds (the `search_kinds` setting,
+    # kept in its table by `serve`) in an FTS5 index without a copy of the text (contentless), its
+    # rowids the events' own. Triggers keep it in each event's own transaction on every path that
+    # writes or deletes an event (publish, import, replacement, NIP-09, expiry, bans, delete).
+    """
+    CREATE TABLE search_kinds (
+        kind        INTEGER PRIMARY KEY
+    ) WITHOUT ROWID;
+    INSERT INTO search_kinds (kind) VALUES (1), (30023);
+    CREATE VIRTUAL TABLE events_fts USING fts5(
+        content, content = '', contentless_delete = 1, tokenize = 'unicode61 remove_diacritics 2'
+    );
+    CREATE TRIGGER events_fts_insert AFTER INSERT ON events
+        WHEN new.kind IN (SELECT kind FROM search_kinds)
+    BEGIN
+        INSERT INTO events_fts (rowid, content) VALUES (new.rowid, new.raw ->> '$.content');
+    END;
+    -- Whatever the kind: the kinds indexed may have changed since the event was stored.
+    CREATE TRIGGER events_fts_delete AFTER DELETE ON events
+    BEGIN
+        DELETE FROM events_fts WHERE rowid = old.rowid;
+    END;
+    INSERT INTO events_fts (rowid, content)
+        SELECT rowid, raw ->> '$.content' FROM events WHERE kind IN (SELECT kind FROM search_kinds);
+    """,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

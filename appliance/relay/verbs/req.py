@@ -7,7 +7,7 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
-from appliance.nostr.filters import Filter, InvalidFilter, parse_filter
+from appliance.nostr.filters import Filter, InvalidFilter, only_searchable, parse_filter
 from appliance.relay.authz import AUTHOR_ONLY_KINDS, GATED_KINDS, may_enter
 from appliance.relay.frames import Frames, frame_events
 from appliance.relay.governor import REFUSED, WAIT
@@ -87,7 +87,10 @@ def subscription_arguments(session: "Session", msg: list, verb: str,
     if refusal is not None:
         session.closed_msg(sub_id, refusal)
         return sub_id, None
-    return sub_id, filters
+    # NIP-50: a search selects only the kinds indexed, stored or live (after the gate, which
+    # judges the kinds the client asked for).
+    search_kinds = session.settings.search_kinds
+    return sub_id, [only_searchable(f, search_kinds) for f in filters]
 
 
 # -- COUNT ----------------------------------------------------------------------------------------
