@@ -125,7 +125,7 @@ def test_cli_blocks_by_fingerprint_and_names_it_only_so(tmp_path):
         assert out.returncode == 0, out.stderr
         assert out.stdout.strip() == f"blocked {fp} at {server.url}" and alice.pubkey not in out.stdout + out.stderr
         for _ in range(50):  # the running appliance applies it within a second
-            listed = cli("origins", "list", "--data-dir", str(server.data_dir))
+            listed = cli("origins", "list", "--json", "--data-dir", str(server.data_dir))
             if alice.pubkey in listed.stdout:
                 break
             time.sleep(0.1)
