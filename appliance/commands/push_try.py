@@ -209,7 +209,7 @@ def _demo(work: Path, emu, running: dict) -> None:
     if not ok:
         raise TryFailed(f"the lease was refused: {message}")
     key_id = next(t[1] for t in lease["tags"] if t[0] == "exec")
-    _say("3/7", f"lease accepted: OK true for kind 30350 {lease['id'][:16]}... (device pk:{device_pk[:10]}, token "
+    _say("3/7", f"lease accepted: OK true for kind 30350 {lease['id'][:16]}... (device pubkey {device_pk[:12]}…, token "
          f"{token_fingerprint(token)}, wakes on kind {DEMO_KIND} tagging the device, NIP-44 encrypted to executor "
          f"key {key_id})")
     event = sign_event(sender, DEMO_KIND, [["p", device_pk]], "hello from appliance push try").to_dict()
