@@ -7,8 +7,8 @@ messages for the same records and the same frame size limit, so either side may 
 implementation. The wire format is docs/negentropy-protocol-v1.md of that project.
 
 Records live in one `bytes` of 40-byte entries (the timestamp big-endian, then the id), sorted:
-40 bytes a record (and about one more for partial sums), so the memory of a session is bounded by
-its record count. A fingerprint takes the partial sum of whole blocks of 64 records and adds the
+40 bytes a record (and about four more for partial sums), so the memory of a session is bounded by
+its record count. A fingerprint takes the partial sum of whole blocks of 16 records and adds the
 ids at its ends as four 64-bit columns of that buffer (a C-level `sum` per column).
 """
 
@@ -28,7 +28,7 @@ RECORD_SIZE = 8 + ID_SIZE
 MODE_SKIP, MODE_FINGERPRINT, MODE_IDLIST = 0, 1, 2
 BUCKETS = 16  # a range is split into this many fingerprints; fewer than twice as many records: the ids
 MIN_FRAME_SIZE_LIMIT = 4096
-MARK_EVERY = 64  # records between two stored partial sums (see Storage)
+MARK_EVERY = 16  # records between two stored partial sums (see Storage)
 _MASK256 = (1 << 256) - 1
 _ZERO_ID = bytes(ID_SIZE)
 _INFINITY = (MAX_U64, b"")
@@ -108,7 +108,7 @@ class Storage:
         self.n = len(blob) // RECORD_SIZE
         self._words = memoryview(self.blob).cast("Q") if _COLUMNS and self.blob else None
         # The sum of the ids before every MARK_EVERY-th record: a fingerprint of any range then
-        # adds at most 2 x MARK_EVERY ids. Without them each round of a frame-limited exchange,
+        # adds at most 2 x MARK_EVERY ids (16: about 4 bytes a record, a fingerprint ~10 us). Without them each round of a frame-limited exchange,
         # which fingerprints "everything from here on", costs a pass over every record (1M
         # records, 1% differing: 21 s of CPU instead of under 2).
         marks = [0]
