@@ -123,8 +123,8 @@ def _default_origin(store, registry):
 
 def _local_records(settings: Settings, store, origin, raw_filter: dict) -> Storage:
     """The negentropy records of the events here that the filter selects and anyone may read."""
-    from appliance.relay.authz import AUTHOR_ONLY_KINDS, GATED_KINDS, may_enter
-    from appliance.store.events import ReadScope, negentropy_rows
+    from appliance.relay.authz import may_enter
+    from appliance.store.events import negentropy_rows
 
     f = parse_filter(raw_filter, max_values=settings.max_filter_values, max_limit=settings.negentropy_max_records + 1)
     if not may_enter(origin, None):
@@ -133,8 +133,8 @@ def _local_records(settings: Settings, store, origin, raw_filter: dict) -> Stora
     limit = settings.negentropy_max_records
     now = int(time.time())
     try:
-        return store.read_sync(lambda conn: Storage.from_rows(negentropy_rows(conn, origin.id, f, scope, now, limit + 1),
-                                                              limit))
+        return store.read_sync(
+            lambda conn: Storage.from_rows(negentropy_rows(conn, origin.id, f, scope, now, limit + 1), limit))
     except TooManyRecords:
         raise SyncError(f"the filter selects more than {limit} events here (negentropy_max_records): narrow it, "
                         "for example with since/until") from None

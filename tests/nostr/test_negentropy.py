@@ -142,8 +142,8 @@ def test_fingerprint_of_column_sums_equals_integer_sum():
     ids = [bytes([0xff] * 32)] * 1 + [rng.randbytes(32) for _ in range(999)]
     storage = Storage.from_items((i, id_) for i, id_ in enumerate(ids))
     # (across the partial sums kept every 16 records: on a mark, between, whole blocks, short ranges)
-    for begin, end in ((0, 1000), (0, 1), (17, 530), (999, 1000), (3, 3), (64, 960), (63, 193), (0, 128), (15, 49), (16, 48),
-                       (1, 129), (128, 999), (100, 260), (17, 47)):
+    for begin, end in ((0, 1000), (0, 1), (17, 530), (999, 1000), (3, 3), (64, 960), (63, 193), (0, 128),
+                       (15, 49), (16, 48), (1, 129), (128, 999), (100, 260), (17, 47)):
         total = sum(int.from_bytes(storage.id(i), "little") for i in range(begin, end)) % (1 << 256)
         expected = hashlib.sha256(total.to_bytes(32, "little") + encode_varint(end - begin)).digest()[:16]
         assert storage.fingerprint(begin, end) == expected

@@ -79,7 +79,8 @@ async def test_nostr_sdk_sync_against_the_appliance(make_server, connect, tmp_pa
     now = int(time.time())
 
     async def signed(content: str, at: int):
-        return await ns.EventBuilder(ns.Kind(1), content).custom_created_at(ns.Timestamp.from_secs(at)).finalize_async(keys)
+        builder = ns.EventBuilder(ns.Kind(1), content).custom_created_at(ns.Timestamp.from_secs(at))
+        return await builder.finalize_async(keys)
 
     shared = [await signed(f"shared {i}", now - 900 + i) for i in range(50)]
     here = [await signed(f"here {i}", now - 600 + i) for i in range(12)]
