@@ -14,6 +14,8 @@
                  wake latency across nodes
     negentropy.py `negentropy`: NIP-77 reconciliation of two 100k-event stores against strfry, both roles
     soak.py      `soak`: N minutes of mixed load; memory, files, loop lag, latency, queue depth over time
+    transfer.py  `transfer`: `appliance import` and `export` of N signed events (strfry's beside them)
+    search.py    `search`: NIP-50 one-word REQ latency over N kind-1 events; ingest with the index on/off
 
 Each module offers `add_args(parser)` and `run(args) -> int`; `BENCHMARKS` names them and
 `add_parser` makes them subcommands of `appliance bench`, so adding one is adding an entry.
@@ -26,7 +28,8 @@ import sys
 from dataclasses import dataclass
 from types import ModuleType
 
-from appliance.bench import crashloop, flood, gateway, leases, marmot, mls, negentropy, nodes, relay, soak, wakes
+from appliance.bench import (crashloop, flood, gateway, leases, marmot, mls, negentropy, nodes, relay, search, soak,
+                             transfer, wakes)
 
 
 @dataclass(frozen=True)
@@ -60,6 +63,10 @@ BENCHMARKS: dict[str, Benchmark] = {
     "negentropy": Benchmark("NIP-77: reconcile two stores of N events differing by 1%% with strfry (strfry sync "
                             "against the appliance, appliance sync against strfry); print the appliance's CPU "
                             "seconds.", negentropy),
+    "transfer": Benchmark("appliance import (ids and signatures checked) and export of N signed events as JSON "
+                          "lines; print events/s, CPU and peak memory.", transfer),
+    "search": Benchmark("NIP-50: one-word search REQs (limit 50) over N kind-1 events, p50/p99; ingest with the "
+                        "search index on and off.", search),
 }
 
 

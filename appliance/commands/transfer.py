@@ -34,8 +34,13 @@ from appliance.nostr.event import (MAX_SAFE_INT, Event, InvalidEvent, expiration
 from appliance.nostr.filters import Filter, InvalidFilter, parse_filter
 from appliance.settings import Settings
 
-# Lines checked per task of a verifying worker, and committed per write transaction.
-CHUNK = 1000
+# Lines checked per task of a verifying worker.
+CHUNK = 2000
+# Lines committed per write transaction. Larger transactions write each index page they touch once
+# for more events (an import of 100,000 events without checks: 104 us of CPU per event in
+# transactions of 1,000, 73 us in transactions of 10,000); a server writing beside the import waits
+# for the write lock at most one such transaction (about half a second).
+COMMIT_LINES = 10_000
 # Seconds between progress lines on stderr.
 PROGRESS_SECONDS = 2.0
 # NIP-PL leases: accepted only from their authors over the relay (authentication, decryption).
@@ -245,9 +250,9 @@ class Importer:
     """Reads lines, has them checked by worker processes, admits and stores them in order.
 
     Three stages run at once: worker processes check ids and signatures of the next chunks, this
-    thread admits the lines of a checked chunk (the rules of a publish that need no database),
-    and a committer thread stores the chunk before it through the store's writer. At most a few
-    chunks are in flight, so memory stays constant."""
+    thread admits the lines of checked chunks (the rules of a publish that need no database), and
+    a committer thread stores the lines admitted before them through the store's writer,
+    COMMIT_LINES to a transaction. At most a few chunks are in flight, so memory stays constant."""
 
     def __init__(self, store, origin, settings: Settings, *, verify: bool, workers: int | None = None,
                  err: Any = None):
@@ -259,7 +264,8 @@ class Importer:
         self.err = err or sys.stderr
         self.counts = Counts()
         self.pool: ProcessPoolExecutor | None = None
-        self._queue: queue.Queue = queue.Queue(maxsize=2)
+        self._queue: queue.Queue = queue.Queue(maxsize=1)
+        self._pending: list = []  # admitted lines not handed to the committer yet
         self._failed: BaseException | None = None
         self._last_progress = time.monotonic()
         self._started = time.monotonic()
@@ -317,10 +323,17 @@ class Importer:
                 self._admit_next(inflight)
         while inflight and self._failed is None:
             self._admit_next(inflight)
+        self._flush()
 
     def _admit_next(self, inflight: list) -> None:
         first, lines, fut = inflight.pop(0)
         self._admit(first, lines, fut.result())
+
+    def _flush(self) -> None:
+        """Hand the lines admitted so far to the committer (one write transaction)."""
+        if self._pending:
+            self._queue.put(self._pending)
+            self._pending = []
 
     def _admit(self, first: int, lines: list, problems: list | None) -> None:
         """Turn a checked chunk into pending writes (and refusals), for the committer."""
@@ -340,7 +353,11 @@ class Importer:
                 outcomes.append((n, Rejected.from_wire(problem)))
                 continue
             try:
-                ev = parse_event(orjson.loads(line))
+                if problems is None:
+                    ev = parse_event(orjson.loads(line))
+                else:  # checked by a worker already (check_line): its shape is known to be right
+                    d = orjson.loads(line)
+                    ev = Event(d["id"], d["pubkey"], d["created_at"], d["kind"], d["tags"], d["content"], d["sig"])
                 expiration = admit(self.origin, ev, self.settings, now)
             except orjson.JSONDecodeError:
                 outcomes.append((n, Rejected("invalid", "not a JSON object")))
@@ -352,7 +369,9 @@ class Importer:
                 outcomes.append((n, exc))
                 continue
             outcomes.append((n, PendingEvent(origin_id, ev, ev.to_json(), expiration, now, None, {})))
-        self._queue.put(outcomes)
+        self._pending.extend(outcomes)
+        if len(self._pending) >= COMMIT_LINES:
+            self._flush()
 
     def _commit_loop(self) -> None:
         from appliance.store.transfer import store_imported
