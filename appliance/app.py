@@ -18,9 +18,8 @@ from jinja2 import Environment, FileSystemLoader, select_autoescape
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
-from starlette.routing import Mount, Route, WebSocketRoute
+from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
-from starlette.websockets import WebSocket
 
 from appliance import __version__
 from appliance.errors import ApplianceError
@@ -31,7 +30,6 @@ from appliance.store import meta, origin_rows
 from appliance.store.meta import config_generation
 
 from appliance.origins import Origin, OriginRegistry, UnknownOrigin, load_origins, save_origin, sync_origins
-from appliance.relay.frames import capture_raw_send
 from appliance.relay.relay import Relay, peer_ip
 from appliance.relay.session import Session
 from appliance.settings import Settings
@@ -557,15 +555,21 @@ class AmbiguousHost(ValueError):
     """A request naming its host more than once."""
 
 
+def resolve_origin(app: Appliance, headers, path: str) -> Origin:
+    """The origin a request names by its Host header and path."""
+    hosts = headers.getlist("host")
+    if len(hosts) > 1:
+        # RFC 9112 3.2: a proxy in front might route by another of them than we would.
+        raise AmbiguousHost("more than one Host header")
+    return app.relay.origins.resolve(hosts[0] if hosts else None, path)
+
+
 def asgi(app: Appliance):
-    """The ASGI application: websocket relay and NIP-11 on every path of every routed host."""
+    """The ASGI application for HTTP: NIP-11 and the landing page on every path of every routed
+    host, NIP-86, the dashboard and the gateway's routes. (Websockets: `websocket_handler`.)"""
 
     def resolve(headers, path: str) -> Origin:
-        hosts = headers.getlist("host")
-        if len(hosts) > 1:
-            # RFC 9112 3.2: a proxy in front might route by another of them than we would.
-            raise AmbiguousHost("more than one Host header")
-        return app.relay.origins.resolve(hosts[0] if hosts else None, path)
+        return resolve_origin(app, headers, path)
 
     client_address = app.client_address
 
@@ -588,64 +592,6 @@ def asgi(app: Appliance):
             doc = nip11.document(origin, app.settings, app.nip11_extensions)
             return JSONResponse(doc, media_type=NOSTR_JSON, headers=CORS)
         return HTMLResponse(_landing(origin, app.settings))
-
-    async def ws_endpoint(websocket: WebSocket) -> None:
-        try:
-            origin = resolve(websocket.headers, websocket.url.path)
-        except (AmbiguousHost, UnknownOrigin) as exc:
-            bad = isinstance(exc, AmbiguousHost)
-            response = PlainTextResponse(f"{'bad request' if bad else 'unknown host'}: {exc}\n",
-                                         status_code=400 if bad else 421)
-            try:
-                await websocket.send_denial_response(response)
-            except RuntimeError:
-                await websocket.close(code=1008, reason="unknown host")
-            return
-        # Behind a trusted proxy the client is the address it forwards (the server counted the
-        # TCP peers that are not trusted proxies already).
-        client = websocket.client.host if websocket.client else ""
-        forwarded = app.peers.forwarded_client(client, websocket.headers.getlist("x-forwarded-for"))
-        address = client_address(websocket)
-        if origin.block_ips and address in origin.block_ips:
-            try:
-                await websocket.send_denial_response(
-                    PlainTextResponse("blocked: this address is blocked here\n", status_code=403))
-            except RuntimeError:
-                await websocket.close(code=1008, reason="blocked")
-            return
-        # An address closed for flooding waits before it connects again (the flood_backoff setting;
-        # the server refuses direct peers before their request is read, see appliance.server).
-        barred = app.peers.barred(address)
-        if barred:
-            # Held a moment before the answer: a client that retries at once is slowed to one
-            # handshake per DEFAULT_BARRED_HOLD per connection it opens (a direct peer is cut before
-            # its request is even read, see appliance.server).
-            hold = min(barred, DEFAULT_BARRED_HOLD)
-            await asyncio.sleep(hold)
-            await websocket.send_denial_response(PlainTextResponse(
-                "rate-limited: too many refused messages from your address; try again later\n",
-                status_code=429, headers={"Retry-After": str(max(1, round(barred - hold)))}))
-            return
-        session = Session(app.relay, websocket, origin)
-        session.peer_ip = address
-        # The server counted direct peers that are not trusted proxies; here the address a proxy
-        # forwards, and a loopback client when loopback is not exempt.
-        slot = None
-        if forwarded is not None:
-            slot = None if app.peers.exempt(forwarded) else forwarded
-        elif address is not None and peers.is_loopback(address) and not app.peers.exempt(address):
-            slot = address
-        if slot is not None:
-            if not app.peers.acquire(slot):
-                await websocket.send_denial_response(
-                    PlainTextResponse("too many connections from your address\n", status_code=429))
-                return
-            try:
-                await session.run()
-            finally:
-                app.peers.release(slot)
-            return
-        await session.run()
 
     @contextlib.asynccontextmanager
     async def lifespan(_starlette):
@@ -694,10 +640,9 @@ def asgi(app: Appliance):
     routes = [
         Mount("/static", StaticFiles(directory=ROOT / "static"), name="static"),
         *app.routes,
-        WebSocketRoute("/{path:path}", ws_endpoint),
         Route("/{path:path}", http_endpoint, methods=["GET", "HEAD", "OPTIONS", "POST"]),
     ]
-    main = capture_raw_send(Starlette(routes=routes, lifespan=lifespan))
+    main = Starlette(routes=routes, lifespan=lifespan)
     if app.gateway is None or app.gateway.config.listen:
         return main
     from appliance.gateway.http import GatewayApp
@@ -711,6 +656,67 @@ def asgi(app: Appliance):
         return await main(scope, receive, send)
 
     return dispatch
+
+
+def websocket_handler(app: Appliance):
+    """The relay's websocket endpoint, on every path of every routed host: `await handle(request)`
+    for each handshake (an appliance.front.WebSocketRequest), which it accepts (a relay session
+    serves the connection until it ends) or denies with an HTTP answer."""
+
+    def resolve(headers, path: str) -> Origin:
+        return resolve_origin(app, headers, path)
+
+    def deny(request, status: int, text: str, headers: list[tuple[str, str]] | None = None) -> None:
+        request.deny(status, text.encode(), headers)
+
+    async def handle(request) -> None:
+        try:
+            origin = resolve(request.headers, request.path)
+        except (AmbiguousHost, UnknownOrigin) as exc:
+            bad = isinstance(exc, AmbiguousHost)
+            deny(request, 400 if bad else 421, f"{'bad request' if bad else 'unknown host'}: {exc}\n")
+            return
+        # Behind a trusted proxy the client is the address it forwards (the server counted the
+        # TCP peers that are not trusted proxies already).
+        client = request.client.host if request.client else ""
+        forwarded = app.peers.forwarded_client(client, request.headers.getlist("x-forwarded-for"))
+        address = app.client_address(request)
+        if origin.block_ips and address in origin.block_ips:
+            deny(request, 403, "blocked: this address is blocked here\n")
+            return
+        # An address closed for flooding waits before it connects again (the flood_backoff setting;
+        # the server refuses direct peers before their request is read, see appliance.front.http).
+        barred = app.peers.barred(address)
+        if barred:
+            # Held a moment before the answer: a client that retries at once is slowed to one
+            # handshake per DEFAULT_BARRED_HOLD per connection it opens (a direct peer is cut before
+            # its request is even read, see appliance.front.http).
+            hold = min(barred, DEFAULT_BARRED_HOLD)
+            await asyncio.sleep(hold)
+            deny(request, 429, "rate-limited: too many refused messages from your address; try again later\n",
+                 [("Retry-After", str(max(1, round(barred - hold))))])
+            return
+        session = Session(app.relay, request, origin)
+        session.peer_ip = address
+        # The server counted direct peers that are not trusted proxies; here the address a proxy
+        # forwards, and a loopback client when loopback is not exempt.
+        slot = None
+        if forwarded is not None:
+            slot = None if app.peers.exempt(forwarded) else forwarded
+        elif address is not None and peers.is_loopback(address) and not app.peers.exempt(address):
+            slot = address
+        if slot is not None:
+            if not app.peers.acquire(slot):
+                deny(request, 429, "too many connections from your address\n")
+                return
+            try:
+                await session.serve(request.accept())
+            finally:
+                app.peers.release(slot)
+            return
+        await session.serve(request.accept())
+
+    return handle
 
 
 def gateway_asgi(app: Appliance):

@@ -408,12 +408,11 @@ def serve(settings: Settings, *, ready: Any = None) -> int:
         if app.gateway is not None and app.gateway.config.listen:
             from appliance.server import run_with_gateway_listener
 
-            run_with_gateway_listener(settings, app)
-            return 0
-        build_server(settings, app).run(sockets=[sockets["relay"]])
+            return run_with_gateway_listener(settings, app)
+        # 0 after a graceful stop (SIGTERM, SIGINT); a second signal ends the process at once.
+        return build_server(settings, app).run(sockets=[sockets["relay"]])
     finally:
         clear_instance(settings.data_path)
-    return 0
 
 
 def bind_listeners(settings: Settings) -> dict:

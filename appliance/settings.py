@@ -310,6 +310,12 @@ SETTINGS: tuple[Setting, ...] = (
        "Under load (16 or more writes waiting) the writer waits up to 10 ms for more while they keep "
        "coming, so one commit carries them.",
        minimum=1, maximum=100000),
+    _s("max_output_buffer_total", _int, 256 * 1024 * 1024,
+       "Most bytes of answers queued for clients that have not read them yet, all connections together. "
+       "Past it, the connections with the most unread output are dropped first (a client that stops "
+       "reading cannot make the process grow without bound); each connection also stops being served "
+       "new answers while it has more than max_query_bytes unread. 256 MiB keeps a 1 GB machine safe.",
+       minimum=1024 * 1024, maximum=64 * 1024 * 1024 * 1024),
     _s("reader_threads", _int, 4,
        "REQ/COUNT queries running at once (each on its own reader thread and connection). Connections "
        "share them fairly, in 10 ms time slices: an expensive query pauses while others wait, so more "

@@ -134,6 +134,11 @@ class Machines:
                 per_origin[oid] += 1
         metrics.append(("appliance_connections", "Open websocket connections.", "gauge",
                         [({"origin": origins[oid]}, n) for oid, n in per_origin.items()]))
+        metrics.append(("appliance_output_queued_bytes", "Bytes of answers queued for clients that have not read "
+                        "them yet, all connections together (bounded by max_output_buffer_total).", "gauge",
+                        [({}, relay.queued_bytes)]))
+        metrics.append(("appliance_output_queued_bytes_peak", "The most bytes of unread answers there have been "
+                        "queued at once since start.", "gauge", [({}, relay.output_peak)]))
         metrics.append(("appliance_events_accepted_total", "Events accepted since start.", "counter",
                         [({}, relay.stats["accepted"])]))
         by_prefix: dict[tuple[str, str], int] = {}

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 import json
 import logging
 import secrets
@@ -111,10 +110,9 @@ class Admin:
                                       fmt_time=fmt_time, fmt_age=fmt_age, htmx_sri=assets.HTMX.sri)
         self.templates.filters["fp"] = self.redactor.fingerprint
         self.tasks: list[asyncio.Task] = []
-        self.server = None  # the separate listener's uvicorn server (admin_listen)
+        self.server = None  # the separate listener's server (admin_listen; appliance.front.Server)
         self.listen_socket: socket.socket | None = None
         self.own_app = None  # the separate listener's app (admin_listen)
-        self.server_task: asyncio.Task | None = None
         self.management = None  # the NIP-86 API (appliance.admin.nip86)
         # Optional sections other parts provide (the delivery side, the gateway).
         self.sections: dict[str, Any] = {}
@@ -125,29 +123,23 @@ class Admin:
         if self.fetch_missing_assets:
             self.tasks.append(asyncio.create_task(self.fetch_assets()))
         if self.listen_socket is not None:
-            import uvicorn
+            from appliance.front import Guard, Server, Site
+            from appliance.relay.peers import PeerLimits
 
-            class Embedded(uvicorn.Server):
-                """Runs inside the relay's server, which owns the process's signals."""
-
-                @contextlib.contextmanager
-                def capture_signals(self):
-                    yield
-
-            config = uvicorn.Config(self.own_app, log_level=self.settings.log_level, lifespan="off",
-                                    proxy_headers=False, server_header=False, access_log=False)
-            self.server = Embedded(config)
-            self.server_task = asyncio.create_task(self.server.serve(sockets=[self.listen_socket]))
+            # The same head limits as the relay's listener; no per-address cap (an operator's).
+            self.server = Server()
+            self.server.add(Site(self.own_app, Guard(PeerLimits(0))), self.listen_socket)
+            await self.server.start()
 
     async def stop(self) -> None:
         for task in self.tasks:
             task.cancel()
         if self.server is not None:
-            self.server.should_exit = True
+            self.server.close_listeners()
             try:
-                await asyncio.wait_for(self.server_task, 10)
-            except (asyncio.TimeoutError, Exception):
-                self.server_task.cancel()
+                await self.server.close(asyncio.get_running_loop().time() + 10)
+            except Exception:
+                log.exception("closing the dashboard's listener failed")
         await asyncio.gather(*self.tasks, return_exceptions=True)
 
     async def fetch_assets(self) -> None:

@@ -1,37 +1,48 @@
-"""One connection's output: messages queued, written together, drained as the peer takes them.
+"""One connection's output: messages queued, written a piece at a time, drained as the peer takes them.
 
-Messages wait in `pending` until a callback scheduled on the loop writes all of them with one
-system call (no task wakes for it): everything queued in one turn of the loop (a REQ's answer, a
-burst of OKs) goes out together. Only when the peer is behind, or on the plain ASGI path, does a
-task (`_drain`) write them as the peer takes them. Once output ends, what is pending is written,
-then the close frame (if the relay is closing), and `done` is set.
+Messages wait in `pending` until a callback scheduled on the loop writes them (no task wakes for
+it): everything queued in one turn of the loop (a REQ's answer, a burst of OKs) goes out together,
+in pieces of at most DEFAULT_WRITE_PIECE bytes while the transport takes them. Only when the peer
+is behind does a task (`_drain`) write them as the peer takes them. What the peer has not taken
+stays here, counted (`queued_bytes`, and the relay's sum of them): the transport holds a piece at
+most, so the counts are the memory that slow readers cost. Once output ends, what is pending is
+written, then the close frame (if the relay is closing), and `done` is set.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Awaitable, Callable
+from collections import deque
+from typing import Callable
 
-from appliance.relay.frames import Frames, FrameWriter
+from appliance.front.frames import Frames
 
 log = logging.getLogger("appliance.relay")
 
-# Queued messages written together (one system call): a REQ's stored events, a burst of OKs.
-SEND_BATCH = 256
+# Bytes handed to the transport at once. A REQ's answer (up to max_query_bytes) is written in
+# pieces at frame boundaries: a peer that does not read holds one piece in the transport's buffer,
+# not the answer, and the rest stays counted here.
+DEFAULT_WRITE_PIECE = 256 * 1024
 
 
 class Output:
     """The queue of one connection's unsent messages and what writes them."""
 
-    def __init__(self, relay, writer: FrameWriter, close: Callable[[int, str], Awaitable[None]],
-                 lost: Callable[[], None]):
+    def __init__(self, relay, writer, lost: Callable[[], None], *, high_water: int = 0,
+                 drained: Callable[[], None] | None = None, shed: Callable[[], None] | None = None):
         self.relay = relay  # its `queued_bytes` counts the unsent output of every connection
+        # The connection (appliance.front.websocket.WebSocketConnection): `ready()`, `write_now`,
+        # `send_all`, `close(code, reason)`, `abort()`.
         self.writer = writer
-        self._close = close  # sends the close frame
         self._lost = lost  # called when a write fails: the connection is over
+        # Past `high_water` unsent bytes the connection is `full`; `drained()` is called when it
+        # falls back to half of that (0: never full).
+        self.high_water = high_water
+        self._drained = drained
+        self.full = False
         self._loop = asyncio.get_running_loop()
-        self.pending: list = []
+        self.pending: deque = deque()
         self._flush_scheduled = False
         self._drain_task: asyncio.Task | None = None
         self._ending = False  # write what is pending, then the close frame (if any), then stop
@@ -39,35 +50,64 @@ class Output:
         self.close_code: int | None = None  # set when the relay ends the connection
         self.close_reason = ""
         self.queued_bytes = 0
+        # Answers built on reader threads and not queued yet, by what they answer: their size
+        # counts toward `over_budget` at once (the loop may queue them a little later).
+        self.producing: dict = {}
+        self.abandoned = False
+        # Cuts the connection when the relay sheds output (Relay.shed_output).
+        self.shed = shed if shed is not None else self.abandon
+        relay.outputs.add(self)
 
     def enqueue(self, text: str | Frames) -> None:
         """Queue one message (or a `Frames` of several) to be written with what else comes in
         this turn of the loop."""
+        if self.abandoned:
+            return
         self.account(len(text))
         self.pending.append(text)
         if not self._flush_scheduled and self._drain_task is None:
             self._flush_scheduled = True
             self._loop.call_soon(self._flush)
 
+    def _piece(self) -> tuple[list, int]:
+        """The next messages to write, DEFAULT_WRITE_PIECE bytes or so (a `Frames` split at a frame
+        boundary when it is larger), and their size."""
+        pending = self.pending
+        piece: list = []
+        size = 0
+        while pending and size < DEFAULT_WRITE_PIECE:
+            item = pending[0]
+            n = len(item)
+            if size + n > DEFAULT_WRITE_PIECE and type(item) is Frames and n > DEFAULT_WRITE_PIECE:
+                head, rest = item.split(DEFAULT_WRITE_PIECE - size)
+                if rest is not None:
+                    pending[0] = rest
+                    piece.append(Frames(head, 0))
+                    size += len(head)
+                    break
+            pending.popleft()
+            piece.append(item)
+            size += n
+        return piece, size
+
     def _flush(self) -> None:
-        """Write everything pending at once, or hand over to `_drain`."""
+        """Write what is pending while the transport takes it, or hand over to `_drain`."""
         self._flush_scheduled = False
         if self._drain_task is not None or self.done.is_set():
             return
-        pending = self.pending
-        if pending and self.writer.ready():
-            self.pending = []
+        writer = self.writer
+        while self.pending and writer.ready():
+            piece, size = self._piece()
             try:
-                self.writer.write_now(pending)
+                writer.write_now(piece)
             except Exception:  # a transport that broke under us: this connection is over
                 log.debug("write failed", exc_info=True)
                 self._lost()
-                self.writer.abort()
+                writer.abort()
                 self.done.set()
                 return
-            self.account(-sum(map(len, pending)))
-            pending = None
-        if pending or self._ending:  # the peer is behind (or plain ASGI), or output ends
+            self.account(-size)
+        if self.pending or self._ending:  # the peer is behind, or output ends
             self._drain_task = asyncio.ensure_future(self._drain())
 
     def end(self, code: int | None = None, reason: str = "") -> None:
@@ -83,41 +123,69 @@ class Output:
 
     def account(self, n: int) -> None:
         """Unsent output grew (or, negative, shrank) by n: this connection's and the relay's."""
+        if self.abandoned:
+            return
         self.queued_bytes += n
-        self.relay.queued_bytes += n
+        relay = self.relay
+        relay.queued_bytes += n
+        if n > 0:
+            if relay.queued_bytes > relay.output_peak:
+                relay.output_peak = relay.queued_bytes
+            if self.high_water and not self.full and self.queued_bytes > self.high_water:
+                self.full = True
+        else:
+            if relay.read_waiters:
+                relay.room_made()
+            if self.full and self.queued_bytes <= self.high_water // 2:
+                self.full = False
+                if self._drained is not None:
+                    self._drained()
+
+    def over_budget(self) -> bool:
+        """Whether no new answer should be built for this connection now (on any thread): it is
+        `full`, or would be with the answers being built already."""
+        return self.full or (self.high_water and self.queued_bytes + sum(list(self.producing.values()))
+                             > self.high_water)
+
+    def abandon(self) -> None:
+        """The connection is cut: what was never sent is dropped and uncounted now."""
+        if not self.abandoned:
+            self.relay.queued_bytes -= self.queued_bytes
+            self.queued_bytes = 0
+            self.relay.room_made()
+            self.full = False
+            self.abandoned = True
+            self.pending.clear()
+            self.relay.outputs.discard(self)
 
     def discard(self) -> None:
         """What was never sent leaves with the connection."""
-        self.account(-self.queued_bytes)
+        self.abandon()
 
     async def _drain(self) -> None:
-        """The slow path: write pending messages as the peer takes them (or through plain ASGI
-        sends), then, once output ends, the close frame."""
+        """The slow path: write pending messages as the peer takes them, then, once output ends,
+        the close frame."""
         writer = self.writer
         try:
             while not self.done.is_set():
                 if self.pending:
-                    texts = self.pending[:SEND_BATCH]
-                    del self.pending[:SEND_BATCH]
+                    piece, size = self._piece()
                     try:
-                        delivered = await writer.send_all(texts)
-                    except Exception:  # a stalled or broken peer (the plain ASGI path raises)
+                        delivered = await writer.send_all(piece)
+                    except Exception:  # a broken peer
                         delivered = False
                     if not delivered:
                         self._lost()
                         writer.abort()
                         self.done.set()
                         break
-                    self.account(-sum(map(len, texts)))
+                    self.account(-size)
                     if writer.ready() and not self._ending:
                         break  # the peer keeps up again: back to writing from the loop
                     continue
                 if self._ending:
                     if self.close_code is not None and not writer.aborted:
-                        try:
-                            await self._close(self.close_code, self.close_reason)
-                        except Exception:  # the peer is gone already
-                            pass
+                        writer.close(self.close_code, self.close_reason)
                     self.done.set()
                 break
         finally:

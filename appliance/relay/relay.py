@@ -23,6 +23,7 @@ import asyncio
 import logging
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable, Generator
 
@@ -37,7 +38,7 @@ from appliance.relay.subscriptions import SubscriptionIndex
 from appliance.settings import Settings
 from appliance.relay.marmot import MARMOT_KINDS, check_marmot_event
 from appliance.store.events import PendingEvent, WriteHooks, batchable, count_events, query_events, query_rows
-from appliance.store.sqlite import SqliteStore
+from appliance.store.sqlite import SqliteStore, trim_heap
 
 log = logging.getLogger("appliance.relay")
 
@@ -46,6 +47,12 @@ AUTH_KIND = 22242
 # thread (see appliance.store.sqlite.INLINE_MAX_STEPS): building a larger answer there would hold
 # every other connection up.
 INLINE_MAX_EVENTS = 100
+
+# A large answer's rows are handed back to the OS once freed (see `read` in Relay.start_query).
+TRIM_AFTER_BYTES = 1024 * 1024
+
+# What `start_query` answers when it read nothing, its connection having too much unread.
+HELD = object()
 
 # Reads that used less CPU than this are not reported to their `cost` callback (most REQs: a
 # callback per read would cost more than it tells).
@@ -113,7 +120,18 @@ class Relay:
         self.budgets = ClientBudgets(self.settings)  # per client address, shared by its connections
         self.indexes: dict[int, SubscriptionIndex] = {}
         self.sessions: set = set()
-        self.queued_bytes = 0  # unsent output of all sessions (see Session.send)
+        self.queued_bytes = 0  # unsent output of all connections (appliance.relay.output)
+        self.outputs: set = set()  # their Outputs, while they hold any
+        self.max_output_total = self.settings.max_output_buffer_total
+        self.output_peak = 0  # the most unsent output there has been at once (metrics, tests)
+        # Answers being built on reader threads, at twice what each may send (its rows and their
+        # frames): they count toward max_output_buffer_total too (see `reserve_read`).
+        self.reserved_bytes = 0
+        self._reserve_lock = threading.Lock()
+        # Reads held for room (their reserve, what starts them again), started again in order.
+        self.read_waiters: deque[tuple[int, Callable[[], None]]] = deque()
+        self._waking = False
+        self._loop: asyncio.AbstractEventLoop | None = None
         self.stats = {"accepted": 0, "rejected": 0, "duplicate": 0, "broadcast": 0}
         # Ids of events being written and not yet broadcast (a count per id). A reader can see such
         # an event committed before its publisher has broadcast it: a REQ answered meanwhile notes
@@ -135,9 +153,11 @@ class Relay:
         its OK, then close each connection with 1001 once its queued output is written, and wait
         (up to `grace` seconds in all) for the clients to complete the closing handshake."""
         self.stopping = True
-        # A session that paused between received messages to let others run resumes first and,
-        # now that we are stopping, handles the rest of what it received without pausing again:
-        # its EVENTs are then in flight (and waited for below), none left unanswered.
+        # A session paused between received messages (its rate limits, the others' turn) resumes
+        # now and handles the rest of what it received without pausing again: its EVENTs are then
+        # in flight (and waited for below) or refused, none left unanswered.
+        for session in list(self.sessions):
+            session.wake()
         await asyncio.sleep(0)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + grace
@@ -148,6 +168,76 @@ class Relay:
             session.drop(1001, "going away")
         while self.sessions and loop.time() < deadline:
             await asyncio.sleep(0.01)
+
+    def read_reserve(self, filters: list[Filter]) -> int:
+        """The room a REQ's answer takes while it is built: twice the most it may send (its rows
+        and their frames)."""
+        s = self.settings
+        wanted = sum(min(f.limit if f.limit is not None else s.default_limit, s.max_limit) for f in filters)
+        return 2 * min(s.max_query_bytes, wanted * s.max_message_length)
+
+    def has_room(self, n: int) -> bool:
+        """Whether `reserve_read(n)` would succeed now (on the loop: a hint, the reader decides)."""
+        return not self.reserved_bytes or self.queued_bytes + self.reserved_bytes + n <= self.max_output_total
+
+    def wait_for_room(self, n: int, start: Callable[[], None]) -> None:
+        """A read of `n` reserved bytes found no room: `start()` once there is (in order)."""
+        self.read_waiters.append((n, start))
+
+    def reserve_read(self, n: int) -> bool:
+        """On a reader thread, before an answer of up to n bytes is built: whether there is room
+        for it under max_output_buffer_total, with the unread output and the answers being built;
+        reserved if so (`release_read` after). One read at a time always may: the budget slows
+        the relay's reading down, it never stops it (what it answers then is shed)."""
+        with self._reserve_lock:
+            if self.reserved_bytes and self.queued_bytes + self.reserved_bytes + n > self.max_output_total:
+                return False
+            self.reserved_bytes += n
+            return True
+
+    def release_read(self, n: int) -> None:
+        """On a reader thread: an answer reserved with `reserve_read` was built (or was not)."""
+        with self._reserve_lock:
+            self.reserved_bytes -= n
+        if self.read_waiters:
+            self.room_made(threadsafe=True)
+
+    def room_made(self, threadsafe: bool = False) -> None:
+        """Unread output shrank or a reservation ended: the reads held for room start again, as
+        many as fit."""
+        waiters = self.read_waiters
+        if self._waking or not waiters or self._loop is None or not self.has_room(waiters[0][0]):
+            return
+        self._waking = True
+        try:
+            if threadsafe:
+                self._loop.call_soon_threadsafe(self._wake_reads)
+            else:
+                self._loop.call_soon(self._wake_reads)
+        except RuntimeError:  # the loop is closed: the server has stopped
+            self._waking = False
+
+    def _wake_reads(self) -> None:
+        self._waking = False
+        waiters = self.read_waiters
+        planned = 0
+        while waiters and self.has_room(planned + waiters[0][0]):
+            n, start = waiters.popleft()
+            planned += n
+            start()
+
+    def shed_output(self, incoming: int, output) -> None:
+        """`incoming` more bytes for `output` would take the unsent output of all connections past
+        max_output_buffer_total: the connections with the most unread output are dropped, largest
+        first, until it fits (`output`'s own among them if it is one of the largest)."""
+        limit = self.max_output_total
+        for other in sorted(self.outputs, key=lambda o: o.queued_bytes + (incoming if o is output else 0),
+                            reverse=True):
+            if self.queued_bytes + incoming <= limit:
+                break
+            if other is output:
+                incoming = 0  # (its message is not queued: it is dropped)
+            other.shed()
 
     def index_for(self, origin: Origin) -> SubscriptionIndex:
         idx = self.indexes.get(origin.id)
@@ -419,27 +509,46 @@ class Relay:
 
     def start_query(self, origin: Origin, reader: str | None, filters: list[Filter], *, owner: object,
                     render: Callable[[list], object], done: Callable[[object, BaseException | None], None],
-                    raw_bytes: bool = False, cost: Callable[[float], None] | None = None):
+                    raw_bytes: bool = False, cost: Callable[[float], None] | None = None,
+                    hold: Callable[[], bool] | None = None):
         """The REQ path, with no task and no future: the stored events matching `filters` that
         `reader` may read, as (id, raw) rows, go to `render(rows)` on the reader thread (so a whole
         answer is built in one pass off the loop), and `done(rendered, exc)` runs on the loop.
         Returns a handle whose `cancel()` means the answer is not wanted. `cost(seconds)` is
         called on the loop with the CPU time the read took, when that was over
-        COST_REPORT_SECONDS (also when the answer was no longer wanted)."""
+        COST_REPORT_SECONDS (also when the answer was no longer wanted). When `hold()` is true as
+        the read comes to run (its connection has too much unread already), nothing is read and
+        `done(HELD, None)` follows: the caller starts it again later."""
         scope = read_scope(origin, reader, self.groups)
         now = int(time.time())
         s = self.settings
         origin_id = origin.id
 
+        wanted = sum(min(f.limit if f.limit is not None else s.default_limit, s.max_limit) for f in filters)
+        reserve = self.read_reserve(filters)
+        self._loop = asyncio.get_running_loop()
+
         def read(conn):
-            return render(query_rows(conn, origin_id, filters, scope, now, default_limit=s.default_limit,
-                                     max_limit=s.max_limit, max_bytes=s.max_query_bytes, raw_bytes=raw_bytes))
+            if hold is not None and hold():
+                return HELD
+            if not self.reserve_read(reserve):
+                return HELD
+            try:
+                answer = render(query_rows(conn, origin_id, filters, scope, now, default_limit=s.default_limit,
+                                           max_limit=s.max_limit, max_bytes=s.max_query_bytes, raw_bytes=raw_bytes))
+            finally:
+                self.release_read(reserve)
+            messages = answer[0] if type(answer) is tuple else None
+            if messages is not None and type(messages) is not list and len(messages) > TRIM_AFTER_BYTES:
+                # The rows of a large answer were freed on this thread: glibc keeps them in its
+                # arena unless told to hand them back (rows of large events are not mapped alone).
+                trim_heap()
+            return answer
 
         if cost is not None:
             read = _costed(read, cost)
         # A REQ asking for a few events may be answered on the loop's own thread (the store bounds
         # the SQL work; building the answer is bounded by this many events).
-        wanted = sum(min(f.limit if f.limit is not None else s.default_limit, s.max_limit) for f in filters)
         return self.store.read_then(read, done, timeout=s.query_timeout, owner=owner,
                                     inline=wanted <= INLINE_MAX_EVENTS)
 

@@ -15,11 +15,10 @@ import time
 from typing import Callable
 
 import orjson
-from starlette.websockets import WebSocket, WebSocketDisconnect
-
+from appliance.front.websocket import CLOSED, NOTHING
 from appliance.origins import Origin
 from appliance.relay.authz import may_enter
-from appliance.relay.frames import Frames, FrameWriter
+from appliance.front.frames import Frames
 from appliance.relay.governor import REFUSED, WAIT, Governor
 from appliance.relay.output import Output
 from appliance.relay.relay import Relay, peer_ip
@@ -33,12 +32,10 @@ log = logging.getLogger("appliance.relay")
 
 # A reader this far behind is dropped rather than buffered without bound: so many messages, or
 # so many bytes (at least two full REQ answers, see the max_query_bytes setting), whichever first.
+# (Past max_query_bytes unread it is served no new answers meanwhile, see `Output.full`; all
+# connections together are bounded by the max_output_buffer_total setting, see Relay.shed_output.)
 DEFAULT_MAX_QUEUED = 20_000
 DEFAULT_MAX_QUEUED_BYTES = 32 * 1024 * 1024
-# All connections together: past this, any connection holding more than its fair share of unsent
-# bytes is dropped (many slow readers, each under its own budget, must not exhaust the machine).
-DEFAULT_MAX_QUEUED_TOTAL = 512 * 1024 * 1024
-DEFAULT_FAIR_SHARE = 1024 * 1024
 # How long one connection's receive loop may handle messages before it lets the event loop run
 # others. A client that pipelines thousands of messages has them all buffered: receiving each
 # returns at once without suspending, so without this one connection would hold the loop until
@@ -56,13 +53,14 @@ _REQ_HEAD = re.compile(r'\s*\[\s*"(' + "|".join(map(re.escape, _METERED))
 class Session:
     """State of one client connection: its origin, authenticated pubkey, subscriptions."""
 
-    def __init__(self, relay: Relay, ws: WebSocket, origin: Origin):
+    def __init__(self, relay: Relay, request, origin: Origin):
         self.relay = relay
-        self.ws = ws
+        # The handshake (appliance.front.WebSocketRequest): path, headers, client, server, scheme.
+        self.request = request
         self.origin = origin
         self.settings = relay.settings
         self.reader: str | None = None  # the NIP-42 authenticated pubkey
-        self.peer_ip = peer_ip(ws)
+        self.peer_ip = peer_ip(request)
         self.challenge = secrets.token_hex(16)
         self.subs: dict[str, Subscription] = {}
         # The stored-events query of each REQ still running, by subscription id (a handle with
@@ -71,15 +69,18 @@ class Session:
         self.queries: dict[str, object] = {}
         self.counts: set = set()  # COUNT queries waiting for their answer (handles with `cancel()`)
         self.held_bytes = 0  # live events held behind pending stored answers (see live_event)
-        self.writer = FrameWriter(ws.scope, ws.send_text)
-        self.output = Output(relay, self.writer, lambda code, reason: ws.close(code=code, reason=reason),
-                             self._lost)
+        # REQs whose stored answer waits until the client reads what it was sent (`Output.full`):
+        # callables that start them again.
+        self.held_reads: list[Callable[[], None]] = []
+        self.held_demand = 0  # the most bytes their answers may take
+        self.conn = None  # the websocket connection, once accepted (see `serve`)
+        self.writer = None  # (the same: what writes frames)
+        self.output: Output | None = None
         self.max_queued_bytes = max(DEFAULT_MAX_QUEUED_BYTES, 2 * relay.settings.max_query_bytes)
         self.closed = False
-        # EVENTs being verified or committed. At the cap, the receive loop stops reading: TCP
+        # EVENTs being verified or committed. At the cap, messages are taken no more: TCP
         # backpressure instead of an unbounded queue (or an O(n) semaphore per event).
         self.inflight = 0
-        self.drained = asyncio.Event()
         self.tasks: set[asyncio.Task] = set()
         # Called once when the connection ends (a verb's per-connection state let go).
         self.at_end: list[Callable[[], None]] = []
@@ -87,16 +88,20 @@ class Session:
         self.governor = Governor(self, self.settings)
         self._deferred: str | None = None  # a REQ/COUNT held until its token comes (`req_token`)
         self._text = ""  # the message being handled
-        # The server's queue of messages received and not yet handled (uvicorn's sans-I/O
-        # protocol), to tell a client that waits for answers from one that pipelines; None when
-        # the server is another (then every client counts as pipelining: refused, never held).
-        proto = getattr(getattr(ws, "_receive", None), "__self__", None)
-        inbox = getattr(proto, "queue", None)
-        self._inbox: asyncio.Queue | None = inbox if isinstance(inbox, asyncio.Queue) else None
-        self._proto = proto  # (its `unparsed`: received, not parsed yet, see appliance.server)
+        self._loop = asyncio.get_running_loop()
+        self._pumping = False
+        self._idle = True  # the last pump found nothing to take
+        self._timer: asyncio.Handle | None = None  # the pump's next turn (a pause, the others' turn)
+        self._slice_end = 0.0
+        self._finished = False
+        self._blocked = False  # at an in-flight cap: `wake` resumes the pump
+        self._ended: asyncio.Future | None = None
 
     def _lost(self) -> None:
+        """A write failed: the connection is over."""
         self.closed = True
+        if not self._pumping and self.conn is not None:
+            self._finish()
 
     @property
     def queued_bytes(self) -> int:
@@ -110,14 +115,28 @@ class Session:
         if self.closed:
             return
         output = self.output
-        if (len(output.pending) >= DEFAULT_MAX_QUEUED or output.queued_bytes + len(text) > self.max_queued_bytes
-                or (self.relay.queued_bytes > DEFAULT_MAX_QUEUED_TOTAL and output.queued_bytes > DEFAULT_FAIR_SHARE)):
-            log.info("dropping slow connection origin=%s queued=%d queued_bytes=%d", self.origin.origin,
-                     len(output.pending), output.queued_bytes)
-            # It is not reading: a close frame would wait behind everything queued. Cut it.
-            self.drop(1008, "slow consumer", abort=True)
+        n = len(text)
+        if len(output.pending) >= DEFAULT_MAX_QUEUED or output.queued_bytes + n > self.max_queued_bytes:
+            self.drop_slow()
             return
+        relay = self.relay
+        if relay.queued_bytes + n > relay.max_output_total:
+            relay.shed_output(n, output)  # the connections with the most unread output go first
+            if self.closed:
+                return
         output.enqueue(text)
+
+    def drop_slow(self) -> None:
+        """This connection does not read what it is sent: cut it, its unsent output dropped now
+        (a close frame would wait behind everything queued)."""
+        output = self.output
+        log.info("dropping slow connection origin=%s queued=%d queued_bytes=%d", self.origin.origin,
+                 len(output.pending), output.queued_bytes)
+        if self.closed:  # already closing (its close frame behind its output): cut it now
+            self.writer.abort()
+            output.abandon()
+            return
+        self.drop(1008, "slow consumer", abort=True)
 
     def drop(self, code: int, reason: str, *, notice: str | None = None, abort: bool = False) -> None:
         """End this connection from the relay's side: nothing more is queued; what is queued (and
@@ -131,6 +150,9 @@ class Session:
         self.cancel_queries()
         if abort:
             self.writer.abort()
+            self.output.abandon()
+        if not self._pumping:
+            self._finish()  # (else the pump does, once the message being handled is done)
 
     def notice(self, message: str) -> None:
         self.send(_dumps(["NOTICE", message]))
@@ -180,6 +202,8 @@ class Session:
                       notice="restricted: this community's access rules changed; reconnect")
 
     def cancel_queries(self) -> None:
+        self.held_reads.clear()
+        self.held_demand = 0
         for task in [*self.queries.values(), *self.counts]:
             task.cancel()
         self.queries.clear()
@@ -194,86 +218,170 @@ class Session:
 
     # -- rate limits ----------------------------------------------------------------------------
 
-    def _pipelined(self) -> bool:
-        """Whether this client's next messages have arrived already (it sends without waiting for
-        answers)."""
-        inbox = self._inbox
-        return inbox is None or not inbox.empty() or getattr(self._proto, "unparsed", None) is not None
-
     def req_token(self) -> str | None:
         """Spend a REQ/COUNT token (see `Governor.req_token`): None when spent; WAIT when the
         message being handled is held until the token comes (handled again then); REFUSED."""
-        outcome = self.governor.req_token(self._pipelined())
+        outcome = self.governor.req_token(self.conn.pipelined)
         if outcome is WAIT:
             self._deferred = self._text
         return outcome
 
-    # -- main loop ------------------------------------------------------------------------------
+    # -- taking messages ------------------------------------------------------------------------
 
-    async def run(self) -> None:
-        await self.ws.accept()
-        self.relay.sessions.add(self)
+    async def serve(self, conn) -> None:
+        """Serve `conn`, the accepted websocket connection, until it ends (and this connection's
+        output and tasks are done)."""
         relay = self.relay
-        governor = self.governor
+        self.conn = self.writer = conn
+        # Past max_query_bytes unread, no new answer is produced for it until it reads half of that.
+        self.output = Output(relay, conn, self._lost, high_water=self.settings.max_query_bytes,
+                             drained=self._drained, shed=self.drop_slow)
+        self._ended = self._loop.create_future()
+        relay.sessions.add(self)
         if not relay.peers.exempt(self.peer_ip):
-            governor.join(relay.budgets.join(self.peer_ip))
+            self.governor.join(relay.budgets.join(self.peer_ip))
         self.send(_dumps(["AUTH", self.challenge]))
-        clock = time.monotonic
-        slice_end = clock() + DEFAULT_RECEIVE_SLICE
+        conn.attach(self)
+        await self._ended
+
+    def pump(self) -> None:
+        """Take and handle the connection's messages while this connection may: not past its
+        in-flight caps, not paused by its rate limits, and for at most DEFAULT_RECEIVE_SLICE at a
+        time (then the others' turn). Called by the connection when messages arrive, and by this
+        session when it may take more again (`wake`, its timer)."""
+        if self._pumping or self._finished:
+            return
+        self._pumping = True
         try:
-            while not self.closed:
-                if self.inflight >= DEFAULT_MAX_INFLIGHT or len(self.counts) >= DEFAULT_MAX_PENDING_COUNTS:
-                    while self.inflight >= DEFAULT_MAX_INFLIGHT or len(self.counts) >= DEFAULT_MAX_PENDING_COUNTS:
-                        self.drained.clear()
-                        await self.drained.wait()
-                    slice_end = clock() + DEFAULT_RECEIVE_SLICE
-                elif governor.resume_at and not relay.stopping:
-                    # Over its budget: nothing more is read until it refills (see DEFAULT_MAX_PAUSE).
-                    delay = governor.resume_at - clock()
-                    if delay > 0:
-                        await asyncio.sleep(delay)
-                    governor.resume_at = 0.0
-                    slice_end = clock() + DEFAULT_RECEIVE_SLICE
-                    continue
-                elif clock() > slice_end and not relay.stopping:
-                    # The others' turn (see DEFAULT_RECEIVE_SLICE); not once stopping, so that every
-                    # message already received is handled before the relay closes (Relay.shutdown).
-                    await asyncio.sleep(0)
-                    slice_end = clock() + DEFAULT_RECEIVE_SLICE
+            if self._idle:
+                self._idle = False
+                self._slice_end = time.monotonic() + DEFAULT_RECEIVE_SLICE
+            conn = self.conn
+            while self._ready():
                 if self._deferred is not None:  # a REQ/COUNT held for its token (`req_token`)
                     text, self._deferred = self._deferred, None
                     self.handle_text(text, waited=True)
                     continue
-                message = await self.ws.receive()
-                kind = message["type"]
-                if kind == "websocket.disconnect":
-                    break
-                text = message.get("text")
-                if text is None:
+                message = conn.next_message()
+                if message is NOTHING:
+                    self._idle = True
+                    return
+                if message is CLOSED:
+                    self._finish()
+                    return
+                if type(message) is str:
+                    self.handle_text(message)
+                else:
                     self.notice("error: binary frames are not supported; send JSON text frames")
-                    continue
-                self.handle_text(text)
-        except WebSocketDisconnect:
-            pass
+            if self.closed:
+                self._finish()
         finally:
-            self.closed = True
-            if governor.budget is not None:
-                relay.budgets.leave(governor.budget)
-            self.cancel_queries()
-            for release in self.at_end:
-                try:
-                    release()
-                except Exception:
-                    log.exception("releasing a connection's state failed")
-            for sub in self.subs.values():
-                self.relay.index_for(self.origin).remove(sub)
-            self.subs.clear()
-            self.relay.sessions.discard(self)
-            self.output.end()
+            self._pumping = False
+
+    def _ready(self) -> bool:
+        """Whether to take another message now; if not, what wakes the pump is arranged."""
+        if self.closed:
+            return False
+        if (self.inflight >= DEFAULT_MAX_INFLIGHT or len(self.counts) >= DEFAULT_MAX_PENDING_COUNTS
+                or self.output.full):
+            # `wake` comes when an EVENT or a COUNT is answered, or the client read its output
+            self._blocked = True
+            return False
+        stopping = self.relay.stopping
+        governor = self.governor
+        if governor.resume_at and not stopping:
+            # Over its budget: nothing more is read until it refills (see DEFAULT_MAX_PAUSE).
+            delay = governor.resume_at - time.monotonic()
+            if delay > 0:
+                if self._timer is None:
+                    self._timer = self._loop.call_later(delay, self._resume)
+                return False
+            governor.resume_at = 0.0
+            self._slice_end = time.monotonic() + DEFAULT_RECEIVE_SLICE
+        if not stopping and time.monotonic() > self._slice_end:
+            # The others' turn (see DEFAULT_RECEIVE_SLICE); not once stopping, so that every
+            # message already received is handled before the relay closes (Relay.shutdown).
+            if self._timer is None:
+                self._timer = self._loop.call_soon(self._resume)
+            return False
+        return True
+
+    def _resume(self) -> None:
+        self._timer = None
+        self._slice_end = time.monotonic() + DEFAULT_RECEIVE_SLICE
+        self.pump()
+
+    def hold_read(self, start: Callable[[], None], demand: int) -> None:
+        """A REQ's answer (up to `demand` bytes) waits until this client reads what it was sent
+        (`start()` then). A client that asked for far more than it reads is a slow consumer: past
+        max_queued_bytes unread and asked for, it is dropped."""
+        self.held_reads.append(start)
+        self.held_demand += demand
+        if self.output.queued_bytes + self.held_demand > self.max_queued_bytes:
+            self.drop_slow()
+
+    def _drained(self) -> None:
+        """The client read what was queued for it: reads held for it go on, and so does the pump."""
+        held, self.held_reads = self.held_reads, []
+        self.held_demand = 0
+        for resume in held:
+            if self.closed:
+                break
+            resume()
+        self._blocked = True
+        self.wake()
+
+    def wake(self) -> None:
+        """Take messages again soon: room was made under an in-flight cap, or the relay stops
+        (then a pause ends now)."""
+        if self._finished:
+            return
+        stopping = self.relay.stopping
+        if not (self._blocked or stopping):
+            return  # not waiting for room: nothing to wake
+        self._blocked = False
+        if self._timer is not None:
+            if not stopping:
+                return  # already due
+            self._timer.cancel()
+        self._timer = self._loop.call_soon(self._resume)
+
+    def _finish(self) -> None:
+        """The connection is over (or the relay ended it): let go of its state at once; its
+        output is written (or dropped), its tasks awaited, then `serve` returns."""
+        if self._finished:
+            return
+        self._finished = True
+        self.closed = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        relay = self.relay
+        if self.governor.budget is not None:
+            relay.budgets.leave(self.governor.budget)
+        self.cancel_queries()
+        for release in self.at_end:
+            try:
+                release()
+            except Exception:
+                log.exception("releasing a connection's state failed")
+        index = relay.index_for(self.origin)
+        for sub in self.subs.values():
+            index.remove(sub)
+        self.subs.clear()
+        relay.sessions.discard(self)
+        self.output.end()
+        self._loop.create_task(self._wind_up())
+
+    async def _wind_up(self) -> None:
+        try:
             await self.output.done.wait()
-            self.output.discard()
+            self.output.discard()  # what was never sent leaves with it
             if self.tasks:
                 await asyncio.gather(*self.tasks, return_exceptions=True)
+        finally:
+            if not self._ended.done():
+                self._ended.set_result(None)
 
     def handle_text(self, text: str, waited: bool = False) -> None:
         """Handle one message; `waited`: a REQ/COUNT held for its token, already counted."""

@@ -508,7 +508,7 @@ class _ReaderThread(threading.Thread):
             while True:
                 if not self._ready.wait(None if self.n < pool._active_max else READER_IDLE_SECONDS):
                     if pool._retire(self):
-                        _trim_heap()
+                        trim_heap()
                         return
                     continue
                 self._ready.clear()
@@ -543,7 +543,7 @@ def _blocks_read() -> int:
     return resource.getrusage(_RUSAGE_WHO).ru_inblock
 
 
-def _trim_heap() -> None:
+def trim_heap() -> None:
     """Hand freed heap memory back to the OS (glibc keeps it otherwise); a no-op elsewhere."""
     try:
         import ctypes

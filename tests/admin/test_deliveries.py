@@ -203,7 +203,9 @@ async def test_p8_upload_is_stored_wrapped_and_delivers(tmp_path, apns, anyio_ba
         again = Dashboard(d.settings.data_path, config=f'public_url = "{ORIGIN}"\nlease_workers = 0\n')
         try:
             transport = again.app.push.transports.get(1, "com.example.app/ios")
-            assert type(transport).__name__ == "ApnsTransport"
+            from appliance.transports.apns import ApnsTransport
+
+            assert isinstance(transport, ApnsTransport)
         finally:
             await again.close()
     finally:

@@ -80,7 +80,7 @@ def test_the_instance_record_names_the_real_port_of_port_0(tmp_path):
         assert info["relay_url"] == f"ws://127.0.0.1:{port}"
         assert info["admin_url"] == f"http://127.0.0.1:{port}/admin/"
         assert oct((data / "instance.json").stat().st_mode & 0o777) == "0o600"
-        proc.wait_line(lambda line: "Uvicorn running on" in line)
+        proc.wait_line(lambda line: "appliance.server listening on http://" in line)
         r = httpx.get(f"http://127.0.0.1:{port}/", headers={"Accept": "application/nostr+json"}, timeout=10)
         assert r.json()["software"] == "appliance"
     finally:

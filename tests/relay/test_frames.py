@@ -8,16 +8,9 @@ import pytest
 import websockets
 from websockets.frames import Frame, Opcode
 
-from appliance.relay import frames
+from appliance.front import frames
 
 pytestmark = pytest.mark.anyio
-
-
-class _Conn:
-    extensions: list = []
-
-    def data_to_send(self):
-        return [b"PONG"]
 
 
 class _Transport:
@@ -30,26 +23,37 @@ class _Transport:
     def is_closing(self):
         return False
 
+    def pause_reading(self):
+        pass
 
-class _Proto:
-    def __init__(self):
-        import asyncio
+    def resume_reading(self):
+        pass
 
-        self.conn, self.transport = _Conn(), _Transport()
-        self.writable = asyncio.Event()
-        self.writable.set()
-        self.disconnected = self.close_sent = False
+
+def _connection():
+    """An open websocket connection over a recording transport, a ping of its own queued first
+    (whatever the protocol queued goes out before the messages)."""
+    from websockets.protocol import State
+    from websockets.server import ServerProtocol
+
+    from appliance.front.websocket import Counters, WebSocketConnection
+
+    conn = ServerProtocol(state=State.OPEN)
+    conn.send_ping(b"ping")
+    return WebSocketConnection(conn, _Transport(), counters=Counters(), connections=set(), ping_interval=None)
+
+
+PING = Frame(Opcode.PING, b"ping").serialize(mask=False)
 
 
 @pytest.mark.parametrize("n", [0, 1, 125, 126, 127, 65535, 65536, 200_000])
 async def test_text_frames_match_websockets(n):
     text = "é" * (n // 2) + "x" * (n % 2)
-    writer = frames.FrameWriter({}, None)
-    writer._proto = _Proto()
+    writer = _connection()
     assert await writer.send_all([text, "[]"])
-    expected = b"PONG" + Frame(Opcode.TEXT, text.encode()).serialize(mask=False) + \
+    expected = PING + Frame(Opcode.TEXT, text.encode()).serialize(mask=False) + \
         Frame(Opcode.TEXT, b"[]").serialize(mask=False)
-    assert writer._proto.transport.out == expected
+    assert writer.transport.out == expected
 
 
 @pytest.mark.parametrize("sizes", [[], [0], [10, 125, 126, 300], [65_535, 70_000]])
@@ -62,11 +66,10 @@ async def test_a_framed_answer_is_the_frames_websockets_builds(sizes):
     expected = b"".join(Frame(Opcode.TEXT, prefix + raw + b"]").serialize(mask=False) for raw in raws)
     assert framed.data == expected + Frame(Opcode.TEXT, eose).serialize(mask=False)
     assert framed.count == len(raws) + 1
-    writer = frames.FrameWriter({}, None)
-    writer._proto = _Proto()
+    writer = _connection()
     assert writer.raw_frames and writer.ready()
     assert await writer.send_all(["[1]", framed])
-    assert writer._proto.transport.out == b"PONG" + Frame(Opcode.TEXT, b"[1]").serialize(mask=False) + framed.data
+    assert writer.transport.out == PING + Frame(Opcode.TEXT, b"[1]").serialize(mask=False) + framed.data
 
 
 async def test_uncompressed_client_reads_every_size(server, alice, connect):

@@ -13,11 +13,10 @@ import time
 
 import httpx
 import pytest
-import uvicorn
 import websockets
 
 from appliance.relay.peers import PeerLimits, is_local_host, parse_networks
-from appliance.server import Guard, build_server, protocol_classes
+from appliance.front import Guard, Server, Site
 from tests.conftest import Client, free_port
 from tests.pg import db_rows
 
@@ -149,28 +148,37 @@ async def test_forwarded_clients_are_capped(make_server, alice):
         await ws.close()
 
 
-async def test_tcp_peers_are_capped():
-    """The cap on TCP peers, with the real protocol classes (loopback made untrusted for the test)."""
-    guard = Guard(PeerLimits(2, trust_loopback=False))
-    http_class, ws_class = protocol_classes(guard)
-
-    async def app(scope, receive, send):
-        if scope["type"] == "websocket":
-            await receive()
-            await send({"type": "websocket.accept"})
-            while (await receive())["type"] != "websocket.disconnect":
-                pass
-        elif scope["type"] == "http":
-            await send({"type": "http.response.start", "status": 200, "headers": []})
-            await send({"type": "http.response.body", "body": b"ok"})
-
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, http=http_class, ws=ws_class,
-                                           lifespan="off", log_level="warning"))
-    task = asyncio.create_task(server.serve())
-    while not server.started:
-        await asyncio.sleep(0.01)
+@contextlib.asynccontextmanager
+async def front_server(guard: Guard, app, websocket=None, **site):
+    """The appliance's front (appliance.front) on a free loopback port serving the ASGI `app`
+    (and websockets with the handler `websocket`); yields the port."""
+    front = Server(lifespan_app=None)
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    front.add(Site(app, guard, websocket=websocket, **site), sock)
+    assert await front.start()
     try:
+        yield sock.getsockname()[1]
+    finally:
+        front.close_listeners()
+        loop = asyncio.get_running_loop()
+        await front.close(loop.time() + 5)
+
+
+async def _ok(scope, receive, send):
+    await send({"type": "http.response.start", "status": 200, "headers": []})
+    await send({"type": "http.response.body", "body": b"ok"})
+
+
+async def test_tcp_peers_are_capped():
+    """The cap on TCP peers, with the real front (loopback made untrusted for the test)."""
+    guard = Guard(PeerLimits(2, trust_loopback=False))
+
+    async def websocket(request):
+        session = _Echo()
+        await session.serve(request.accept())
+
+    async with front_server(guard, _ok, websocket) as port:
         url = f"ws://127.0.0.1:{port}/"
         a, b = await websockets.connect(url), await websockets.connect(url)
         with pytest.raises((websockets.InvalidStatus, websockets.InvalidMessage, ConnectionError, EOFError)):
@@ -189,9 +197,44 @@ async def test_tcp_peers_are_capped():
                 break
             await asyncio.sleep(0.02)
         assert guard.peers.open == {}
-    finally:
-        server.should_exit = True
-        await task
+
+
+class _Echo:
+    """A websocket handler that takes every message (noting it, with how many more were parsed
+    and waiting then) until the connection ends; `close_after` closes the connection itself (as
+    the relay drops a flooder) after that many messages, its close timeout an hour."""
+
+    def __init__(self, close_after: int | None = None):
+        self.seen: list[tuple[object, int]] = []
+        self.close_after = close_after
+        self.unparsed_at_close: list[bool] = []
+        self.ended = asyncio.Event()
+        self.closed = asyncio.Event()
+
+    async def serve(self, conn) -> None:
+        self.conn = conn
+        conn.attach(self)
+        await self.ended.wait()
+
+    def pump(self) -> None:
+        from appliance.front import CLOSED, NOTHING
+
+        conn = self.conn
+        while True:
+            message = conn.next_message()
+            if message is NOTHING:
+                return
+            if message is CLOSED:
+                self.ended.set()
+                return
+            if self.closed.is_set():
+                continue
+            self.seen.append((message, len(conn.messages)))
+            if self.close_after is not None and len(self.seen) >= self.close_after:
+                conn.close_timeout = 3600.0
+                self.unparsed_at_close.append(bool(conn.unparsed))
+                conn.close(1008, "flooding")
+                self.closed.set()
 
 
 def test_forwarded_client_rules():
@@ -350,7 +393,7 @@ async def test_sigterm_sends_every_ok_and_closes_1001(make_server, alice, tmp_pa
         pass
     await asyncio.wait_for(task, 30)
     assert ws.close_code == 1001, (ws.close_code, closed_with)
-    assert srv.proc.wait(30) in (0, -signal.SIGTERM)  # uvicorn re-raises the signal it caught
+    assert srv.proc.wait(30) == 0  # a graceful stop exits 0
     stored = {row[0] for row in db_rows(srv.data_dir, "SELECT id FROM events")}
     assert acked, "nothing was acknowledged before the stop"
     # Everything acknowledged is stored, and everything stored was acknowledged.
@@ -508,21 +551,17 @@ def test_management_api_bodies_are_bounded(server, framing):
 
 
 @contextlib.asynccontextmanager
-async def raw_websocket(app, **config):
-    """A uvicorn server with the appliance's protocol classes (`protocol_classes`) running the ASGI
-    `app`, and a sans-I/O websocket client connected to it over a plain socket, its handshake done:
-    yields (client, reader, writer), so a test writes exactly the bytes it wants, when it wants."""
+async def raw_websocket(handler, **site):
+    """The appliance's front serving websockets with `handler` (an `_Echo`), and a sans-I/O
+    websocket client connected to it over a plain socket, its handshake done: yields (client,
+    reader, writer), so a test writes exactly the bytes it wants, when it wants."""
     from websockets.client import ClientProtocol
     from websockets.uri import parse_uri
 
-    http_class, ws_class = protocol_classes(Guard(PeerLimits(0)))
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, http=http_class, ws=ws_class,
-                                           lifespan="off", log_level="warning", **config))
-    task = asyncio.create_task(server.serve())
-    while not server.started:
-        await asyncio.sleep(0.01)
-    try:
+    async def websocket(request):
+        await handler.serve(request.accept())
+
+    async with front_server(Guard(PeerLimits(0)), _ok, websocket, **site) as port:
         client = ClientProtocol(parse_uri(f"ws://127.0.0.1:{port}/"))
         client.send_request(client.connect())
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
@@ -532,31 +571,16 @@ async def raw_websocket(app, **config):
         assert client.state.name == "OPEN"
         yield client, reader, writer
         writer.close()
-    finally:
-        server.should_exit = True
-        await task
 
 
 async def test_a_pipelined_read_is_parsed_a_piece_at_a_time_and_every_message_arrives_in_order():
     """A client that pipelines: its ~130 KB of small frames (and one of 100 KB), written at once, reach the
-    app in order, all of them, but never more than one piece's worth waiting parsed at a time (uvicorn alone
-    parses a whole read, thousands of frames, in one go, holding the event loop meanwhile)."""
-    from appliance.server import DEFAULT_WS_PARSE_BYTES
+    handler in order, all of them, but never more than one piece's worth waiting parsed at a time (parsed
+    whole, a read is thousands of frames in one go, holding the event loop meanwhile)."""
+    from appliance.front.websocket import DEFAULT_PARSE_BYTES
 
-    seen: list[tuple[str, int]] = []  # (message, messages still queued parsed when the app took it)
-    done = asyncio.Event()
-
-    async def app(scope, receive, send):
-        if scope["type"] != "websocket":
-            return
-        queue = receive.__self__.queue
-        await receive()
-        await send({"type": "websocket.accept"})
-        while (message := await receive())["type"] != "websocket.disconnect":
-            seen.append((message["text"], queue.qsize()))
-        done.set()
-
-    async with raw_websocket(app, ws_max_size=1 << 20) as (client, reader, writer):
+    echo = _Echo()
+    async with raw_websocket(echo, max_message_size=1 << 20) as (client, reader, writer):
         sent = [json.dumps(["REQ", f"s{i}", {"kinds": [1], "limit": 500}]) for i in range(3000)]
         sent.insert(1500, json.dumps(["EVENT", {"content": "x" * 100_000}]))
         for text in sent:
@@ -564,42 +588,22 @@ async def test_a_pipelined_read_is_parsed_a_piece_at_a_time_and_every_message_ar
         client.send_close(1000)
         writer.write(b"".join(client.data_to_send()))  # all of it at once
         await writer.drain()
-        await asyncio.wait_for(done.wait(), 60)
-    assert [text for text, _queued in seen] == sent
+        await asyncio.wait_for(echo.ended.wait(), 60)
+    assert [text for text, _queued in echo.seen] == sent
     smallest = 2 + 4 + len(sent[0])  # the smallest frame: header, mask, payload
-    assert max(queued for _text, queued in seen) < DEFAULT_WS_PARSE_BYTES // smallest
+    assert max(queued for _text, queued in echo.seen) < DEFAULT_PARSE_BYTES // smallest
 
 
-def closing_after_one_message(closed: asyncio.Event, unparsed_at_close: list):
-    """An ASGI app that accepts, takes one message and closes the connection 1008 (a flooder
-    dropped), noting whether part of the client's stream was still unparsed then; its close timeout
-    is an hour, so a connection that ends did so by the closing handshake."""
-
-    async def app(scope, receive, send):
-        if scope["type"] != "websocket":
-            return
-        await receive()
-        await send({"type": "websocket.accept"})
-        await receive()  # the first message only
-        protocol = receive.__self__
-        protocol.close_timeout = 3600.0
-        unparsed_at_close.append(protocol.unparsed is not None)
-        await send({"type": "websocket.close", "code": 1008, "reason": "flooding"})
-        closed.set()
-
-    return app
-
-
-async def test_a_pipelining_client_closed_by_the_app_gets_its_close_handshake_completed():
-    """The app closes a client whose pipelined frames are still unparsed: the rest of them is dropped
+async def test_a_pipelining_client_closed_by_the_relay_gets_its_close_handshake_completed():
+    """The relay closes a client whose pipelined frames are still unparsed: the rest of them is dropped
     and the client's answer to the close frame behind them is read, so the connection ends at once (not
-    when the server's close timeout, made an hour here, would cut it)."""
-    closed = asyncio.Event()
-    async with raw_websocket(closing_after_one_message(closed, [])) as (client, reader, writer):
+    when the close timeout, made an hour here, would cut it)."""
+    echo = _Echo(close_after=1)
+    async with raw_websocket(echo) as (client, reader, writer):
         for i in range(3000):
             client.send_text(f'["REQ","s{i}",{{"kinds":[1]}}]'.encode())
         writer.write(b"".join(client.data_to_send()))
-        await asyncio.wait_for(closed.wait(), 60)
+        await asyncio.wait_for(echo.closed.wait(), 60)
         while client.close_rcvd is None:  # the server's close frame; the client answers it
             client.receive_data(await asyncio.wait_for(reader.read(65536), 60))
             writer.write(b"".join(client.data_to_send()))
@@ -609,22 +613,21 @@ async def test_a_pipelining_client_closed_by_the_app_gets_its_close_handshake_co
             pass
 
 
-async def test_a_clients_own_close_read_but_unparsed_when_the_app_closes_ends_the_connection():
-    """The client sends its frames and its own close frame in one write; the app takes one message
+async def test_a_clients_own_close_read_but_unparsed_when_the_relay_closes_ends_the_connection():
+    """The client sends its frames and its own close frame in one write; the relay takes one message
     and closes (a flooder dropped): the client's close, read but not parsed yet, is parsed then, so
-    the connection ends at once (not when the server's close timeout, an hour here, would cut it)."""
-    closed = asyncio.Event()
-    unparsed_at_close: list = []
-    async with raw_websocket(closing_after_one_message(closed, unparsed_at_close)) as (client, reader, writer):
+    the connection ends at once (not when the close timeout, an hour here, would cut it)."""
+    echo = _Echo(close_after=1)
+    async with raw_websocket(echo) as (client, reader, writer):
         for i in range(300):  # about 10 KB: more than one piece, in one write
             client.send_text(f'["REQ","s{i}",{{"kinds":[1]}}]'.encode())
         client.send_close(1000)
         writer.write(b"".join(client.data_to_send()))
-        await asyncio.wait_for(closed.wait(), 60)
+        await asyncio.wait_for(echo.closed.wait(), 60)
         while client.close_rcvd is None:
             client.receive_data(await asyncio.wait_for(reader.read(65536), 60))
         assert client.close_rcvd.code == 1008
         assert not b"".join(client.data_to_send())  # it closed first: nothing to answer
         while await asyncio.wait_for(reader.read(65536), 60):  # the server ends the connection
             pass
-    assert unparsed_at_close == [True]  # the case this test is about
+    assert echo.unparsed_at_close == [True]  # the case this test is about

@@ -22,10 +22,10 @@ def local_urls(session: "Session") -> tuple[str, ...]:
     s = session.settings
     if s.public_url or session.origin.origin != s.effective_public_url:
         return ()
-    scope = session.ws.scope
-    server = scope.get("server") or ("",)
-    scheme = "wss" if scope.get("scheme") == "wss" else "ws"
-    url = url_as_reached(session.ws.headers.getlist("host"), str(server[0]), scheme, scope.get("path", "/"))
+    request = session.request
+    server = request.server or ("",)
+    scheme = "wss" if request.scheme == "wss" else "ws"
+    url = url_as_reached(request.headers.getlist("host"), str(server[0]), scheme, request.path or "/")
     return (url,) if url else ()
 
 

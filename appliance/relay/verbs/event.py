@@ -78,7 +78,7 @@ def published(session: "Session", ev, message: str | None, exc: Exception | None
 def settled(session: "Session") -> None:
     session.inflight -= 1
     if session.inflight < DEFAULT_MAX_INFLIGHT:
-        session.drained.set()
+        session.wake()
 
 
 def refuse_stopping(session: "Session", msg: list) -> None:

@@ -9,8 +9,9 @@ from typing import TYPE_CHECKING
 
 from appliance.nostr.filters import Filter, InvalidFilter, only_searchable, parse_filter
 from appliance.relay.authz import AUTHOR_ONLY_KINDS, GATED_KINDS, may_enter
-from appliance.relay.frames import Frames, frame_events
+from appliance.front.frames import Frames, frame_events
 from appliance.relay.governor import REFUSED, WAIT
+from appliance.relay.relay import HELD
 from appliance.relay.subscriptions import Subscription
 from appliance.relay.verbs.base import MAX_SUB_ID_LENGTH, Verb, dumps, refuse_subscription_stopping
 from appliance.store.sqlite import QueryTimeout
@@ -116,7 +117,7 @@ def _answer_count(session: "Session", handle, sub_id: str, n, exc: BaseException
     counts = session.counts
     counts.discard(handle)
     if len(counts) < DEFAULT_MAX_PENDING_COUNTS:
-        session.drained.set()
+        session.wake()
     if exc is None:
         session.send(dumps(["COUNT", sub_id, {"count": n}]))
     elif isinstance(exc, QueryTimeout):
@@ -154,12 +155,57 @@ def on_req(session: "Session", msg: list, admitted: bool = False) -> None:
     # Register before querying so nothing committed meanwhile is missed (duplicates are fine).
     sub = Subscription(session, sub_id, filters, held=[])
     session.subs[sub_id] = sub
+    session.relay.index_for(session.origin).add(sub)
+    _query(session, sub)
+
+
+class _Held:
+    """The handle of a REQ's read held until its connection reads what it was sent."""
+
+    def cancel(self) -> None:
+        pass
+
+
+def _query(session: "Session", sub: Subscription) -> None:
+    """Start the read of `sub`'s stored answer; held while the connection has too much unread
+    (the readers produce nothing more for it until it reads, see `Output.full`)."""
+    if session.subs.get(sub.sub_id) is not sub or session.closed:
+        return  # closed or replaced meanwhile
+    output = session.output
+    subs = session.subs
+    producing = output.producing
+    for stale in [other for other in producing if subs.get(other.sub_id) is not other]:
+        producing.pop(stale, None)  # (a read cancelled just as it finished its answer)
     relay = session.relay
-    relay.index_for(session.origin).add(sub)
+    reserve = relay.read_reserve(sub.filters)
+    if output.over_budget():
+        session.queries[sub.sub_id] = _Held()
+        session.hold_read(lambda: _query(session, sub), reserve // 2)
+        return
+    if not relay.has_room(reserve):
+        if relay.queued_bytes + reserve // 2 > relay.max_output_total:
+            # Unread output is what fills the budget: the connections with the most of it go
+            # (max_output_buffer_total), this one too if it is one of them.
+            relay.shed_output(reserve // 2, output)
+            if session.closed:
+                return
+        if not relay.has_room(reserve):  # answers being built fill it: wait until they are queued
+            session.queries[sub.sub_id] = _Held()
+            relay.wait_for_room(reserve, lambda: _query(session, sub))
+            return
     raw_frames = session.writer.raw_frames
-    session.queries[sub_id] = relay.start_query(
-        session.origin, session.reader, filters, owner=session, raw_bytes=raw_frames,
-        cost=session.governor.read_cost, render=answer_renderer(sub_id, raw_frames),
+    renderer = answer_renderer(sub.sub_id, raw_frames)
+
+    def render(rows: list) -> tuple:  # on the reader thread
+        answer = renderer(rows)
+        if subs.get(sub.sub_id) is sub:
+            messages = answer[0]
+            producing[sub] = len(messages) if type(messages) is Frames else sum(map(len, messages))
+        return answer
+
+    session.queries[sub.sub_id] = relay.start_query(
+        session.origin, session.reader, sub.filters, owner=session, raw_bytes=raw_frames,
+        cost=session.governor.read_cost, render=render, hold=output.over_budget,
         done=lambda answer, exc: _answer_ready(session, sub, answer, exc))
 
 
@@ -167,8 +213,18 @@ def _answer_ready(session: "Session", sub: Subscription, answer, exc: BaseExcept
     """On the loop, once a REQ's stored answer is read and rendered: send it and its EOSE, then
     the live events held meanwhile."""
     sub_id = sub.sub_id
+    session.output.producing.pop(sub, None)
     if session.subs.get(sub_id) is not sub:
         return  # closed or replaced meanwhile: its answer is not wanted
+    if answer is HELD:  # no room for its answer when the read came to run: it waits for some
+        retry = lambda: _query(session, sub)  # noqa: E731
+        reserve = session.relay.read_reserve(sub.filters)
+        session.queries[sub_id] = _Held()
+        if session.output.over_budget():
+            session.hold_read(retry, reserve // 2)  # until this client reads
+        else:  # until the relay's unread output shrinks
+            session.relay.wait_for_room(reserve, retry)
+        return
     if exc is not None:
         timed_out = isinstance(exc, QueryTimeout)
         if not timed_out:
@@ -177,7 +233,7 @@ def _answer_ready(session: "Session", sub: Subscription, answer, exc: BaseExcept
         session.closed_msg(sub_id, QUERY_TIMEOUT_MESSAGE if timed_out else "error: query failed")
         return
     del session.queries[sub_id]
-    messages, rows = answer
+    messages, ids = answer
     if type(messages) is Frames:
         session.send(messages)
     else:
@@ -191,7 +247,7 @@ def _answer_ready(session: "Session", sub: Subscription, answer, exc: BaseExcept
         # Held events the stored answer already carried are not sent twice; nor are events it
         # carried whose publishers have not broadcast them yet (committed, seen by the read,
         # their broadcast still to come on this loop).
-        answered = {eid for eid, _raw in rows}
+        answered = set(ids)
         for event_id, raw in held:
             if event_id not in answered:
                 session.send_event(sub_id, raw)
@@ -219,6 +275,7 @@ def end_subscription(session: "Session", sub_id: str) -> None:
     if sub is not None:
         session.relay.index_for(session.origin).remove(sub)
         release_held(session, sub)
+        session.output.producing.pop(sub, None)
     task = session.queries.pop(sub_id, None)
     if task is not None:
         task.cancel()
@@ -234,20 +291,20 @@ def refused_req(session: "Session", sub_id: str) -> None:
 def answer_renderer(sub_id: str, raw_frames: bool):
     """The function a reader thread turns a REQ's stored rows into its messages with (the EVENTs
     and the EOSE): one `Frames` when the connection takes raw frames, else a list of texts.
-    Returns (messages, rows)."""
+    Returns (messages, the events' ids): the rows' own bytes are let go on the reader thread."""
     sub_json = dumps(sub_id)
     if raw_frames:
         prefix = ('["EVENT",' + sub_json + ",").encode()
         eose = ('["EOSE",' + sub_json + "]").encode()
 
         def render(rows: list) -> tuple:
-            return frame_events(prefix, [raw for _eid, raw in rows], eose), rows
+            return frame_events(prefix, [raw for _eid, raw in rows], eose), [eid for eid, _raw in rows]
     else:
         prefix_text = '["EVENT",' + sub_json + ","
         eose_text = '["EOSE",' + sub_json + "]"
 
         def render(rows: list) -> tuple:
-            return [prefix_text + raw + "]" for _eid, raw in rows] + [eose_text], rows
+            return [prefix_text + raw + "]" for _eid, raw in rows] + [eose_text], [eid for eid, _raw in rows]
     return render
 
 

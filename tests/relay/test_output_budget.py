@@ -1,0 +1,130 @@
+"""Clients that never read what they asked for: their unread output is bounded process-wide
+(max_output_buffer_total), the connections with the most unread go first, a connection over its
+own budget is served no new answers meanwhile, and everyone else is still served. No timing:
+the bound is read from the relay's own peak of unread output."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import socket
+
+import httpx
+import pytest
+
+from tests.conftest import Client
+
+pytestmark = pytest.mark.anyio
+
+TOKEN = "output-budget-test-token"
+MIB = 1024 * 1024
+
+
+async def never_reading(port: int, requests: list[str]) -> socket.socket:
+    """A websocket client with a small receive buffer that sends `requests` and never reads."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect(("127.0.0.1", port))
+    sock.sendall(b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                 b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n")
+    head = b""
+    while b"\r\n\r\n" not in head:
+        head += sock.recv(1)  # the head only: what follows stays unread
+    assert head.startswith(b"HTTP/1.1 101"), head
+    out = b""
+    for text in requests:
+        data = text.encode()
+        mask = b"\x01\x02\x03\x04"
+        n = len(data)
+        header = b"\x81" + (bytes([0x80 | n]) if n < 126 else b"\xfe" + n.to_bytes(2, "big"))
+        out += header + mask + bytes(b ^ mask[i % 4] for i, b in enumerate(data))
+    sock.sendall(out)
+    return sock
+
+
+def metric(server, name: str) -> float:
+    text = httpx.get(f"{server.http}/admin/metrics", headers={"Authorization": f"Bearer {TOKEN}"}).text
+    found = re.search(rf"^{name} (\S+)$", text, re.M)
+    assert found, text
+    return float(found.group(1))
+
+
+async def test_never_reading_clients_are_bounded_process_wide(make_server, alice):
+    budget = 3 * MIB
+    answer = 256 * 1024  # max_query_bytes: the largest answer, and each connection's own budget
+    srv = make_server("--max-query-bytes", str(answer), "--max-output-buffer-total", str(budget),
+                      "--metrics-token", TOKEN, "--event-rate", "0", "--req-rate", "0")
+    writer = await Client.connect(srv.url)
+    for i in range(300):
+        await writer.send(["EVENT", alice.sign(1, [["t", "big"]], f"{i} " + "x" * 2000).to_dict()])
+    for _ in range(300):
+        assert (await writer.expect(lambda m: m[0] == "OK"))[2]
+    big = [json.dumps(["REQ", f"s{i}", {"kinds": [1], "#t": ["big"], "limit": 500}]) for i in range(24)]
+    hogs = [await never_reading(srv.port, big) for _ in range(30)]
+    try:
+        # The relay sheds: connections are dropped (the largest unread first) until the rest fits.
+        for _ in range(600):
+            log = srv.log_path.read_text()
+            if log.count("dropping slow connection") >= 5:
+                break
+            await asyncio.sleep(0.1)
+        else:
+            raise AssertionError("no slow connection was dropped")
+        # Someone who reads is still served, and the process is alive.
+        bystander = await Client.connect(srv.url)
+        events, closed = await bystander.req("b", {"kinds": [1], "#t": ["big"], "limit": 5})
+        assert closed is None and len(events) == 5
+        await bystander.close()
+        assert srv.proc.poll() is None
+        peak = metric(srv, "appliance_output_queued_bytes_peak")
+        # Never more than the budget, plus the one message that found it full.
+        assert 0 < peak <= budget + answer + 64 * 1024, peak
+        assert metric(srv, "appliance_output_queued_bytes") <= budget
+    finally:
+        for sock in hogs:
+            sock.close()
+        await writer.close()
+    # Once they are gone, nothing of theirs is counted.
+    for _ in range(300):
+        if metric(srv, "appliance_output_queued_bytes") == 0:
+            break
+        await asyncio.sleep(0.1)
+    assert metric(srv, "appliance_output_queued_bytes") == 0
+
+
+async def test_a_connection_over_its_own_budget_is_served_no_new_answers(make_server, alice):
+    """One client asks for 24 answers and reads none: at most a few answers past its own budget
+    (max_query_bytes) are ever queued for it; the rest wait unread, not built (before, each one
+    was read and queued until the connection was dropped at 32 MiB)."""
+    answer = 256 * 1024
+    srv = make_server("--max-query-bytes", str(answer), "--metrics-token", TOKEN, "--event-rate", "0",
+                      "--req-rate", "0")
+    writer = await Client.connect(srv.url)
+    for i in range(300):
+        await writer.send(["EVENT", alice.sign(1, [["t", "big"]], f"{i} " + "x" * 2000).to_dict()])
+    for _ in range(300):
+        assert (await writer.expect(lambda m: m[0] == "OK"))[2]
+    big = [json.dumps(["REQ", f"s{i}", {"kinds": [1], "#t": ["big"], "limit": 500}]) for i in range(24)]
+    hog = await never_reading(srv.port, big)
+    try:
+        for _ in range(100):  # until what it asked for stopped being produced
+            before = metric(srv, "appliance_output_queued_bytes")
+            await asyncio.sleep(0.2)
+            if before > answer and metric(srv, "appliance_output_queued_bytes") == before:
+                break
+        queued = metric(srv, "appliance_output_queued_bytes")
+        # Its own budget, and the answers that were being read when it was reached (two at most).
+        assert answer < queued <= answer + 2 * answer + 64 * 1024, queued
+        assert "dropping slow connection" not in srv.log_path.read_text()
+        # It is still connected: reading now, it gets every answer it asked for.
+        hog.setblocking(True)
+        hog.settimeout(60)
+        got = b""
+        while got.count(b'["EOSE"') < 24:
+            piece = hog.recv(1 << 20)
+            assert piece, "the connection ended"
+            got += piece
+    finally:
+        hog.close()
+        await writer.close()
