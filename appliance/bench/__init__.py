@@ -3,7 +3,8 @@
     harness.py   what they share: free ports, percentiles, relay processes (`appliance serve` on a
                  temporary data directory), a process's CPU time and memory
     flood.py     `flood`: a well-behaved client's REQ latency while one connection floods REQs/COUNTs
-    relay.py     `relay`: event ingest, OK latency and REQ latency, the read path, nostr-relay beside it
+    relay.py     `relay`: event ingest, OK latency and REQ latency, the read path, nostr-relay beside it,
+                 strfry side by side (strfry.py) with --strfry PATH or STRFRY_BIN
     leases.py    `leases`: NIP-PL lease acceptance (NIP-44 decrypt, validation, commit)
     wakes.py     `wakes`: ingest with leases, event-to-APNs latency, peak wakes/s, memory
     gateway.py   `gateway`: enrollment, delegation and delivery through the local APNs gateway
@@ -13,6 +14,7 @@
     nodes.py     `nodes`: several nodes over one PostgreSQL: ingest and REQ beside SQLite, fan-out and
                  wake latency across nodes
     negentropy.py `negentropy`: NIP-77 reconciliation of two 100k-event stores against strfry, both roles
+    slowreaders.py `slow-readers`: never-reading connections asking for large answers; memory, bystander
     soak.py      `soak`: N minutes of mixed load; memory, files, loop lag, latency, queue depth over time
     transfer.py  `transfer`: `appliance import` and `export` of N signed events (strfry's beside them)
     search.py    `search`: NIP-50 one-word REQ latency over N kind-1 events; ingest with the index on/off
@@ -28,8 +30,8 @@ import sys
 from dataclasses import dataclass
 from types import ModuleType
 
-from appliance.bench import (crashloop, flood, gateway, leases, marmot, mls, negentropy, nodes, relay, search, soak,
-                             transfer, wakes)
+from appliance.bench import (crashloop, flood, gateway, leases, marmot, mls, negentropy, nodes, relay, search,
+                             slowreaders, soak, transfer, wakes)
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,9 @@ BENCHMARKS: dict[str, Benchmark] = {
     "soak": Benchmark("Mixed load (publish, REQ, live subscriptions, lease churn, wakes to an APNs emulator) for N "
                       "minutes; sample memory, open files, loop lag, latency and queue depth into a CSV and an SVG.",
                       soak),
+    "slow-readers": Benchmark("Connections ask for large answers and never read them (30 x 24 REQs of ~8 MB): print "
+                              "the relay's peak memory, the connections dropped and a bystander's REQ latency.",
+                              slowreaders),
     "nodes": Benchmark("Several appliance nodes over one PostgreSQL: ingest and REQ (SQLite, 1 and 2 PostgreSQL "
                        "nodes), cross-node fan-out latency and wake latency; print p50/p99.", nodes),
     "negentropy": Benchmark("NIP-77: reconcile two stores of N events differing by 1%% with strfry (strfry sync "

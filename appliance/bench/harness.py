@@ -120,7 +120,11 @@ def appliance_process(data_dir: Path, port: int, log_path: Path, sync_mode: str,
     args = [*appliance_command(), "serve", "--data-dir", str(data_dir), "--port", str(port),
             "--event-rate", "0", "--req-rate", "0", "--log-level", LOG_LEVEL, "--sync-mode", sync_mode, *extra]
     APPLIANCE_LOGS.append(log_path)
-    return RelayProcess("appliance", args, port, log_path, env={"APPLIANCE_STORAGE": storage})
+    env = {"APPLIANCE_STORAGE": storage}
+    source = os.environ.get("APPLIANCE_BENCH_SOURCE")
+    if source:  # another checkout's appliance (a before/after comparison on the same machine)
+        env["PYTHONPATH"] = source
+    return RelayProcess("appliance", args, port, log_path, env=env, cwd=Path(source) if source else None)
 
 
 def database_cpu_seconds(storage: str) -> float:

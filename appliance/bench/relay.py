@@ -548,8 +548,7 @@ async def fanout(url: str, connections: int, rounds: int, factory: EventFactory,
             for _ in range(connections)]
     pub = await _connect(url, False)
     try:
-        for ws in subs:
-            await ws.recv()  # AUTH
+        for ws in subs:  # (an AUTH challenge first, from relays that send one: skipped below)
             await ws.send('["REQ","live",{"kinds":[1],"#t":["fanout"]}]')
         for ws in subs:
             async with asyncio.timeout(60):
@@ -880,6 +879,14 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--storage", default="sqlite", metavar="sqlite|URL",
                    help="the store: sqlite (default) or the URL of an EMPTY PostgreSQL database "
                    "(postgresql://...); the PostgreSQL backends' CPU is reported beside the appliance's")
+    p.add_argument("--strfry", metavar="PATH", default=None,
+                   help="a strfry executable to measure side by side with a fresh appliance (default: $STRFRY_BIN)")
+    p.add_argument("--compare-events", type=int, default=6000, metavar="N",
+                   help="events ingested by each relay side by side, from 4 clients (default 6000)")
+    p.add_argument("--compare-queries", type=int, default=60, metavar="Q",
+                   help="REQs timed per shape side by side (default 60, after 10 warm-up queries)")
+    p.add_argument("--compare-only", action="store_true",
+                   help="only the side-by-side figures (with --strfry or $STRFRY_BIN)")
     p.add_argument("--server-arg", action="append", default=[], metavar="ARG",
                    help="extra argument for `appliance serve` (repeatable), e.g. --server-arg=--write-batch=1000")
 
@@ -888,11 +895,24 @@ def run(args: argparse.Namespace) -> int:
     if args.events < 1 or args.clients < 1 or args.window < 1:
         print("appliance bench relay: --events, --clients and --window must be at least 1", file=sys.stderr)
         return 2
+    from appliance.bench import strfry as strfry_bench
+
+    strfry = args.strfry or strfry_bench.strfry_binary()
+    if args.compare_only and not strfry:
+        print("appliance bench relay: --compare-only needs --strfry PATH or STRFRY_BIN", file=sys.stderr)
+        return 2
     keep = args.data_dir is not None
     work = Path(args.data_dir) if keep else Path(tempfile.mkdtemp(prefix="appliance-bench-"))
     work.mkdir(parents=True, exist_ok=True)
     info(f"appliance bench relay: working in {work}")
     load_start = load_average()
+    if args.compare_only:
+        try:
+            print(side_by_side_report(work, strfry, args, load_start))
+        finally:
+            if not keep:
+                shutil.rmtree(work, ignore_errors=True)
+        return 0
     factory = EventFactory(args.authors, args.recipients, max(1, args.workers), args.seed)
     results: list[RunResult] = []
     stored: dict[str, int] = {}
@@ -963,4 +983,35 @@ def run(args: argparse.Namespace) -> int:
         a, b = (res.ingest.accepted / res.ingest.seconds if res.ingest.seconds else 0 for res in results)
         if b:
             print(f"\ningest ratio appliance / nostr-relay: {a / b:.1f}x")
+    if strfry:
+        work = Path(tempfile.mkdtemp(prefix="appliance-bench-"))
+        try:
+            print("\n" + side_by_side_report(work, strfry, args, load_average()))
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
     return 0
+
+
+def side_by_side_report(work: Path, strfry: str, args: argparse.Namespace, load_start: str) -> str:
+    """A fresh appliance and strfry side by side (appliance.bench.strfry); the report."""
+    from appliance.bench import strfry as strfry_bench
+
+    # About 60 events per author and per recipient: a 50-event REQ gets its 50.
+    keys = max(1, args.compare_events // 60)
+    factory = EventFactory(keys, keys, max(1, args.workers), args.seed + 101)
+    try:
+        now = int(time.time())
+        signed = factory.sign(args.compare_events + args.burst_events, newest=now, spread=600)
+    finally:
+        factory.close()
+    raws, burst = signed[: args.compare_events], signed[args.compare_events:] if args.bursts else []
+    relay = appliance_process(work / "appliance-vs", free_port(), work / "appliance-vs.log", args.sync_mode,
+                              args.server_arg)
+    relay.start()
+    try:
+        table = strfry_bench.run_side_by_side(work, strfry, relay, raws, burst, factory, args)
+    finally:
+        relay.stop()
+    return (f"side by side: appliance and strfry, {len(raws):,} events ingested from 4 clients, then REQs "
+            f"({args.compare_queries} per shape), a burst of {len(burst):,}, fan-out to {args.fanout}; sync_mode "
+            f"{args.sync_mode}; load average {load_start} at the start, {load_average()} at the end\n{table}")
