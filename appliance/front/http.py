@@ -91,8 +91,8 @@ class Site:
     max_message_size: int | None = 1 << 20
     compression: bool = False
     ping_interval: float | None = 30.0
-    # Whether a websocket's INFO line names the client's address (the log_client_addresses
-    # setting); else it says "client".
+    # Whether each websocket accepted is logged at INFO with the client's address (the
+    # log_client_addresses setting); else a DEBUG line without it.
     log_client_addresses: bool = False
     state: dict = field(default_factory=dict)  # the ASGI lifespan state
     connections: set = field(default_factory=set)  # open HTTP connections (not upgraded)
@@ -486,8 +486,10 @@ class WebSocketRequest:
             ws.connection_lost(None)
         self.connection = ws
         client = http.client
-        who = f"{client[0]}:{client[1]}" if site.log_client_addresses and client else "client"
-        log.info('%s - "WebSocket %s" [accepted]', who, self.path)
+        if site.log_client_addresses and client:  # the operator asked for addresses (INFO)
+            log.info('%s:%d - "WebSocket %s" [accepted]', client[0], client[1], self.path)
+        else:
+            log.debug('client - "WebSocket %s" [accepted]', self.path)
         return ws
 
     def deny(self, status: int, body: bytes = b"", headers: list[tuple[str, str]] | None = None,
