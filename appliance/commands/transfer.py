@@ -282,7 +282,10 @@ class Importer:
             self.pool = None
 
     def run(self, stream: BinaryIO) -> Counts:
+        from appliance.store.transfer import widen_cache
+
         self.start_workers()
+        self.store.write_sync(widen_cache)
         committer = threading.Thread(target=self._commit_loop, name="appliance-import-commit", daemon=True)
         committer.start()
         try:

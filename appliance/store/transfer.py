@@ -137,6 +137,21 @@ class Deletion:
         return len(rowids)
 
 
+# Page cache of the writer connection of an import (SQLite): the indexes a bulk load writes into
+# (ids, authors, times, tags: random places in each) outgrow the writer's usual 64 MiB past a few
+# hundred thousand events, and each page missed is read again and written twice more (WAL, then
+# checkpoint). Measured in-process at 300,000-400,000 events stored: 104 -> 93 us of CPU per event.
+IMPORT_CACHE_KIB = 256 * 1024
+
+
+def widen_cache(conn) -> None:
+    """Give this (the import's own) SQLite writer connection IMPORT_CACHE_KIB of page cache."""
+    import apsw
+
+    if isinstance(conn, apsw.Connection):
+        conn.execute(f"PRAGMA cache_size = -{IMPORT_CACHE_KIB}")
+
+
 def store_imported(conn, items: list) -> list:
     """Store imported events (`events.PendingEvent`s, no hooks) in order, inside one write
     transaction, under the rules of a publish (NIP-01 replacement, NIP-09 deletion, NIP-40
