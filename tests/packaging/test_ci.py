@@ -24,6 +24,8 @@ ROOT = Path(__file__).resolve().parents[2]
 SCRIPT_TOOLS = ("dirname", "mktemp", "rm", "mkdir", "grep", "sed")
 # The README's test command, which .ci/run ends with.
 TEST_COMMAND = "make test && make test-postgres"
+# The npm lock files `make test` installs from (ts-mls; nostr-tools for NIP-77), each with its stamp.
+LOCK_FILES = ("tests/marmot/interop/package-lock.json", "tests/relay/interop/package-lock.json")
 
 
 def _readme_commands() -> list[str]:
@@ -150,7 +152,7 @@ def checkout(tmp_path) -> Path:
     """The files the Makefile's rules depend on, in a temporary copy (times set by each test)."""
     if not shutil.which("make"):
         pytest.skip("make is not installed")
-    for rel in ("Makefile", "pyproject.toml", "appliance/admin/assets.py", "tests/marmot/interop/package-lock.json"):
+    for rel in ("Makefile", "pyproject.toml", "appliance/admin/assets.py", *LOCK_FILES):
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(ROOT / rel, tmp_path / rel)
     return tmp_path
@@ -159,7 +161,7 @@ def checkout(tmp_path) -> Path:
 def _set_up(folder: Path, when: float) -> None:
     """What a finished `make test` leaves behind, all of it dated `when`."""
     made = [".venv/bin/python", ".venv/.installed", ".venv/.mdk", "static/vendor/htmx.min.js",
-            "tests/marmot/interop/node_modules/.installed"]
+            *(str(Path(lock).parent / "node_modules" / ".installed") for lock in LOCK_FILES)]
     for rel in made:
         (folder / rel).parent.mkdir(parents=True, exist_ok=True)
         (folder / rel).touch()
@@ -178,7 +180,7 @@ def test_make_sets_up_a_fresh_clone_first(checkout):
 
 def test_make_does_nothing_but_the_command_when_nothing_changed(checkout):
     old = os.stat(checkout / "pyproject.toml").st_mtime
-    for rel in ("pyproject.toml", "appliance/admin/assets.py", "tests/marmot/interop/package-lock.json"):
+    for rel in ("pyproject.toml", "appliance/admin/assets.py", *LOCK_FILES):
         os.utime(checkout / rel, (old - 100, old - 100))
     _set_up(checkout, old)
     assert [line.strip() for line in _dry(checkout, "run").splitlines()] == [".venv/bin/appliance"]
@@ -187,7 +189,7 @@ def test_make_does_nothing_but_the_command_when_nothing_changed(checkout):
 
 def test_make_refreshes_the_venv_when_pyproject_changed(checkout):
     old = os.stat(checkout / "pyproject.toml").st_mtime
-    for rel in ("appliance/admin/assets.py", "tests/marmot/interop/package-lock.json"):
+    for rel in ("appliance/admin/assets.py", *LOCK_FILES):
         os.utime(checkout / rel, (old - 100, old - 100))
     _set_up(checkout, old - 50)  # pyproject.toml is newer than the stamp
     run = _dry(checkout, "run").strip().splitlines()
