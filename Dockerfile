@@ -9,23 +9,20 @@
 #   docker exec <container> appliance doctor
 #   docker exec <container> appliance backup /data/backups/today.sqlite3
 
-# --- build: `make dist` (PyInstaller, htmx from the npm registry, integrity checked) --------------
+# --- build: `make dist` (the locked build: uv from uv.lock, hash-checked, then `uv sync --locked`
+# with the build extras; htmx from the npm registry, integrity checked; PyInstaller) ---------------
 FROM python:3.11-slim-bookworm AS build
 RUN apt-get update && apt-get install -y --no-install-recommends binutils make npm \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
-COPY pyproject.toml README.md Makefile ./
+COPY pyproject.toml uv.lock LICENSE README.md Makefile ./
 COPY appliance ./appliance
 COPY templates ./templates
 COPY static ./static
 COPY packaging ./packaging
 ARG REVISION=unknown
 ENV APPLIANCE_REVISION=${REVISION}
-RUN python -m venv .venv && .venv/bin/pip install --no-cache-dir -q -e '.[build]' \
-    && .venv/bin/appliance admin fetch-assets \
-    && .venv/bin/pyinstaller --noconfirm --log-level WARN --distpath dist --workpath build/pyinstaller \
-       packaging/appliance.spec \
-    && dist/appliance --version
+RUN make dist
 
 # --- run: the executable alone, as a user of its own --------------------------------------------
 FROM debian:bookworm-slim

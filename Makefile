@@ -1,40 +1,76 @@
 # The two commands of the README: `make run` serves with the embedded defaults, `make test` runs
 # the whole test suite. Each first sets up what it needs and is quick when nothing changed: .venv
-# is created, and refreshed only when pyproject.toml changes (stamp: .venv/.installed).
+# is created and synced with uv.lock (exact versions and hashes of every package; stamps
+# .venv/.installed*), again only when uv.lock or pyproject.toml changes. `make run` installs what
+# serving needs and nothing else; `make test` adds the test extras, `make dist` the build extras.
 #
 #   make run  [ARGS="--port 8080"]       serve (appliance with no command = appliance serve)
 #   make test [ARGS="-x tests/ops"]      pytest, after the interop tools the suite can use
 #   make test-postgres [ARGS=...]        the same suite on the PostgreSQL store, in a throwaway
 #                                        cluster (Debian's postgresql package; tests/pg_cluster.sh)
+#   make test-latest [ARGS=...]          the suite against the newest releases of the dependencies
+#                                        (not the lock), in .venv-latest; its output goes to
+#                                        test-artifacts/test-latest.log and one line says how it went
+#   make lock                            re-resolve uv.lock after a change to pyproject.toml
+#   make lock-upgrade                    move every pin in uv.lock to the newest release allowed
 #   make dist                            the standalone executable dist/appliance (PyInstaller)
 #   make smoke [APPLIANCE_BINARY=PATH]   the executable's smoke test, with its figures
 
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
+UV := $(BIN)/uv
+UV_STAMP := $(VENV)/.uv
 STAMP := $(VENV)/.installed
+TEST_STAMP := $(VENV)/.installed-test
 BUILD_STAMP := $(VENV)/.installed-build
+# uv.lock as it is (--locked: an out-of-date lock is an error, not a silent re-resolve), into .venv
+# and its python (never a Python uv would download), adding to what is there (--inexact: MDK and
+# the other extras stay).
+SYNC := UV_PYTHON_DOWNLOADS=never $(UV) sync --quiet --locked --inexact --python $(BIN)/python
+LATEST := .venv-latest
+LATEST_LOG := test-artifacts/test-latest.log
+# The newest-releases run is reported, never gating: bounded so it cannot hold up CI.
+LATEST_TIMEOUT ?= 35m
 HTMX := static/vendor/htmx.min.js
 INTEROP := tests/marmot/interop
 NOSTR_INTEROP := tests/relay/interop
 MDK_SCRIPT := ../shared/tools/install-mdk-python.sh
 
-.PHONY: run test test-postgres dist smoke clean
+.PHONY: run test test-postgres test-latest lock lock-upgrade dist smoke clean
 
 run: $(STAMP)
 	$(BIN)/appliance $(ARGS)
 
-test: $(STAMP) $(HTMX) $(VENV)/.mdk $(INTEROP)/node_modules/.installed $(NOSTR_INTEROP)/node_modules/.installed
+test: $(TEST_STAMP) $(HTMX) $(VENV)/.mdk $(INTEROP)/node_modules/.installed $(NOSTR_INTEROP)/node_modules/.installed
 	$(BIN)/pytest -q $(ARGS)
 
-test-postgres: $(STAMP) $(HTMX) $(VENV)/.mdk $(INTEROP)/node_modules/.installed $(NOSTR_INTEROP)/node_modules/.installed
+test-postgres: $(TEST_STAMP) $(HTMX) $(VENV)/.mdk $(INTEROP)/node_modules/.installed $(NOSTR_INTEROP)/node_modules/.installed
 	tests/pg_cluster.sh $(BIN)/pytest -q --storage=postgresql $(ARGS)
 
-$(STAMP): pyproject.toml
+# uv itself, at the version and with the hashes uv.lock records (its `lock` group), into .venv.
+$(UV_STAMP): uv.lock packaging/lockpin.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[test]'
+	$(BIN)/python packaging/lockpin.py uv > $(VENV)/uv-requirements.txt
+	$(BIN)/pip install -q --require-hashes --no-deps -r $(VENV)/uv-requirements.txt
 	touch $@
+
+# Serving: the runtime dependencies only.
+$(STAMP): pyproject.toml uv.lock $(UV_STAMP)
+	$(SYNC)
+	touch $@
+
+# The suite: the runtime dependencies and the test extras.
+$(TEST_STAMP): pyproject.toml uv.lock $(UV_STAMP)
+	$(SYNC) --extra test
+	touch $@
+
+# Re-resolve after pyproject.toml changed (pins that still fit stay); then commit uv.lock.
+lock: $(UV_STAMP)
+	UV_PYTHON_DOWNLOADS=never $(UV) lock
+
+lock-upgrade: $(UV_STAMP)
+	UV_PYTHON_DOWNLOADS=never $(UV) lock --upgrade
 
 # The dashboard's htmx: from the npm registry at its pinned version, integrity checked (never committed).
 $(HTMX): $(STAMP) appliance/admin/assets.py
@@ -43,7 +79,7 @@ $(HTMX): $(STAMP) appliance/admin/assets.py
 
 # MDK (the reference Marmot implementation) for the Marmot interoperability tests; without it they
 # skip and say why. Tried again on the next run when it could not be installed.
-$(VENV)/.mdk: $(STAMP)
+$(VENV)/.mdk: $(TEST_STAMP)
 	if [ -f $(MDK_SCRIPT) ] && bash $(MDK_SCRIPT) $(BIN)/python; then touch $@; \
 	else echo "mdk-python unavailable: the MDK tests will skip"; fi
 
@@ -57,8 +93,8 @@ $(NOSTR_INTEROP)/node_modules/.installed: $(NOSTR_INTEROP)/package-lock.json
 	if command -v npm >/dev/null 2>&1 && npm ci --prefix $(NOSTR_INTEROP) --no-audit --no-fund --silent; then touch $@; \
 	else echo "nostr-tools unavailable: its NIP-77 test will skip"; fi
 
-$(BUILD_STAMP): $(STAMP)
-	$(BIN)/pip install -q -e '.[test,build]'
+$(BUILD_STAMP): pyproject.toml uv.lock $(UV_STAMP)
+	$(SYNC) --extra build
 	touch $@
 
 # One build command: a single-file executable with the templates, static files, the verified htmx
@@ -70,8 +106,22 @@ dist: $(BUILD_STAMP) $(HTMX)
 
 # The executable's smoke test alone, showing its figures (size, cold start, idle RSS). It builds
 # one unless APPLIANCE_BINARY names an executable already built (make smoke APPLIANCE_BINARY=dist/appliance).
-smoke: $(STAMP) $(HTMX)
+smoke: $(TEST_STAMP) $(HTMX)
 	APPLIANCE_BINARY=$(APPLIANCE_BINARY) $(BIN)/pytest -q -s tests/packaging/test_smoke.py
 
+# The suite against the newest releases of every dependency (a fresh .venv-latest resolved without
+# the lock), to learn early what the next `make lock-upgrade` would break. Its output goes to
+# $(LATEST_LOG); what it prints is one line of its own, so that its pytest summary is never
+# read as the verdict of a CI run, and it exits 0 whatever the suite found (a report, not a gate).
+test-latest: $(UV_STAMP) $(HTMX) $(INTEROP)/node_modules/.installed $(NOSTR_INTEROP)/node_modules/.installed
+	@mkdir -p $(dir $(LATEST_LOG))
+	@rm -rf $(LATEST) && $(PYTHON) -m venv $(LATEST) > $(LATEST_LOG) 2>&1 \
+	&& UV_PYTHON_DOWNLOADS=never $(UV) pip install --python $(LATEST)/bin/python --upgrade -e '.[test]' >> $(LATEST_LOG) 2>&1 \
+	&& { [ ! -f $(MDK_SCRIPT) ] || bash $(MDK_SCRIPT) $(LATEST)/bin/python >> $(LATEST_LOG) 2>&1 || true; } \
+	&& $(UV) pip list --python $(LATEST)/bin/python >> $(LATEST_LOG) 2>&1 \
+	&& { timeout --kill-after=60 $(LATEST_TIMEOUT) $(LATEST)/bin/pytest -q -p no:cacheprovider $(ARGS) >> $(LATEST_LOG) 2>&1; \
+	     rc=$$?; $(LATEST)/bin/python packaging/latest_report.py $$rc $(LATEST_LOG); } \
+	|| echo "test-latest (not gating): could not set up $(LATEST); see $(LATEST_LOG)"
+
 clean:
-	rm -rf build dist
+	rm -rf build dist $(LATEST)

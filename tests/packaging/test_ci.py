@@ -1,6 +1,7 @@
 """The two commands and CI, as a fresh machine sees them: `.ci/run` installs the tools the suite
-needs that the machine lacks and then runs the README's test command (the suite on SQLite, then on
-PostgreSQL); `make run` and `make test` set up `.venv` only when `pyproject.toml` changed.
+needs that the machine lacks, runs the suite against the newest releases (reported, not gating)
+and then the README's test command (the suite on SQLite, then on PostgreSQL); `make run` and
+`make test` sync `.venv` with uv.lock only when it or `pyproject.toml` changed.
 
 `.ci/run` runs here with a PATH of stand-ins (apt-get and make record their arguments) and a
 stand-in root for the files it looks at or writes outside its checkout (CI_ROOT: PostgreSQL's
@@ -21,11 +22,13 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 # Tools .ci/run itself uses from PATH (besides bash, which runs it).
-SCRIPT_TOOLS = ("dirname", "mktemp", "rm", "mkdir", "grep", "sed")
+SCRIPT_TOOLS = ("dirname", "mktemp", "rm", "mkdir", "grep", "sed", "timeout")
 # The README's test command, which .ci/run ends with.
 TEST_COMMAND = "make test && make test-postgres"
 # The npm lock files `make test` installs from (ts-mls; nostr-tools for NIP-77), each with its stamp.
 LOCK_FILES = ("tests/marmot/interop/package-lock.json", "tests/relay/interop/package-lock.json")
+# What .ci/run asks make for: the non-gating run against the newest releases first, then the README's.
+MAKE_CALLS = ["make test-latest LATEST_TIMEOUT=30m", "make test", "make test-postgres"]
 
 
 def _readme_commands() -> list[str]:
@@ -41,12 +44,12 @@ def _stub(path: Path, body: str) -> None:
 
 
 def _run_ci(tmp_path: Path, present: dict[str, str | None], *, venv: bool = False,
-            postgresql: bool = False, apt_hook: str = "") -> tuple[list[str], list[str]]:
+            postgresql: bool = False, apt_hook: str = "", make_hook: str = "") -> tuple[list[str], list[str]]:
     """Run .ci/run with only `present` tools on PATH (name -> real path, or None for a stand-in
     that succeeds), in a fresh clone (with a .venv already when `venv`), over a stand-in root
     (tmp_path/root, with PostgreSQL's initdb when `postgresql`). apt-get installs make's stand-in
-    when asked for make, and runs `apt_hook` (shell, seeing its arguments). Returns (apt-get calls,
-    make calls)."""
+    when asked for make, and runs `apt_hook` (shell, seeing its arguments); make's stand-in runs
+    `make_hook` after recording its call. Returns (apt-get calls, make calls)."""
     bin_dir, log = tmp_path / "bin", tmp_path / "calls.log"
     bin_dir.mkdir()
     for tool in SCRIPT_TOOLS:
@@ -56,7 +59,7 @@ def _run_ci(tmp_path: Path, present: dict[str, str | None], *, venv: bool = Fals
             (bin_dir / name).symlink_to(real)
         else:
             _stub(bin_dir / name, "exit 0\n")
-    _stub(tmp_path / "make", f'echo "make $*" >> {log}\n')
+    _stub(tmp_path / "make", f'echo "make $*" >> {log}\n' + make_hook)
     _stub(bin_dir / "apt-get", f'echo "apt-get $*" >> {log}\n' + apt_hook +
           f'for p in "$@"; do [ "$p" = make ] && {shutil.which("cp")} {tmp_path / "make"} {bin_dir / "make"}; done; exit 0\n')
     if "make" in present:
@@ -103,7 +106,7 @@ def test_ci_installs_what_a_bare_machine_lacks(tmp_path):
     apt, make = _run_ci(tmp_path, {"python3": str(python)})
     wanted = {"python3-venv", "make", "npm", "binutils", "chromium", "postgresql-common", "postgresql"}
     assert wanted <= _installed(apt), apt
-    assert make == ["make test", "make test-postgres"]
+    assert make == MAKE_CALLS
 
 
 def test_ci_installs_postgresql_without_a_system_cluster(tmp_path):
@@ -124,7 +127,7 @@ def test_ci_installs_postgresql_without_a_system_cluster(tmp_path):
     assert [c.split()[-1] for c in installs] == ["postgresql-common", "postgresql"], apt
     assert "create_main_cluster = false" in marker.read_text().splitlines()
     assert "create_main_cluster = true" not in marker.read_text()
-    assert make == ["make test", "make test-postgres"]
+    assert make == MAKE_CALLS
 
 
 def test_ci_installs_nothing_on_a_machine_that_has_it_all(tmp_path):
@@ -132,10 +135,24 @@ def test_ci_installs_nothing_on_a_machine_that_has_it_all(tmp_path):
     if not all(tools.values()):
         pytest.skip(f"this machine lacks {[n for n, p in tools.items() if not p]}")
     apt, make = _run_ci(tmp_path, {**tools, "make": None, "chromium": None}, venv=True, postgresql=True)
-    assert apt == [] and make == ["make test", "make test-postgres"]
+    assert apt == [] and make == MAKE_CALLS
 
 
-# -- the Makefile: .venv only when pyproject.toml changed -----------------------------------------
+def test_ci_survives_a_failing_latest_run(tmp_path):
+    """`make test-latest` failing (as it does when killed at its time limit) prints one line and
+    the gating runs still follow; the script's exit code is theirs alone."""
+    python = tmp_path / "python3"
+    _stub(python, "exit 0\n")
+    present = {"python3": str(python), "make": None, "npm": None, "objdump": None, "chromium": None}
+    apt, make = _run_ci(tmp_path, present, venv=True, postgresql=True,
+                        make_hook='case "$1" in test-latest) exit 2;; esac\nexit 0\n')
+    assert make == MAKE_CALLS
+    commands = [line for line in (ROOT / ".ci" / "run").read_text().splitlines() if not line.startswith("#")]
+    latest = [line for line in commands if "make test-latest" in line]
+    assert len(latest) == 1 and latest[0].startswith("timeout --kill-after=60 40m make test-latest")
+
+
+# -- the Makefile: .venv only when uv.lock or pyproject.toml changed -------------------------------
 
 def _dry(folder: Path, target: str) -> str:
     # A top-level make, also when the suite itself runs under `make test` (as .ci/run does): an
@@ -152,7 +169,7 @@ def checkout(tmp_path) -> Path:
     """The files the Makefile's rules depend on, in a temporary copy (times set by each test)."""
     if not shutil.which("make"):
         pytest.skip("make is not installed")
-    for rel in ("Makefile", "pyproject.toml", "appliance/admin/assets.py", *LOCK_FILES):
+    for rel in ("Makefile", "pyproject.toml", "uv.lock", "packaging/lockpin.py", "appliance/admin/assets.py", *LOCK_FILES):
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(ROOT / rel, tmp_path / rel)
     return tmp_path
@@ -160,8 +177,8 @@ def checkout(tmp_path) -> Path:
 
 def _set_up(folder: Path, when: float) -> None:
     """What a finished `make test` leaves behind, all of it dated `when`."""
-    made = [".venv/bin/python", ".venv/.installed", ".venv/.mdk", "static/vendor/htmx.min.js",
-            *(str(Path(lock).parent / "node_modules" / ".installed") for lock in LOCK_FILES)]
+    made = [".venv/bin/python", ".venv/.uv", ".venv/.installed", ".venv/.installed-test", ".venv/.mdk",
+            "static/vendor/htmx.min.js", *(str(Path(lock).parent / "node_modules" / ".installed") for lock in LOCK_FILES)]
     for rel in made:
         (folder / rel).parent.mkdir(parents=True, exist_ok=True)
         (folder / rel).touch()
@@ -169,28 +186,46 @@ def _set_up(folder: Path, when: float) -> None:
         os.utime(folder / rel, (when, when))
 
 
+def _syncs(dry: str) -> list[str]:
+    return [line for line in dry.splitlines() if " sync " in line]
+
+
 def test_make_sets_up_a_fresh_clone_first(checkout):
+    """uv from the lock (hash-checked), then `uv sync --locked`: serving gets the runtime
+    dependencies alone, the suite adds its extras, the build its own."""
     run = _dry(checkout, "run")
-    assert "-m venv .venv" in run and "pip install -q -e '.[test]'" in run
+    assert "-m venv .venv" in run and "packaging/lockpin.py uv" in run and "--require-hashes" in run
+    assert [s.split(" sync ", 1)[1].split() for s in _syncs(run)] == [
+        ["--quiet", "--locked", "--inexact", "--python", ".venv/bin/python"]]
+    assert "pip install -q -e" not in run and "--extra" not in run
     assert run.strip().splitlines()[-1].startswith(".venv/bin/appliance")
     test = _dry(checkout, "test")
-    assert "pip install" in test and "admin fetch-assets" in test and "npm ci" in test
+    assert any(line.endswith("--locked --inexact --python .venv/bin/python --extra test") for line in _syncs(test))
+    assert "admin fetch-assets" in test and "npm ci" in test
     assert test.strip().splitlines()[-1].startswith(".venv/bin/pytest")
+    dist = _dry(checkout, "dist")
+    assert any(line.endswith("--extra build") for line in _syncs(dist)) and "--extra test" not in dist
 
 
 def test_make_does_nothing_but_the_command_when_nothing_changed(checkout):
     old = os.stat(checkout / "pyproject.toml").st_mtime
-    for rel in ("pyproject.toml", "appliance/admin/assets.py", *LOCK_FILES):
+    for rel in ("pyproject.toml", "uv.lock", "packaging/lockpin.py", "appliance/admin/assets.py", *LOCK_FILES):
         os.utime(checkout / rel, (old - 100, old - 100))
     _set_up(checkout, old)
     assert [line.strip() for line in _dry(checkout, "run").splitlines()] == [".venv/bin/appliance"]
     assert [line.strip() for line in _dry(checkout, "test").splitlines()] == [".venv/bin/pytest -q"]
 
 
-def test_make_refreshes_the_venv_when_pyproject_changed(checkout):
+@pytest.mark.parametrize("changed", ["pyproject.toml", "uv.lock"])
+def test_make_syncs_again_when_the_lock_or_pyproject_changed(checkout, changed):
     old = os.stat(checkout / "pyproject.toml").st_mtime
-    for rel in ("appliance/admin/assets.py", *LOCK_FILES):
+    for rel in ("pyproject.toml", "uv.lock", "packaging/lockpin.py", "appliance/admin/assets.py", *LOCK_FILES):
         os.utime(checkout / rel, (old - 100, old - 100))
-    _set_up(checkout, old - 50)  # pyproject.toml is newer than the stamp
+    _set_up(checkout, old - 50)
+    os.utime(checkout / changed, (old, old))  # newer than the stamps
     run = _dry(checkout, "run").strip().splitlines()
-    assert "pip install -q -e '.[test]'" in "\n".join(run) and run[-1].startswith(".venv/bin/appliance")
+    assert len(_syncs("\n".join(run))) == 1 and run[-1].startswith(".venv/bin/appliance")
+    test = _dry(checkout, "test")
+    assert any(line.endswith("--extra test") for line in _syncs(test))
+    # uv itself is reinstalled only when the lock (which pins it) changed.
+    assert ("lockpin.py uv" in test) == (changed == "uv.lock")
