@@ -11,6 +11,8 @@
 #   make test-latest [ARGS=...]          the suite against the newest releases of the dependencies
 #                                        (not the lock), in .venv-latest; its output goes to
 #                                        test-artifacts/test-latest.log and one line says how it went
+#   make test-lowest [ARGS=...]          the suite at the floors pyproject.toml declares (each direct
+#                                        dependency at its lowest allowed release), in .venv-lowest
 #   make lock                            re-resolve uv.lock after a change to pyproject.toml
 #   make lock-upgrade                    move every pin in uv.lock to the newest release allowed
 #   make dist                            the standalone executable dist/appliance (PyInstaller)
@@ -37,7 +39,7 @@ INTEROP := tests/marmot/interop
 NOSTR_INTEROP := tests/relay/interop
 MDK_SCRIPT := ../shared/tools/install-mdk-python.sh
 
-.PHONY: run test test-postgres test-latest lock lock-upgrade dist smoke clean
+.PHONY: run test test-postgres test-latest test-lowest lock lock-upgrade dist smoke clean
 
 run: $(STAMP)
 	$(BIN)/appliance $(ARGS)
@@ -123,5 +125,14 @@ test-latest: $(UV_STAMP) $(HTMX) $(INTEROP)/node_modules/.installed $(NOSTR_INTE
 	     rc=$$?; $(LATEST)/bin/python packaging/latest_report.py $$rc $(LATEST_LOG); } \
 	|| echo "test-latest (not gating): could not set up $(LATEST); see $(LATEST_LOG)"
 
+# The floors, tested: every direct dependency at the lowest release pyproject.toml allows (their
+# own dependencies at the newest that fit), in a fresh .venv-lowest. Not run by CI (it would add a
+# third full run); run it after changing a floor, and say so in docs/dependencies.md.
+test-lowest: $(UV_STAMP) $(HTMX) $(INTEROP)/node_modules/.installed
+	rm -rf .venv-lowest && $(PYTHON) -m venv .venv-lowest
+	UV_PYTHON_DOWNLOADS=never $(UV) pip install -q --python .venv-lowest/bin/python --resolution lowest-direct -e '.[test]'
+	$(UV) pip list --python .venv-lowest/bin/python
+	.venv-lowest/bin/pytest -q -p no:cacheprovider $(ARGS)
+
 clean:
-	rm -rf build dist $(LATEST)
+	rm -rf build dist $(LATEST) .venv-lowest

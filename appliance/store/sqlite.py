@@ -153,10 +153,10 @@ def _apply_bestpractice() -> None:
     global _bestpractice_applied
     if not _bestpractice_applied:
         # apsw's own busy-timeout hook sets 100 ms, too short while migrations or a first
-        # start's writes hold the lock; ours replaces it, in first place.
-        hooks = tuple(connection_busy_timeout_first if f is apsw.bestpractice.connection_busy_timeout else f
-                      for f in apsw.bestpractice.recommended)
-        assert hooks[0] is connection_busy_timeout_first
+        # start's writes hold the lock; ours replaces it, in first place (apsw before 3.49.2
+        # lists WAL first, whose pragma takes a lock).
+        hooks = (connection_busy_timeout_first,
+                 *(f for f in apsw.bestpractice.recommended if f is not apsw.bestpractice.connection_busy_timeout))
         apsw.bestpractice.apply(hooks)
         apsw.config(apsw.SQLITE_CONFIG_LOG, _sqlite_log)  # replaces bestpractice's root-logger handler
         _bestpractice_applied = True
