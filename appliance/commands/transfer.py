@@ -314,7 +314,9 @@ class Importer:
 
     def _feed(self, stream: BinaryIO) -> None:
         inflight: list = []
-        depth = 2 * self.workers + 1
+        # Checks run up to two transactions ahead, so the workers keep going while the committer
+        # stores one batch and this thread admits the next (both at once, else they wait in turn).
+        depth = 2 * COMMIT_LINES // CHUNK + self.workers
         for first, lines in self._chunks(stream):
             if self._failed is not None:
                 return
