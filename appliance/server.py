@@ -32,24 +32,6 @@ log = logging.getLogger("appliance.server")
 DEFAULT_SHUTDOWN_GRACE = 10.0
 # Exit status when the application's startup fails (as uvicorn's, before).
 STARTUP_FAILED = 3
-# Allocations of this size or more (a REQ's answer, its rows' bytes) are mapped on their own and
-# handed back to the OS once freed. glibc raises its threshold past every large block freed (up
-# to 32 MiB), after which answers of a few MiB came from heaps that keep what is freed: the peak
-# of many answers in flight stayed resident (see `appliance bench slow-readers`).
-DEFAULT_MMAP_THRESHOLD = 256 * 1024
-_M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
-
-
-def large_allocations_mapped() -> None:
-    """Fix glibc's mmap threshold at DEFAULT_MMAP_THRESHOLD (a no-op elsewhere)."""
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6").mallopt(_M_MMAP_THRESHOLD, DEFAULT_MMAP_THRESHOLD)
-    except (OSError, AttributeError):
-        pass
-
-
 def second_signal_exits_at_once() -> None:
     """After the first SIGTERM/SIGINT, the next one ends the process at once: the kernel's default
     action, which needs no Python code to run (the graceful stop may be waiting on a thread or a
@@ -106,7 +88,6 @@ class ApplianceServer:
             second_signal_exits_at_once()
 
     async def serve(self, sockets: list[socket.socket] | None = None) -> int:
-        large_allocations_mapped()
         loop = asyncio.get_running_loop()
         self._exit = asyncio.Event()
         if self.should_exit:

@@ -21,7 +21,7 @@ ENV_PREFIX = "APPLIANCE_"
 #: APPLIANCE_* variables that are not settings (the config file, build and benchmark inputs); any
 #: other that names no setting gets a warning (APPLIANCE_TEST_* are the test suite's).
 KNOWN_ENV = frozenset({"APPLIANCE_CONFIG", "APPLIANCE_REVISION", "APPLIANCE_BINARY", "APPLIANCE_VECTORS",
-                       "APPLIANCE_LOGS", "APPLIANCE_BENCH_PG", "APPLIANCE_CHROMIUM"})
+                       "APPLIANCE_LOGS", "APPLIANCE_BENCH_PG", "APPLIANCE_CHROMIUM", "APPLIANCE_BENCH_SOURCE"})
 
 
 def _bool(value: Any) -> bool:

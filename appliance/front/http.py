@@ -314,7 +314,8 @@ class HttpConnection(asyncio.Protocol):
         target = request.target
         if not target.startswith(b"/"):  # absolute form (or `*`)
             split = urlsplit(target.decode("latin-1"))
-            target = (split.path or "/").encode("latin-1") + (b"?" + split.query.encode("latin-1") if split.query else b"")
+            query = b"?" + split.query.encode("latin-1") if split.query else b""
+            target = (split.path or "/").encode("latin-1") + query
         raw_path, _, query = target.partition(b"?")
         scope = {
             "type": "http",

@@ -8,7 +8,6 @@ import contextlib
 import json
 import signal
 import socket
-import sqlite3
 import time
 
 import httpx
@@ -17,7 +16,7 @@ import websockets
 
 from appliance.relay.peers import PeerLimits, is_local_host, parse_networks
 from appliance.front import Guard, Server, Site
-from tests.conftest import Client, free_port
+from tests.conftest import Client
 from tests.pg import db_rows
 
 pytestmark = pytest.mark.anyio
