@@ -143,11 +143,13 @@ def db_rows(data_dir: Path, sql: str, args=()) -> list[tuple]:
             _configure(conn)
             text, _ = translate(sql, bool(args))
             return [tuple(r) for r in conn.execute(text, tuple(args) if args else None).fetchall()]
-    import sqlite3
+    import apsw
 
-    conn = sqlite3.connect(f"file:{Path(data_dir) / 'appliance.sqlite3'}?mode=ro", uri=True, timeout=10)
+    # apsw, the store's own SQLite: the stdlib's may be too old for the schema (FTS5's contentless_delete).
+    conn = apsw.Connection(str(Path(data_dir) / "appliance.sqlite3"), flags=apsw.SQLITE_OPEN_READONLY)
+    conn.set_busy_timeout(10_000)
     try:
-        return conn.execute(sql, args).fetchall()
+        return [tuple(r) for r in conn.execute(sql, args).fetchall()]
     finally:
         conn.close()
 

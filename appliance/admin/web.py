@@ -246,11 +246,11 @@ class Admin:
             Route("/logout", self.guard(self.logout), methods=["POST"]),
             Route("/static/{name}", self.static, methods=["GET", "HEAD"]),
         ]
-        # Last: any other /admin URL is a page that does not exist (styled, with a way back).
-        last = [Route("/{path:path}", self.not_found, methods=["GET", "HEAD", "POST"])]
-        return Starlette(routes=own + page_routes + last)
+        # Any other /admin URL is a page that does not exist (styled, with a way back): the router's 404,
+        # handled, not a catch-all route, so the route table lists real pages only.
+        return Starlette(routes=own + page_routes, exception_handlers={404: self.not_found})
 
-    async def not_found(self, request: Request) -> Response:
+    async def not_found(self, request: Request, exc: Exception | None = None) -> Response:
         request.state.session_id = await self._session(request)
         request.state.presession = None
         return self._finish(self.render(request, "admin/not_found.html", status=404, path=request.url.path))
