@@ -634,7 +634,7 @@ def inspect_event(obj: Any) -> dict[str, Any]:
 DRAFT_INSPECT_TYPES = frozenset({"pairing-envelope", "multi-device-extension", "device-label", "join-psk-id"})
 # What inspect reports for objects only the draft defines.
 DRAFT_DOCUMENT_TYPES = frozenset({"MarmotPairingEnvelopeV1", "MarmotMultiDeviceJoinPskId", "join-request",
-                                  "join-authorization", "pairing-key", "pairing-opened"})
+                                  "join-authorization", "pairing-key", "pairing-opened", "device-label-opened"})
 DRAFT_CODE_POINTS = frozenset({f"0x{comp.EXT_MULTI_DEVICE:04x}", f"0x{comp.EXT_ENCRYPTED_DEVICE_NAME:04x}"})
 
 
@@ -677,6 +677,10 @@ def cmd_inspect(args, state) -> int:
     return emit_inspected(recognise_bytes(decode_blob(text, "input")))
 
 
+# What `receive` prints as "type" (Received.type).
+RECEIVED_TYPES = ("application", "commit", "proposal")
+
+
 def inspect_document(obj: Any) -> dict[str, Any]:
     """What a JSON input is, without --as: a Nostr event or rumor, or one of the commands' own outputs
     (recognised by the fields each prints)."""
@@ -709,10 +713,12 @@ def inspect_document(obj: Any) -> dict[str, Any]:
         return inspect_bytes("proof", blob("proof", "proof"))
     if "pairing_id" in obj and isinstance(obj.get("groups"), list):  # pairing-open
         return {"type": "pairing-opened", **{k: obj[k] for k in ("pairing_id", "expires_at", "groups")}}
-    if any(k in obj for k in ("commit", "welcomes", "rumor", "members")):
-        # create-group, commit, external-commit, join, receive
+    received = obj.get("type") in RECEIVED_TYPES and "group_id" in obj and "epoch" in obj
+    if received or any(k in obj for k in ("commit", "welcomes", "rumor", "members")):
+        # create-group, commit, external-commit, join, receive (of any message type)
         out: dict[str, Any] = {"type": "output", **{k: obj[k] for k in ("group_id", "nostr_group_id", "epoch",
-                                                                         "profile", "members", "sender") if k in obj}}
+                                                                         "profile", "members", "sender",
+                                                                         "external_join") if k in obj}}
         if "type" in obj:
             out["type"], out["message_type"] = "received", obj["type"]
         if isinstance(obj.get("commit"), dict):
@@ -722,6 +728,10 @@ def inspect_document(obj: Any) -> dict[str, Any]:
         if isinstance(obj.get("rumor"), dict):
             out["rumor"] = inspect_event(obj["rumor"])
         return out
+    if set(obj) == {"label"} and isinstance(obj["label"], str):  # decrypt-device-label
+        return {"type": "device-label-opened", "label": obj["label"]}
+    if set(obj) == {"error", "message"}:  # any command's refusal
+        return {"type": "refusal", "error": obj["error"], "message": obj["message"]}
     raise Failed("usage", "cannot tell what this JSON document is; name it with --as")
 
 

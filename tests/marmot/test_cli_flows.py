@@ -277,3 +277,59 @@ def test_inspect_recognises_every_output_without_as(group, tmp_path):
         assert shown["type"] == expected, (expected, shown)
         if wire:
             assert shown["wire_format"] == wire
+
+
+def test_inspect_recognises_every_receive_output_and_the_rest(group, tmp_path):
+    """`receive` prints a document for a commit, a proposal and an External Commit as well as for an
+    application message; `decrypt-device-label` and a refusal print documents too. inspect names each
+    without --as (before, all but the application message were 'cannot tell what this JSON document
+    is'); those of the draft group keep the draft label."""
+    from appliance.commands.marmot import DRAFT_LABEL
+
+    alice, bob, gid = group
+
+    def seen(doc, name):
+        path = tmp_path / f"inspect-{name}.json"
+        path.write_text(json.dumps(doc))
+        return _stateless("inspect", "--input", str(path))
+
+    got_commit = alice("receive", "--event", alice.file("c", bob("commit", "--group", gid)["commit"]))
+    device = Device.from_json(bob.secret, json.loads((bob.state / "device" / "state.json").read_text()))
+    g = device.group(gid)
+    _, message = g.propose_update()
+    ev = tp.encrypt_group_message(group_event_key(g), bytes.fromhex(device.groups[gid]["h"]), message)
+    got_proposal = alice("receive", "--event", alice.file("proposal", ev.to_dict()))
+    alice2 = Cli(tmp_path, "alice2", alice.secret)
+    key = alice2("pairing-key", "--draft-multi-device", identity=False)["pairing_key"]
+    sealed = alice("pairing-seal", "--recipient", key, "--group", gid, "--draft-multi-device")
+    alice2("pairing-open", "--envelope", alice2.file("env", sealed), "--draft-multi-device", identity=False)
+    request = alice2("join-request", "--group", gid, "--draft-multi-device")
+    auth = alice("authorize-join", "--request", alice.file("req", request), "--draft-multi-device")
+    external = alice2("external-commit", "--group", gid, "--authorization", alice2.file("auth", auth),
+                      "--draft-multi-device")
+    got_external = bob("receive", "--event", bob.file("ext", external["commit"]), "--draft-multi-device")
+    for got, message_type in ((got_commit, "commit"), (got_proposal, "proposal"), (got_external, "commit")):
+        assert got["type"] == message_type and got["draft"] == DRAFT_LABEL
+        shown = seen(got, message_type)
+        assert shown["type"] == "received" and shown["message_type"] == message_type, shown
+        assert shown["group_id"] == gid and shown["epoch"] == got["epoch"] and shown["sender"] == got["sender"]
+        assert shown["draft"] == DRAFT_LABEL
+    assert seen(got_external, "external")["external_join"] is True
+    # Received in an ordinary group: not labelled.
+    carol, dave = Cli(tmp_path, "carol"), Cli(tmp_path, "dave")
+    created = carol("create-group", "--relay", RELAY, "--member-key-package",
+                    carol.file("kp", dave("key-package", "--relay", RELAY)))
+    dave("join", "--welcome", dave.file("w", created["welcomes"][0]))
+    got = carol("receive", "--event", carol.file("c", dave("commit", "--group", created["group_id"])["commit"]))
+    shown = seen(got, "plain")
+    assert shown["message_type"] == "commit" and "draft" not in shown
+    # decrypt-device-label's document, and a refusal's.
+    sealed_label = _stateless("encrypt-device-label", "--identity", str(alice.identity), "--label", "phone",
+                              "--draft-multi-device")
+    opened = _stateless("decrypt-device-label", "--identity", str(alice.identity), "--input",
+                        alice.file("label", sealed_label), "--draft-multi-device")
+    shown = seen(opened, "opened-label")
+    assert shown["type"] == "device-label-opened" and shown["label"] == "phone" and shown["draft"] == DRAFT_LABEL
+    refusal = alice("send", "--group", "00" * 32, "--content", "x", ok=False)
+    shown = seen(refusal, "refusal")
+    assert shown == {"type": "refusal", "error": "state.unknown_group", "message": refusal["message"]}
