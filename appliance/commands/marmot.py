@@ -211,8 +211,8 @@ def _need_components_context(context, what: str) -> None:
     if profile.read_group_state(context).profile != "components":
         raise Failed("multi_device.needs_components",
                      f"{what} is an MDK-compatible group (MDK's group data, extension 0xf2ee): the draft "
-                     "multi-device join needs a components group (create-group --profile components "
-                     "--draft-multi-device)")
+                     "multi-device join needs a components group (create-group --profile components with "
+                     "--draft-multi-device or marmot_draft_multi_device = true)")
     if context.extension(comp.EXT_MULTI_DEVICE) is None:
         raise Failed("multi_device.gate_inactive",
                      f"{what} is a components group made without the draft switch (no marmot.multi-device.v1, "

@@ -325,6 +325,8 @@ def test_cli_create_group_with_an_mdk_invitee(tmp_path, capsys):
         refused = alice(command, *args, "--draft-multi-device", ok=False)
         assert refused["error"] == "multi_device.needs_components", command
         assert "components group" in refused["message"] and "MDK" in refused["message"]
+        # A refusal of a draft feature names both ways to turn the draft on.
+        assert "--draft-multi-device" in refused["message"] and "marmot_draft_multi_device" in refused["message"]
     # With the draft switch on, an MDK invitee still gets an MDK-compatible group (no draft parts).
     capsys.readouterr()
     created = alice("create-group", "--relay", RELAY, "--member-key-package", kp, "--draft-multi-device")
