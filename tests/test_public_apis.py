@@ -68,3 +68,37 @@ def test_the_server_runs_without_uvicorn():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]", out.stdout
+
+
+# websockets' sans-I/O ServerProtocol as its reference documents it (websockets.server.ServerProtocol
+# and the Protocol methods it inherits). Its other attributes (`extensions`, `parser_exc`, `reader`,
+# ...) are implementation details, free to change in any release.
+DOCUMENTED_SERVER_PROTOCOL = {
+    "accept", "select_subprotocol", "reject", "send_response", "receive_data", "receive_eof",
+    "send_continuation", "send_text", "send_binary", "send_close", "send_ping", "send_pong", "fail",
+    "events_received", "data_to_send", "close_expected", "id", "logger", "state", "handshake_exc",
+    "close_code", "close_reason", "close_exc",
+}
+# Where the front holds a ServerProtocol: module -> the names (and `self.` attributes) it is bound to.
+PROTOCOL_HOLDERS = {"appliance/front/websocket.py": ("conn", "self.conn"),
+                    "appliance/front/http.py": ("protocol", "self._protocol")}
+
+
+@pytest.mark.parametrize("module", sorted(PROTOCOL_HOLDERS))
+def test_the_front_uses_only_the_documented_protocol_api(module):
+    """The websocket front reads nothing of websockets' protocol object but what its reference
+    documents (before: `conn.extensions` to tell whether permessage-deflate was on, and
+    `conn.parser_exc` to tell a failed connection)."""
+    holders = PROTOCOL_HOLDERS[module]
+    tree = ast.parse((ROOT / module).read_text())
+    used = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute):
+            value = node.value
+            name = (value.id if isinstance(value, ast.Name)
+                    else f"self.{value.attr}" if isinstance(value, ast.Attribute)
+                    and isinstance(value.value, ast.Name) and value.value.id == "self" else None)
+            if name in holders:
+                used.add((node.lineno, node.attr))
+    assert used, "no use of the protocol found: PROTOCOL_HOLDERS is stale"
+    assert not [(line, attr) for line, attr in used if attr not in DOCUMENTED_SERVER_PROTOCOL], sorted(used)

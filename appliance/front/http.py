@@ -475,7 +475,8 @@ class WebSocketRequest:
                 guard.peers.release(slot)
 
         ws = WebSocketConnection(protocol, transport, counters=guard.websocket, connections=site.websockets,
-                                 on_end=release, ping_interval=site.ping_interval)
+                                 on_end=release, ping_interval=site.ping_interval,
+                                 deflate="Sec-WebSocket-Extensions" in self._response.headers)
         ws.read_paused = http.read_paused
         if not http.writable.is_set():
             ws.writable.clear()

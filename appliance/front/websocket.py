@@ -79,8 +79,11 @@ class WebSocketConnection(asyncio.Protocol):
     def __init__(self, conn: ServerProtocol, transport: asyncio.Transport, *, counters: Counters,
                  connections: set, on_end=None, ping_interval: float | None = DEFAULT_PING_INTERVAL,
                  ping_timeout: float = DEFAULT_PING_TIMEOUT, close_timeout: float = DEFAULT_CLOSE_TIMEOUT,
-                 stall_seconds: float = DEFAULT_WRITE_STALL_SECONDS):
+                 stall_seconds: float = DEFAULT_WRITE_STALL_SECONDS, deflate: bool = False):
         self.conn = conn
+        # Whether permessage-deflate was negotiated (the handshake's answer named it): then every
+        # message goes through the protocol, whose compression context must see each one.
+        self.deflate = deflate
         self.transport = transport
         self.loop = asyncio.get_running_loop()
         self.counters = counters
@@ -145,7 +148,7 @@ class WebSocketConnection(asyncio.Protocol):
     def raw_frames(self) -> bool:
         """Whether `Frames` may be written: plain frames go straight to the socket (no
         permessage-deflate context that must see each message)."""
-        return not self.conn.extensions
+        return not self.deflate
 
     def ready(self) -> bool:
         """Whether `write_now` may be used: the peer keeps up (the transport's flow control) and
@@ -157,7 +160,7 @@ class WebSocketConnection(asyncio.Protocol):
         """Write `texts` (str, or `Frames` when `raw_frames`) with one `transport.write`; only
         when `ready()`."""
         conn = self.conn
-        if conn.extensions:  # permessage-deflate: its compression context must see every frame
+        if self.deflate:  # permessage-deflate: its compression context must see every frame
             for text in texts:
                 conn.send_text(text.encode())
             self.transport.write(b"".join(conn.data_to_send()))
@@ -271,7 +274,9 @@ class WebSocketConnection(asyncio.Protocol):
         conn.receive_data(data)
         for frame in conn.events_received():
             self._frame(frame)
-        if conn.parser_exc is not None:  # a protocol error, a message too big: closed by the protocol
+        if conn.state is not State.OPEN and not self._ended:
+            # Closing without the client's close frame: a protocol error or a message too big,
+            # failed by the protocol (its close frame queued, written by `_flush`).
             self.close_sent = True
         self._flush()
 
