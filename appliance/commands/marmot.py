@@ -112,11 +112,23 @@ def read_json(path: str, what: str) -> Any:
         raise Failed("input.json", f"{path}: {what} is not valid JSON") from None
 
 
-def read_event(path: str, what: str = "event"):
-    """A Nostr event from FILE; the draft label a command printed beside its fields is dropped."""
+def read_unlabelled(path: str, what: str) -> tuple[Any, bool]:
+    """A JSON object from FILE without the draft label a command printed beside an event's or a
+    rumor's fields, and whether it carried one."""
     obj = read_json(path, what)
     if isinstance(obj, dict) and obj.get("draft") == DRAFT_LABEL:
-        obj = {k: v for k, v in obj.items() if k != "draft"}
+        return {k: v for k, v in obj.items() if k != "draft"}, True
+    return obj, False
+
+
+def labelled(obj: dict[str, Any]) -> dict[str, Any]:
+    """An event or rumor of a draft group with the draft label beside its fields (drop it to publish)."""
+    return {"draft": DRAFT_LABEL, **obj}
+
+
+def read_event(path: str, what: str = "event"):
+    """A Nostr event from FILE; the draft label a command printed beside its fields is dropped."""
+    obj, _ = read_unlabelled(path, what)
     try:
         return parse_event(obj)
     except InvalidEvent as exc:
@@ -254,7 +266,9 @@ def cmd_create_group(args, state) -> int:
     gid, rumors = device.create_group(args.name or "", args.relay, members, admins=args.admin,
                                       multi_device=multi, group_profile=chosen, description=args.description or "")
     save_device(state, device)
-    return emit({**_group_summary(device, gid), "welcomes": rumors}, draft=multi)
+    # A draft group's welcomes carry the draft's bytes: each is labelled, and so is its gift wrap.
+    return emit({**_group_summary(device, gid), "welcomes": [labelled(r) for r in rumors] if multi else rumors},
+                draft=multi)
 
 
 @command("join")
@@ -263,7 +277,7 @@ def cmd_join(args, state) -> int:
     device = load_device(args, state)
     if not args.welcome:
         raise Failed("usage", "join needs --welcome FILE")
-    obj = read_json(args.welcome, "welcome")
+    obj, _ = read_unlabelled(args.welcome, "welcome")
     if isinstance(obj, dict) and obj.get("kind") == 1059:
         obj = transport.unwrap_welcome(parse_event(obj), device.secret).rumor
     gid = device.join(obj)
@@ -307,8 +321,9 @@ def cmd_commit(args, state) -> int:
     ev, rumors = device.commit(args.group, add=adds, remove=args.remove, add_admins=args.add_admin,
                                remove_admins=args.remove_admin)
     save_device(state, device)
-    return emit({**_group_summary(device, args.group), "commit": ev.to_dict(), "welcomes": rumors},
-                draft=_draft_group(device, args.group))
+    draft = _draft_group(device, args.group)
+    return emit({**_group_summary(device, args.group), "commit": ev.to_dict(),
+                 "welcomes": [labelled(r) for r in rumors] if draft else rumors}, draft=draft)
 
 
 @command("leave")
@@ -328,8 +343,9 @@ def cmd_gift_wrap(args, state) -> int:
     secret = load_identity(args.identity)
     if not args.rumor or not args.to:
         raise Failed("usage", "gift-wrap needs --rumor FILE and --to PUBKEY")
-    rumor = read_json(args.rumor, "rumor")
-    return emit(transport.wrap_welcome(rumor, secret, args.to).to_dict())
+    rumor, draft = read_unlabelled(args.rumor, "rumor")
+    # The welcome of a draft group (labelled by create-group/commit): its gift wrap is labelled too.
+    return emit(transport.wrap_welcome(rumor, secret, args.to).to_dict(), draft=draft)
 
 
 # -- the draft multi-device join ------------------------------------------------------------------------

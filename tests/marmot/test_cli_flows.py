@@ -333,3 +333,38 @@ def test_inspect_recognises_every_receive_output_and_the_rest(group, tmp_path):
     refusal = alice("send", "--group", "00" * 32, "--content", "x", ok=False)
     shown = seen(refusal, "refusal")
     assert shown == {"type": "refusal", "error": "state.unknown_group", "message": refusal["message"]}
+
+
+def test_a_draft_groups_welcomes_and_their_gift_wraps_are_labelled(tmp_path):
+    """A welcome into a draft group carries the draft's bytes (its GroupInfo has 0xf2f0): each welcome
+    rumor create-group and commit print for a draft group carries the label beside its fields, and so
+    does the gift wrap made of it (drop the label before publishing, as for send); join and gift-wrap
+    read labelled rumors. Welcomes of ordinary groups are not labelled."""
+    from appliance.commands.marmot import DRAFT_LABEL
+
+    alice, bob, carol = Cli(tmp_path, "alice"), Cli(tmp_path, "bob"), Cli(tmp_path, "carol")
+    kp = bob("key-package", "--relay", RELAY, "--draft-multi-device")
+    created = alice("create-group", "--relay", RELAY, "--draft-multi-device", "--member-key-package",
+                    alice.file("kp", kp))
+    [rumor] = created["welcomes"]
+    assert rumor["draft"] == DRAFT_LABEL and rumor["kind"] == 444
+    wrap = _stateless("gift-wrap", "--identity", str(alice.identity), "--rumor", alice.file("rumor", rumor),
+                      "--to", kp["pubkey"])
+    assert wrap.pop("draft") == DRAFT_LABEL and wrap["kind"] == 1059
+    parse_event(wrap)  # what is left is the publishable event
+    gid = created["group_id"]
+    assert bob("join", "--welcome", bob.file("wrap", wrap))["group_id"] == gid
+    kp = carol("key-package", "--relay", RELAY, "--draft-multi-device")
+    added = alice("commit", "--group", gid, "--add", alice.file("kp-carol", kp))
+    assert added["draft"] == DRAFT_LABEL and "draft" not in added["commit"]
+    [rumor] = added["welcomes"]
+    assert rumor["draft"] == DRAFT_LABEL
+    assert carol("join", "--welcome", carol.file("rumor", rumor))["group_id"] == gid  # the rumor itself, labelled
+    # An ordinary group's welcome and its gift wrap: no label.
+    dave = Cli(tmp_path, "dave")
+    kp = dave("key-package", "--relay", RELAY)
+    plain = alice("create-group", "--relay", RELAY, "--member-key-package", alice.file("kp-dave", kp))
+    assert "draft" not in plain["welcomes"][0]
+    wrap = _stateless("gift-wrap", "--identity", str(alice.identity), "--rumor",
+                      alice.file("rumor-plain", plain["welcomes"][0]), "--to", kp["pubkey"])
+    assert "draft" not in wrap

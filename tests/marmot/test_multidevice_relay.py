@@ -87,7 +87,10 @@ async def test_second_device_joins_through_the_relay(server, connect, tmp_path):
     assert created["draft"] and created["epoch"] == 1 and len(created["welcomes"]) == 2
     gid, h = created["group_id"], created["nostr_group_id"]
     for rumor, c in zip(created["welcomes"], (bob, carol)):
-        await publish(a1("gift-wrap", *a1.id(), "--rumor", a1.file(f"rumor-{c.name}", rumor), "--to", c.pubkey))
+        assert rumor["draft"]  # a draft group's welcome: labelled beside the rumor's fields, as is its wrap
+        wrap = a1("gift-wrap", *a1.id(), "--rumor", a1.file(f"rumor-{c.name}", rumor), "--to", c.pubkey)
+        assert wrap.pop("draft")
+        await publish(wrap)
     for c in (bob, carol):
         inbox = await connect(url)
         assert (await inbox.auth(c.secret, url))[0]
