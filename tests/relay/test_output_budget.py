@@ -128,3 +128,51 @@ async def test_a_connection_over_its_own_budget_is_served_no_new_answers(make_se
     finally:
         hog.close()
         await writer.close()
+
+
+
+async def test_the_connection_with_the_most_unread_output_goes_first(make_server, alice):
+    """Over max_output_buffer_total, the connections with the most unread output are dropped, not the
+    one whose answer found the budget full: a client that reads asks for an answer larger than what
+    is left, and the never-reading one holding more unread output than that answer is dropped
+    ("dropping slow connection"), while the reader gets its whole answer.
+
+    The sizes make it certain whatever the timing: the hog stops being served once it holds more
+    than its own budget (1 MiB) unread, with at most two answers of ~300 KB being built then, so it
+    holds 1-1.6 MiB and never passes the process-wide 1.75 MiB by itself (its reads reserve at most
+    136 x 4 KiB, max_message_length); the reader's answer (~900 KB) is smaller than what the hog
+    holds, and with it the sum passes 1.75 MiB. (The hog asks for 30 answers: the kernel takes
+    several MB of what is written to a loopback socket before any of it stays unread here.)"""
+    own = 1024 * 1024  # max_query_bytes: each connection's own budget
+    budget = 1792 * 1024
+    srv = make_server("--max-query-bytes", str(own), "--max-output-buffer-total", str(budget),
+                      "--max-message-length", "4096", "--metrics-token", TOKEN, "--event-rate", "0",
+                      "--req-rate", "0")
+    writer = await Client.connect(srv.url)
+    for i in range(450):
+        await writer.send(["EVENT", alice.sign(1, [["t", "big"]], f"{i:03} " + "x" * 2000).to_dict()])
+    for _ in range(450):
+        assert (await writer.expect(lambda m: m[0] == "OK"))[2]
+    small = [json.dumps(["REQ", f"s{i}", {"kinds": [1], "#t": ["big"], "limit": 136}]) for i in range(30)]
+    hog = await never_reading(srv.port, small)
+    try:
+        for _ in range(100):  # until it is served no more
+            before = metric(srv, "appliance_output_queued_bytes")
+            await asyncio.sleep(0.2)
+            if before > own and metric(srv, "appliance_output_queued_bytes") == before:
+                break
+        held = metric(srv, "appliance_output_queued_bytes")
+        assert own < held < budget, held
+        assert "dropping slow connection" not in srv.log_path.read_text()
+        reader = await Client.connect(srv.url)
+        events, closed = await reader.req("r", {"kinds": [1], "#t": ["big"], "limit": 400})
+        assert closed is None and len(events) == 400  # (~900 KB: less than the hog holds)
+        log = srv.log_path.read_text()
+        assert log.count("dropping slow connection") == 1, log
+        assert f"queued_bytes={int(held)}" in log  # the hog
+        events, closed = await reader.req("r2", {"kinds": [1], "#t": ["big"], "limit": 5})
+        assert closed is None and len(events) == 5
+        await reader.close()
+    finally:
+        hog.close()
+        await writer.close()
