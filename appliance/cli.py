@@ -375,11 +375,12 @@ def serve(settings: Settings, *, ready: Any = None) -> int:
     """Serve until interrupted (SIGTERM/SIGINT: pending OKs are sent and websockets closed first)."""
     from appliance.admin import install
     from appliance.app import build, startup_banner
-    from appliance.server import build_server
+    from appliance.server import build_server, tune_malloc
 
     from appliance.store.instance import InstanceLock, clear_instance
 
     configure_logging(settings.log_level, settings.log_client_addresses)
+    tune_malloc()
     # Every listening address first: one taken stops the start before anything is printed, created
     # or minted (no data directory, no setup token).
     sockets = bind_listeners(settings)

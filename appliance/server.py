@@ -40,6 +40,32 @@ def second_signal_exits_at_once() -> None:
         signal.signal(sig, signal.SIG_DFL)
 
 
+# glibc's malloc: blocks from this size up are mapped on their own and unmapped when freed.
+MMAP_THRESHOLD = 128 * 1024
+_M_MMAP_THRESHOLD = -3  # mallopt's parameter (malloc.h)
+
+
+def tune_malloc() -> bool:
+    """Memory freed by the relay's large answers goes back to the system (glibc only; True if set).
+
+    A REQ's answer is up to max_query_bytes (8 MiB) in one bytes object, built on a reader thread,
+    and freed once written. glibc maps such a block on its own, but the first time one is freed it
+    raises its threshold to that size (its dynamic threshold, up to 32 MiB): later answers then come
+    from the threads' heaps, where freed memory mostly stays. Measured with `appliance bench
+    slow-readers` (30 never-reading connections x 24 answers of 8 MiB, 256 MiB output budget): peak
+    RSS 494 MB and 181 MB after, against 438 MB and 119 MB with the threshold fixed at its initial
+    128 KiB. Setting it explicitly turns the dynamic adjustment off."""
+    import ctypes
+    import platform
+
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+        return False
+    try:
+        return bool(ctypes.CDLL(None).mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD))
+    except (OSError, AttributeError):
+        return False
+
+
 def _loop_factory():
     try:
         import uvloop
