@@ -184,7 +184,14 @@ def run_export(args: argparse.Namespace, settings: Settings) -> int:
             out.flush()
         except BrokenPipeError:  # the reader went away (`| head`): not an error
             _quiet_stdout()
+        except OSError as exc:  # a full disk, a quota: one line, not a traceback
+            _quiet_stdout()
+            raise ExportFailed(f"export: cannot write the events: {exc.strerror or exc}") from None
     return 0
+
+
+class ExportFailed(ApplianceError):
+    """Standard output refused the export's lines (a full disk, say): one line saying so."""
 
 
 def _quiet_stdout() -> None:

@@ -4,6 +4,7 @@ rules of a publish, deletion by filter, and one clear line for every bad input."
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
 import sys
 import time
@@ -211,6 +212,22 @@ async def test_bad_arguments_get_one_line_and_change_nothing(make_server, connec
     assert len(err.splitlines()) == 1 and message in err, err
     assert out.stdout == b""
     assert exported(server.data_dir) == before
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full to stand for a full disk")
+def test_export_to_a_full_disk_is_one_line(tmp_path):
+    data = tmp_path / "d"
+    secret = Identity().secret
+    out = run("import", "--data-dir", data, "--no-verify", stdin=lines(*(sign_event(secret, 1, [], f"n{i}")
+                                                                          for i in range(3))))
+    assert out.returncode == 0, out.stderr
+    args = ["export", "--data-dir", str(data)]
+    with open("/dev/full", "wb") as full:
+        done = subprocess.run([sys.executable, "-m", "appliance", *args], stdout=full, stderr=subprocess.PIPE,
+                              env=process_env(args), cwd=ROOT, timeout=120)
+    assert done.returncode == 2
+    assert done.stderr.decode().splitlines() == [
+        "appliance: export: cannot write the events: No space left on device"], done.stderr
 
 
 def test_import_reports_an_overlong_line_and_goes_on(tmp_path):
