@@ -47,7 +47,7 @@ def add_parser(parser: argparse.ArgumentParser, add_setting_flags: Callable) -> 
                            ("block", "Add pubkeys to the blocklist."),
                            ("unblock", "Remove pubkeys from the blocklist.")):
         p = sub.add_parser(verb, help=helptext, description=helptext)
-        p.add_argument("origin")
+        p.add_argument("origin", help="The origin's URL, or its ID as `appliance origins list` shows it.")
         p.add_argument("pubkeys", nargs="+", metavar="PUBKEY",
                        help="64 hex characters, npub1..., or a fingerprint pk:... the dashboard shows (a pubkey "
                        "this appliance has seen)")
@@ -77,9 +77,10 @@ def _fields(args: argparse.Namespace) -> dict:
 
 
 def find(conn: apsw.Connection, origin: str | int) -> Origin:
-    """An origin by its origin string or id (ConfigError if there is none)."""
+    """An origin by its origin string or id, as an int or as the digits `origins list` shows
+    (ConfigError if there is none)."""
     for o in load_origins(conn):
-        if o.origin == origin or o.id == origin:
+        if o.origin == origin or o.id == origin or str(o.id) == str(origin):
             return o
     raise ConfigError("origin", origin, "no such origin; `appliance origins list` shows them")
 
@@ -241,8 +242,8 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
                 return change_list(conn, settings, args.origin, name,
                                    add=keys if adding else (), remove=() if adding else keys)
         saved = store.write_sync(op)
-        if cmd in ("allow", "disallow", "block", "unblock") and any(r.fingerprint for r in refs):
-            # Given as fingerprints: named as such, never as the full keys they resolved to.
+        if cmd in ("allow", "disallow", "block", "unblock"):
+            # One line per key: a fingerprint given is named as such, never as the full key it resolved to.
             done = {"allow": "allowed", "disallow": "no longer allowed", "block": "blocked",
                     "unblock": "unblocked"}[cmd]
             for r in refs:

@@ -97,3 +97,26 @@ def test_lists_are_tables_json_on_request_and_say_when_empty(tmp_path):
         assert cli("gateway", "keys", "list", *data).stdout == "no grant keys\n"
     finally:
         server.stop()
+
+
+def test_block_takes_the_id_origins_list_shows_and_says_what_it_did(tmp_path):
+    """`origins list` leads with an ID column; the list edits take that id as well as the URL, and
+    say in one line what they did (not the whole origin, push settings and all, as JSON)."""
+    server = Server(tmp_path / "data", config=PUSH_CONFIG).start()
+    try:
+        listed = cli("origins", "list", "--data-dir", server.data_dir)
+        assert listed.returncode == 0, listed.stderr
+        header, row = listed.stdout.splitlines()[:2]
+        assert header.split()[0] == "ID"
+        origin_id = row.split()[0]
+        mallory = Identity()
+        out = cli("origins", "block", origin_id, mallory.pubkey, "--data-dir", server.data_dir)
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.strip() == f"blocked {mallory.pubkey} at {server.url}", out.stdout
+        out = cli("origins", "unblock", server.url, mallory.pubkey, "--data-dir", server.data_dir)
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.strip() == f"unblocked {mallory.pubkey} at {server.url}", out.stdout
+        listed = cli("origins", "list", "--json", "--data-dir", server.data_dir)
+        assert json.loads(listed.stdout.splitlines()[0])["block"] == []
+    finally:
+        server.stop()
