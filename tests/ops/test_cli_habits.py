@@ -120,3 +120,26 @@ def test_block_takes_the_id_origins_list_shows_and_says_what_it_did(tmp_path):
         assert json.loads(listed.stdout.splitlines()[0])["block"] == []
     finally:
         server.stop()
+
+
+@pytest.mark.parametrize("args", [("config", "show"), ("origins", "list", "--json"), ("origins", "list")], ids=" ".join)
+def test_a_reader_that_went_away_is_not_a_traceback(tmp_path, args):
+    """`appliance config show | head -1`: the reader closes the pipe early; that is the reader's
+    choice, not an error (exit 0, nothing on stderr), as `export` already does."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.ops.helpers import ROOT
+    from tests.pg import process_env
+
+    assert cli("origins", "list", "--data-dir", tmp_path / "data").returncode == 0  # a data directory to read
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader is gone before the first line
+    try:
+        out = subprocess.run([sys.executable, "-m", "appliance", *args, "--data-dir", str(tmp_path / "data")],
+                             stdout=write_end, stderr=subprocess.PIPE, text=True, env=process_env(args), cwd=ROOT,
+                             timeout=60)
+    finally:
+        os.close(write_end)
+    assert out.returncode == 0 and out.stderr == "", out.stderr
