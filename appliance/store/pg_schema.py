@@ -14,6 +14,7 @@ import time
 
 from appliance.errors import SchemaTooNew, StoreError
 from appliance.store import dialect
+from appliance.store.pg_words import MARK_CLASS, WORD_CLASS
 
 log = logging.getLogger("appliance.store")
 
@@ -393,6 +394,46 @@ MIGRATIONS: tuple[str, ...] = (
         FOR EACH ROW EXECUTE FUNCTION appliance_index_search();
     INSERT INTO events_search (event, tsv)
         SELECT rowid, appliance_search_text(raw) FROM events WHERE kind IN (SELECT kind FROM search_kinds);
+    """,
+    # 7: NIP-50 search splits and folds words as the live matcher and SQLite's index do (pg_words.py):
+    # PostgreSQL's parser kept `heron.egret`, URLs and paths as one token each, so a search for `heron`
+    # missed them. appliance_search_words folds case (ICU's root locale when the server has it, else
+    # the database's), decomposes (NFKD), drops combining marks and turns every run of characters
+    # that are not letters or digits into a space; the index is written again through it, and the
+    # search string goes through it too (store/search.py).
+    f"""
+    DO $do$
+    BEGIN
+        IF EXISTS (SELECT 1 FROM pg_collation WHERE collname = 'und-x-icu') THEN
+            CREATE FUNCTION appliance_search_fold(t text) RETURNS text LANGUAGE sql IMMUTABLE PARALLEL SAFE
+                AS $f$ SELECT lower(t COLLATE "und-x-icu") $f$;
+        ELSE
+            CREATE FUNCTION appliance_search_fold(t text) RETURNS text LANGUAGE sql IMMUTABLE PARALLEL SAFE
+                AS $f$ SELECT lower(t) $f$;
+        END IF;
+        IF current_setting('server_encoding') = 'UTF8' THEN
+            CREATE FUNCTION appliance_search_words(t text) RETURNS text LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $f$
+                SELECT regexp_replace(regexp_replace(normalize(appliance_search_fold(t), NFKD),
+                    '[{MARK_CLASS}]+', '', 'g'), '[^{WORD_CLASS}]+', ' ', 'g')
+            $f$;
+        ELSE
+            CREATE FUNCTION appliance_search_words(t text) RETURNS text LANGUAGE sql IMMUTABLE PARALLEL SAFE
+                AS $f$ SELECT regexp_replace(appliance_search_fold(t), '[^0-9A-Za-z\\x80-\\xff]+', ' ', 'g') $f$;
+        END IF;
+    END $do$;
+    CREATE OR REPLACE FUNCTION appliance_search_text(raw text) RETURNS tsvector LANGUAGE plpgsql IMMUTABLE AS $$
+    BEGIN
+        IF position('\\u0000' IN raw) = 0 THEN
+            RETURN to_tsvector('simple', appliance_search_words(coalesce(raw::jsonb ->> 'content', '')));
+        END IF;
+        BEGIN  -- jsonb refuses \\u0000: read it as a space (or, past that, index nothing)
+            RETURN to_tsvector('simple',
+                appliance_search_words(coalesce(replace(raw, '\\u0000', ' ')::jsonb ->> 'content', '')));
+        EXCEPTION WHEN OTHERS THEN
+            RETURN ''::tsvector;
+        END;
+    END $$;
+    UPDATE events_search s SET tsv = appliance_search_text(e.raw) FROM events e WHERE e.rowid = s.event;
     """,
 )
 

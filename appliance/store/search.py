@@ -1,12 +1,13 @@
 """NIP-50 search: the full-text index of the searchable kinds and how a filter's `search` reads it.
 
-SQLite: an FTS5 table (`events_fts`, contentless, unicode61 tokenizer folding case and
-diacritics) whose rowids are the events'. PostgreSQL: `events_search`, a tsvector per event
-('simple' configuration) under a GIN index. On both, triggers (schema.py, pg_schema.py) write an
-event's entry in the event's own transaction when its kind is in `search_kinds`, and delete it
-with the event, whatever path writes or deletes it. This module keeps the kinds table in step with
-the `search_kinds` setting, rebuilds the index in chunks (a server beside it waits at most one
-chunk for the write lock), and turns a search string into the terms both backends match.
+SQLite: an FTS5 table (`events_fts`, contentless, unicode61 tokenizer folding case and diacritics)
+whose rowids are the events'. PostgreSQL: `events_search`, a tsvector per event ('simple'
+configuration, over the words as pg_words.py splits and folds them) under a GIN index. On both,
+triggers (schema.py, pg_schema.py) write an event's entry in the event's own transaction when its
+kind is in `search_kinds`, and delete it with the event, whatever path writes or deletes it. This
+module keeps the kinds table in step with the `search_kinds` setting, rebuilds the index in chunks
+(a server beside it waits at most one chunk for the write lock), and turns a search string into the
+terms both backends match.
 
 A search matches the events whose content holds every word of the string (NIP-50 `key:value`
 extensions are not words), ranked by relevance: BM25 on SQLite, ts_rank on PostgreSQL.
@@ -35,8 +36,9 @@ def fts_query(terms: list[str]) -> str:
 SOURCE = "events_fts f JOIN events e ON e.rowid = f.rowid"
 CONDITION = "events_fts MATCH ?"
 RANK = "f.rank"  # BM25, lower is better
-PG_SOURCE = ("(SELECT plainto_tsquery('simple', ?) AS q) s JOIN events_search f ON f.tsv @@ s.q "
-             "JOIN events e ON e.rowid = f.event")
+# The search string goes through the words rule the index was written with (pg_words.py).
+PG_SOURCE = ("(SELECT plainto_tsquery('simple', appliance_search_words(?)) AS q) s "
+             "JOIN events_search f ON f.tsv @@ s.q JOIN events e ON e.rowid = f.event")
 # Normalization 1: divided by 1 + log(length), so a word among many weighs less (as BM25 has it).
 PG_RANK = "-ts_rank(f.tsv, s.q, 1)"
 
