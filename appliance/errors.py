@@ -69,6 +69,9 @@ class ConfigError(ApplianceError):
         self.name = name
         self.value = REDACTED if _SECRET_LIKE.search(repr(value)) else value
         self.hint = redact_secret_like(hint)
+        if value is None:  # not given at all: said so, not as Python's None
+            super().__init__(redact_secret_like(f"setting {name!r}: missing: {self.hint}"))
+            return
         shown = REDACTED if self.value is REDACTED else repr(value)
         super().__init__(redact_secret_like(f"setting {name!r}: invalid value {shown}: {self.hint}"))
 

@@ -150,7 +150,7 @@ def delivery_profile(entry: dict, where: str = "app_profiles",
     if missing:
         raise ConfigError(at(where, f"{missing[0]}"), None,
                           f"app profile {pid!r}: credentials need all of " + ", ".join(REQUIRED_CREDENTIALS)
-                          + " (or key_stored instead of key_file)")
+                          + " (or key_stored instead of key_file); missing: " + ", ".join(missing))
     for k in given:
         if not isinstance(entry[k], str) or not entry[k]:
             raise ConfigError(at(where, f"{k}"), entry[k], f"app profile {pid!r}: expected non-empty text")

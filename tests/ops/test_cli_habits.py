@@ -143,3 +143,19 @@ def test_a_reader_that_went_away_is_not_a_traceback(tmp_path, args):
     finally:
         os.close(write_end)
     assert out.returncode == 0 and out.stderr == "", out.stderr
+
+
+def test_a_missing_setting_is_called_missing_not_none(tmp_path):
+    """A profile without `environment` is refused in plain words: the setting is missing (not
+    "invalid value None", Python's word for nothing), and which ones are missing."""
+    config = tmp_path / "appliance.toml"
+    config.write_text('[push]\napp_profiles = [{ id = "com.example.app/ios", transport = "apns", topic = "t", '
+                      'team_id = "TEAM123456", key_id = "ABC123DEFG", key_file = "/nonexistent/AuthKey.p8" }]\n'
+                      "push_kinds = [9]\n")
+    for args in (("serve", "--port", "0"), ("doctor",)):
+        out = cli(*args, "--config", config, "--data-dir", tmp_path / "data", timeout=30)
+        assert out.returncode in (1, 2), out.stdout + out.stderr
+        text = out.stdout + out.stderr
+        assert "None" not in text, text
+        assert "setting '[push] app_profiles[0].environment': missing: " in text, text
+        assert "missing: environment" in text, text
