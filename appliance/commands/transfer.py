@@ -448,7 +448,10 @@ def admit(origin, ev: Event, settings: Settings, now: int) -> int | None:
         raise Rejected("blocked", "this event is banned here")
     if kind in origin.block_kinds or (origin.allow_kinds and kind not in origin.allow_kinds):
         raise Rejected("blocked", f"kind {kind} is not accepted here")
-    if origin.allow and ev.pubkey not in origin.allow:
+    if origin.access_policy == "members":  # members only: an empty list admits nobody
+        if ev.pubkey not in origin.allow:
+            raise Rejected("restricted", "the event author is not a member")
+    elif origin.allow and ev.pubkey not in origin.allow:
         raise Rejected("restricted", "this pubkey may not publish here")
     if Groups.wants(ev):
         raise Rejected("restricted", "group events are accepted only when published to the relay (membership rules)")

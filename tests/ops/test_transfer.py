@@ -230,6 +230,20 @@ def test_export_to_a_full_disk_is_one_line(tmp_path):
         "appliance: export: cannot write the events: No space left on device"], done.stderr
 
 
+def test_import_on_a_members_origin_stores_members_events_only(tmp_path):
+    data = tmp_path / "d"
+    member, outsider = Identity(), Identity()
+    settings = ("--data-dir", data, "--access-policy", "members")
+    first = run("import", *settings, stdin=lines(outsider.sign(1, content="nobody is a member yet")))
+    assert first.stdout.decode().splitlines()[-1] == "import: read 1, stored 0, duplicate 0, rejected 1"
+    assert "import: line 1: restricted: the event author is not a member" in first.stderr.decode()
+    origin = orjson.loads(run("origins", "list", "--json", *settings).stdout.splitlines()[0])["origin"]
+    assert run("origins", "allow", *settings, origin, member.pubkey).returncode == 0
+    out = run("import", *settings, stdin=lines(member.sign(1, content="a member's"), outsider.sign(1, content="no")))
+    assert out.stdout.decode().splitlines()[-1] == "import: read 2, stored 1, duplicate 0, rejected 1"
+    assert "import: line 2: restricted: the event author is not a member" in out.stderr.decode()
+
+
 def test_import_reports_an_overlong_line_and_goes_on(tmp_path):
     secret = Identity().secret
     ok = sign_event(secret, 1, [], "fits")
