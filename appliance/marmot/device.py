@@ -18,8 +18,8 @@ from appliance.nostr.keys import public_key
 from . import components as comp
 from . import mls, multidevice, profile, transport
 from .errors import ComponentError, DraftDisabled, MarmotError, ProofError, TransportError
-from .mls.structs import (P_SELF_REMOVE, SENDER_NEW_MEMBER_COMMIT, Extension, GroupContext, MLSMessage,
-                          WF_PUBLIC_MESSAGE)
+from .mls.structs import (EXT_REQUIRED_CAPABILITIES, P_SELF_REMOVE, SENDER_NEW_MEMBER_COMMIT, Extension,
+                          GroupContext, MLSMessage, RequiredCapabilities, WF_PUBLIC_MESSAGE)
 
 __all__ = ["Device", "Received"]
 
@@ -466,6 +466,15 @@ def _check_mdk_commit(view, account: bytes, state) -> None:
                 ext = next((e for e in p.extensions if e.extension_type == comp.EXT_MDK_GROUP_DATA), None)
                 if ext is None:
                     raise MarmotError("the commit drops the group data (0xf2ee)", "commit.group_data")
+                # MDK 0.8.0 refuses a group whose required_capabilities no longer requires 0xf2ee
+                req = next((e for e in p.extensions if e.extension_type == EXT_REQUIRED_CAPABILITIES), None)
+                try:
+                    required = RequiredCapabilities.decode(req.extension_data).extension_types if req else ()
+                except mls.MLSError:
+                    required = ()
+                if comp.EXT_MDK_GROUP_DATA not in required:
+                    raise MarmotError("the commit's required_capabilities no longer requires the group data "
+                                      "(0xf2ee)", "commit.group_data")
                 try:
                     admins = frozenset(comp.MdkGroupData.decode(ext.extension_data).admins)
                 except MarmotError as exc:

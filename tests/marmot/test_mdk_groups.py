@@ -244,6 +244,18 @@ def test_members_refuse_what_mdk_refuses(tmp_path):
     with pytest.raises(MarmotError) as e:
         bob.receive(ev)
     assert e.value.code == "commit.group_data"
+    # required_capabilities no longer requiring 0xf2ee (dropped, or requiring SelfRemove alone): MDK
+    # refuses it (checked below), so members do too.
+    req = profile.RequiredCapabilities.decode(alice.group(gid).context.extension(EXT_REQUIRED_CAPABILITIES)
+                                              .extension_data)
+    for replacement in (None, profile.RequiredCapabilities((), req.proposal_types)):
+        exts = [e for e in alice.group(gid).context.extensions if e.extension_type != EXT_REQUIRED_CAPABILITIES]
+        if replacement is not None:
+            exts.append(Extension(EXT_REQUIRED_CAPABILITIES, replacement.encode()))
+        ev = _raw_commit(alice, gid, group_context_extensions=exts)
+        with pytest.raises(MarmotError) as e:
+            bob.receive(ev)
+        assert e.value.code == "commit.group_data"
     # Nothing was applied: the group goes on at the same epoch, and a self-update by Bob is fine.
     ev, _ = bob.commit(gid)
     assert alice.receive(ev).type == carol.receive(ev).type == "commit"
@@ -396,3 +408,25 @@ def test_cli_leave(tmp_path):
     commit = alice("commit", "--group", gid)["commit"]
     assert bob("receive", "--event", bob.file("commit", commit))["type"] == "commit"
     assert bob("send", "--group", gid, "--content", "x", ok=False)["error"] == "state.unknown_group"
+
+
+def test_a_commit_that_stops_requiring_the_group_data_is_refused_as_mdk_refuses_it(tmp_path):
+    """An admin's GroupContextExtensions whose required_capabilities no longer requires 0xf2ee: MDK
+    0.8.0 refuses it (unprocessable), so the appliance's members refuse it too and both stay on one
+    branch (before, the appliance applied it and forked from its MDK members)."""
+    alice, dave = Device(generate_secret()), Device(generate_secret())
+    bob = MdkPeer(tmp_path, "bob")
+    gid, rumors = alice.create_group("g", [RELAY], [bob.key_package(), dave.new_key_package([RELAY])],
+                                     group_profile="mdk")
+    bob.accept(rumors[0])
+    dave.join(rumors[1])
+    exts = [e for e in alice.group(gid).context.extensions if e.extension_type != EXT_REQUIRED_CAPABILITIES]
+    exts.append(Extension(EXT_REQUIRED_CAPABILITIES, profile.RequiredCapabilities((), (comp.SELF_REMOVE,)).encode()))
+    ev = _raw_commit(alice, gid, group_context_extensions=exts)
+    assert bob.mdk.process_message(ev.to_json()).is_unprocessable()
+    with pytest.raises(MarmotError) as e:
+        dave.receive(ev)
+    assert e.value.code == "commit.group_data"
+    # Both go on together: the admin's next (ordinary) commit is processed by each.
+    ev, _ = alice.commit(gid)
+    assert bob.process(ev) and dave.receive(ev).type == "commit"
