@@ -122,11 +122,18 @@ def describe(outcome: Outcome) -> str:
 def note_health(conn: apsw.Connection, origin: int, app_profile: str, outcome: Outcome, now: float) -> None:
     """An attempt's outcome (a wake's or a test wake's) in its profile's health: an accepted one
     clears the profile's alerts; FAILING_AFTER transient failures in a row, or a host refusing the
-    connection, make the profile failing and raise an alert (cleared by the next accepted one)."""
+    connection, make the profile failing and raise an alert (cleared by the next accepted one); a
+    configuration answer (403 InvalidProviderToken, say) raises one at once."""
     what = describe(outcome)
     failures, refused = wakes.note_outcome(conn, origin, app_profile, outcome.kind, what, outcome.refused, now)
     if outcome.kind == ACCEPTED:
         wakes.clear_alerts(conn, origin, app_profile, now)
+    elif outcome.kind in (CONFIGURATION, REFRESH_RETRY):
+        # The operator's to fix (a wrong key, team or topic): a fault with an alert, whether a wake
+        # or a test wake met it.
+        if wakes.raise_alert(conn, origin, app_profile, outcome.reason or "configuration", what, outcome.status,
+                             now):
+            log.error("push configuration fault origin=%d app_profile=%s: %s", origin, app_profile, what)
     elif outcome.kind == TRANSIENT and (refused or failures >= FAILING_AFTER):
         reason = "connection refused" if refused else "failing"
         detail = what if refused else f"{failures} attempts in a row failed; the last: {what}"
@@ -332,11 +339,8 @@ class Delivery:
                      self._lease(job), job.app_profile, outcome.reason)
             return
         if kind in (CONFIGURATION, REFRESH_RETRY):
-            # The operator's to fix: alert, touch no endpoint, keep the job for later. Not an
-            # attempt against the job's budget (the endpoint was not at fault).
-            if wakes.raise_alert(conn, job.origin, job.app_profile, outcome.reason or "configuration", what,
-                                 outcome.status, now):
-                log.error("push configuration fault origin=%d app_profile=%s: %s", job.origin, job.app_profile, what)
+            # The operator's to fix (note_health raised the alert): touch no endpoint, keep the job
+            # for later. Not an attempt against the job's budget (the endpoint was not at fault).
             due = now + CONFIGURATION_RETRY
             if due >= job.expires_at:
                 wakes.set_state(conn, job.id, "dead", now, f"configuration fault: {what}")

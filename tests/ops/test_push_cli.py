@@ -226,3 +226,25 @@ def test_the_readme_shows_how_to_try_push_and_links_the_specs():
                  "appliance push make-lease", "https://github.com/block/buzz/blob/main/docs/nips/NIP-PL.md",
                  "https://github.com/marmot-protocol/marmot"):
         assert text in section, text
+
+
+def test_a_test_wake_refused_for_its_configuration_shows_as_a_fault(tmp_path, apns):
+    """A test wake answered 403 InvalidProviderToken (a wrong key id, team or .p8) is the operator's
+    first sight of a configuration problem: the profile is `fault` with an alert, as after a
+    wake so answered, not `ok` (the last answer alone naming the 403)."""
+    import httpx
+
+    server = Server(tmp_path / "data", config=delivery_config(apns)).start()
+    try:
+        apns.emulator.behave(None, 403, "InvalidProviderToken", times=1)
+        out = cli("push", "test-wake", "--data-dir", server.data_dir, "--profile", IOS, "--token", token())
+        assert out.returncode == 1 and "403 InvalidProviderToken" in out.stdout, out.stdout
+        assert asyncio.run(_alerts_after(server, lambda alerts: alerts, timeout=10)) == [(IOS, "InvalidProviderToken")]
+        health = httpx.get(server.http + "/admin/health").json()
+        (row,) = [t for t in health["transports"] if t["app_profile"] == IOS]
+        assert row["state"] == "fault", health
+        out = cli("push", "test-wake", "--data-dir", server.data_dir, "--profile", IOS, "--token", token())
+        assert out.returncode == 0, out.stdout
+        assert asyncio.run(_alerts_after(server, lambda alerts: not alerts)) == []
+    finally:
+        server.stop()
