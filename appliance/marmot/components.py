@@ -263,6 +263,77 @@ def mdk_relay_url(text: str) -> tuple[str, str]:
     return serialization, shown
 
 
+_FORBIDDEN_DOMAIN = set("\x00\t\n\r #%/:<>?@[\\]^|\x7f") | {chr(c) for c in range(0x20)}
+
+
+def _ipv4_number(part: str) -> int | None:
+    if part[:2] in ("0x", "0X"):
+        digits, base = part[2:], 16
+    elif len(part) > 1 and part[0] == "0":
+        digits, base = part[1:], 8
+    else:
+        digits, base = part, 10
+    if digits == "":
+        return 0 if base != 10 else None
+    try:
+        return int(digits, base) if digits.isascii() and digits.isalnum() else None
+    except ValueError:
+        return None
+
+
+def mdk_relay_refusal(text: str) -> str | None:
+    """Why MDK 0.8.0 cannot read a relay URL of received group data (nostr's `RelayUrl`: a WHATWG URL
+    with scheme ws or wss), or None. Only failures WHATWG parsing certainly has are named: hosts with
+    non-ASCII characters or xn-- labels are taken (the UTS 46 tables are not rebuilt; MDK writes
+    only ASCII serializations)."""
+    text = text.strip("".join(chr(c) for c in range(0x21)))
+    text = "".join(c for c in text if c not in "\t\n\r")
+    scheme, colon, rest = text.partition(":")
+    if not colon or not re.fullmatch(r"[A-Za-z][A-Za-z0-9+.-]*", scheme):
+        return "it is not an absolute URL"
+    if scheme.lower() not in ("ws", "wss"):
+        return f"its scheme {scheme!r} is not ws or wss"
+    rest = rest.lstrip("/\\")
+    authority = re.split(r"[/\\?#]", rest, maxsplit=1)[0]
+    host_port = authority.rpartition("@")[2]
+    if host_port.startswith("["):
+        inner, bracket, port = host_port[1:].partition("]")
+        if not bracket or (port and not port.startswith(":")):
+            return "its IPv6 host is malformed"
+        try:
+            if "%" in inner:
+                raise ValueError
+            ipaddress.IPv6Address(inner)
+        except ValueError:
+            return "its IPv6 host is malformed"
+        host, port = None, port[1:]
+    else:
+        host, _, port = host_port.partition(":")
+        if host == "":
+            return "it has no host"
+    if port and not (port.isascii() and port.isdigit() and int(port) <= 65535):
+        return f"its port {port!r} is not a number up to 65535"
+    if host is None:
+        return None
+    decoded = re.sub(rb"%([0-9A-Fa-f]{2})", lambda m: bytes.fromhex(m.group(1).decode()), host.encode("utf-8"))
+    try:
+        domain = decoded.decode("utf-8").lower()
+    except UnicodeDecodeError:
+        return f"its host {host!r} is not UTF-8 once percent-decoded"
+    if domain == "" or any(c in _FORBIDDEN_DOMAIN for c in domain):
+        return f"its host {host!r} has a character a URL host cannot have"
+    labels = domain.split(".")
+    if not domain.isascii() or any(label.startswith("xn--") for label in labels):
+        return None  # left to IDNA (UTS 46), not rebuilt here
+    parts = labels[:-1] if len(labels) > 1 and labels[-1] == "" else labels
+    if parts[-1] and (parts[-1].isascii() and parts[-1].isdigit() or _ipv4_number(parts[-1]) is not None):
+        numbers = [_ipv4_number(p) if p else None for p in parts]
+        if len(parts) > 4 or None in numbers or any(n > 255 for n in numbers[:-1]) \
+                or numbers[-1] >= 256 ** (5 - len(numbers)):
+            return f"its host {host!r} is not an IPv4 address"
+    return None
+
+
 def mdk_relay_list(relays) -> tuple[bytes, ...]:
     """MDK's relay list for the given URLs: normalized, ordered and deduplicated as its BTreeSet
     does (collected from a list: of two URLs with the same serialization, the last one is kept)."""
@@ -359,7 +430,12 @@ class MdkGroupData:
         images = [r.vector(field=f) for f in ("image_hash", "image_key", "image_nonce", "image_upload_key")]
         r.done()
         admins = tuple(admin_body[i:i + 32] for i in range(0, len(admin_body), 32))
-        return cls(version, group_id, name, description, admins, tuple(relays), *images)
+        data = cls(version, group_id, name, description, admins, tuple(relays), *images)
+        for url in data.relays:  # MDK refuses group data with a relay URL it cannot parse
+            why = mdk_relay_refusal(bytes(url).decode("utf-8"))
+            if why is not None:
+                raise ComponentError(f"marmot_group_data relay {bytes(url)[:80]!r}: {why}", "component.group_data.relay")
+        return data
 
     @property
     def h(self) -> str:

@@ -430,3 +430,25 @@ def test_a_commit_that_stops_requiring_the_group_data_is_refused_as_mdk_refuses_
     # Both go on together: the admin's next (ordinary) commit is processed by each.
     ev, _ = alice.commit(gid)
     assert bob.process(ev) and dave.receive(ev).type == "commit"
+
+
+def test_received_relay_urls_are_read_as_mdk_reads_them(tmp_path):
+    """Group data whose relay URL MDK 0.8.0 cannot parse (nostr's RelayUrl) is refused as MDK refuses
+    it; what MDK takes, the appliance takes (MDK's create_group is the witness for each URL)."""
+    alice = MdkPeer(tmp_path, "alice")
+    urls = ["wss://a.example", "https://a.example", "wss://", "wss://a b", "wss://a.example:99999", "",
+            "wss://u@a.example", "WSS://A.EXAMPLE:443/", "wss://127.1", "wss://256.1.1.1", "ws://[::1]",
+            "wss://[fe80::1%25eth0]", "wss://a%zzb", "wss://_7%85", "wss://xn--bcher-kva.example", "ws:/a.example"]
+    for url in urls:
+        try:
+            alice.mdk.create_group(alice.pubkey, [], "g", "", [url], [alice.pubkey])
+            mdk_reads = True
+        except Exception:
+            mdk_reads = False
+        assert (comp.mdk_relay_refusal(url) is None) == mdk_reads, url
+    good = comp.MdkGroupData.of(nostr_group_id=bytes(32), name="g", description="", admins=[alice.pubkey],
+                                relays=["wss://a.example"])
+    bad = dataclasses.replace(good, relays=(b"https://a.example",))
+    with pytest.raises(MarmotError) as e:
+        comp.MdkGroupData.decode(bad.encode())
+    assert e.value.code == "component.group_data.relay"
