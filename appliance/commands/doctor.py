@@ -460,21 +460,21 @@ def _holds_keys(conn: apsw.Connection) -> bool:
 
 # -- APNs credentials ---------------------------------------------------------------------------
 
-def _credential_sets(settings: Settings, origins: list) -> Iterator[tuple[str, dict]]:
-    """(where, app profile) for every app profile that may carry APNs credentials: the origins'
+def _credential_sets(settings: Settings, origins: list) -> Iterator[tuple[str, str, dict]]:
+    """(label, setting path, app profile) for every app profile that may carry APNs credentials: the origins'
     (configuration and database) and the gateway's."""
     for where, origin in origins:
         push = origin.push or {}
         for i, profile in enumerate(push.get("app_profiles", []) or []):
             if isinstance(profile, dict) and profile.get("transport") == "apns":
-                yield f"{origin.origin} {profile.get('id')}", profile
+                yield f"{origin.origin} {profile.get('id')}", f"push.app_profiles[{i}]", profile
     gateway = settings.gateway if isinstance(settings.gateway, dict) else {}
     if gateway.get("enabled") is True and isinstance(gateway.get("profiles"), list):
         # The raw tables: a key that does not load fails the gateway check and is named here too.
-        for p in gateway["profiles"]:
+        for i, p in enumerate(gateway["profiles"]):
             if isinstance(p, dict):
                 fields = {k: v for k, v in p.items() if k in CREDENTIAL_FIELDS or k == "id"}
-                yield f"gateway {p.get('id')}", {**fields, "transport": "apns"}
+                yield f"gateway {p.get('id')}", f"gateway.profiles[{i}]", {**fields, "transport": "apns"}
 
 
 def _stored_keys(settings: Settings, conn: apsw.Connection | None) -> dict[str, bytes] | None:
@@ -491,14 +491,14 @@ def _stored_keys(settings: Settings, conn: apsw.Connection | None) -> dict[str, 
         return None
 
 
-def _credentials(sets: list[tuple[str, dict]], stored: dict[str, bytes] | None) -> Iterator[Check]:
+def _credentials(sets: list[tuple[str, str, dict]], stored: dict[str, bytes] | None) -> Iterator[Check]:
     """Each credential set loads (the executor's own rules: `push.config.delivery_profile`) and
     signs a provider token."""
     from appliance.push.config import delivery_profile
 
     found = False
-    for where, p in sets:
-        name = f"apns credentials {where}"
+    for label, where, p in sets:
+        name = f"apns credentials {label}"
         if "key_stored" in p and stored is None:
             found = True
             yield Check(SKIP, name, f"key {p['key_stored']} is kept in the database: unreadable here (see the "
@@ -531,15 +531,12 @@ def _apns_url(p: dict) -> str:
 def _ssl_context(p: dict) -> ssl.SSLContext:
     import certifi
 
-    from appliance.transports.credentials import CredentialError
+    from appliance.transports.apns import load_ca_file
 
     ctx = ssl.create_default_context(cafile=certifi.where())
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
     if p.get("ca_file"):
-        try:
-            ctx.load_verify_locations(cafile=p["ca_file"])
-        except (OSError, ssl.SSLError) as exc:
-            raise CredentialError(f"ca_file {p['ca_file']!r} is not a readable PEM CA bundle: {exc}") from None
+        load_ca_file(ctx, p["ca_file"])
     ctx.set_alpn_protocols(["h2"])
     return ctx
 
@@ -570,14 +567,14 @@ def _http2_preface(tls: ssl.SSLSocket) -> str | None:
     return None
 
 
-def _probes(sets: list[tuple[str, dict]], timeout: float) -> Iterator[Check]:
+def _probes(sets: list[tuple[str, str, dict]], timeout: float) -> Iterator[Check]:
     from urllib.parse import urlsplit
 
     seen: set[str] = set()
     if not sets:
         yield Check(SKIP, "apns reachable", "no APNs host configured")
         return
-    for _where, p in sets:
+    for _label, _where, p in sets:
         url = _apns_url(p)
         if not url or url in seen:
             continue

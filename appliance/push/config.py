@@ -12,7 +12,7 @@ from dataclasses import fields
 from typing import Any, Mapping, Sequence
 
 from appliance.errors import ConfigError, at
-from appliance.transports.apns import ENVIRONMENTS, ApnsProfile, check_apns_url
+from appliance.transports.apns import ENVIRONMENTS, ApnsProfile, check_apns_url, check_ca_file
 from appliance.transports.credentials import ApnsKey, CredentialError, check_apple_id
 from appliance.transports.gateway import check_gateway_url
 
@@ -166,6 +166,9 @@ def delivery_profile(entry: dict, where: str = "app_profiles",
         apns_url = check_apns_url(entry["apns_url"]) if "apns_url" in entry else None
         for field in ("team_id", "key_id"):
             check_apple_id(field, entry[field])
+        if "ca_file" in entry:  # checked here too: a stored key's profile returns before loading it below
+            field = "ca_file"
+            check_ca_file(entry["ca_file"])
         if "key_stored" in entry:
             field = "key_stored"
             pem = (stored_keys or {}).get(entry["key_stored"])

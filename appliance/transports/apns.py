@@ -185,11 +185,24 @@ class ApnsProfile:
         ctx = ssl.create_default_context(cafile=certifi.where())
         ctx.minimum_version = ssl.TLSVersion.TLSv1_2
         if self.ca_file:
-            try:
-                ctx.load_verify_locations(cafile=self.ca_file)
-            except (OSError, ssl.SSLError) as exc:
-                raise CredentialError(f"ca_file {self.ca_file!r} is not a readable PEM CA bundle: {exc}") from None
+            load_ca_file(ctx, self.ca_file)
         return ctx
+
+
+def load_ca_file(ctx: ssl.SSLContext, path: str) -> None:
+    """Trust the CA bundle at `path` in `ctx`; CredentialError in plain words when it cannot."""
+    try:
+        ctx.load_verify_locations(cafile=path)
+    except ssl.SSLError:
+        raise CredentialError(f"ca_file {path!r} holds no PEM CA certificate") from None
+    except OSError as exc:
+        reason = (exc.strerror or "cannot be read").lower()
+        raise CredentialError(f"ca_file {path!r} cannot be read: {reason}") from None
+
+
+def check_ca_file(path: str) -> None:
+    """`load_ca_file` into a context of its own: a setting checked before it is saved."""
+    load_ca_file(ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT), path)
 
 
 def check_apns_url(url: object) -> str:

@@ -170,7 +170,7 @@ BAD = [
     ({"environment": "staging"}, '"production" or "sandbox"'),
     ({"apns_url": "http://api.push.apple.com"}, "https://"),
     ({"apns_url": "https://api.push.apple.com/3/device"}, "no user, path"),
-    ({"ca_file": "/nonexistent/ca.pem"}, "not a readable PEM CA bundle"),
+    ({"ca_file": "/nonexistent/ca.pem"}, "cannot be read: no such file or directory"),
     ({"topic": None}, "credentials need all of"),
     ({"color": "blue"}, "unknown field"),
     ("not-a-key", "not a PEM private key"),
@@ -380,3 +380,39 @@ async def test_matches_coalesced_into_a_cancelled_wake_stay_one_wake_at_its_due_
             await c.client.close()
     finally:
         server.stop()
+
+
+def test_a_stored_keys_profile_with_a_missing_ca_file_is_refused(tmp_path):
+    """The dashboard's descriptor form saves a profile whose .p8 is in the database: its ca_file is
+    still checked before the profile is saved (it was accepted, then failed at the first wake)."""
+    import tomllib
+
+    from appliance.errors import ConfigError
+    from appliance.push.config import check_push_config
+
+    profile = _bad_profile(tmp_path, {"ca_file": "/nonexistent/ca.pem"})
+    push = tomllib.loads(delivery_config(None, profiles=[profile]))["push"]
+    entry = push["app_profiles"][0]
+    del entry["key_file"]
+    entry["key_stored"] = "p8:0123456789"
+    with pytest.raises(ConfigError) as err:
+        check_push_config(push, "push")
+    assert "app_profiles[0].ca_file" in str(err.value), str(err.value)
+    assert "cannot be read: no such file or directory" in str(err.value), str(err.value)
+
+
+def test_doctor_names_a_profiles_setting_as_written_not_by_its_origin(tmp_path):
+    from appliance.commands.doctor import FAIL, _credentials
+
+    profile = _bad_profile(tmp_path, {"ca_file": "/nonexistent/ca.pem"})
+    entry = tomllib_profile(profile)
+    [check] = list(_credentials([("ws://127.0.0.1:18300 " + IOS, "push.app_profiles[0]", entry)], {}))
+    assert check.status == FAIL, check
+    assert "push.app_profiles[0].ca_file" in check.detail and "ws://" not in check.detail, check.detail
+    assert "Errno" not in check.detail, check.detail
+
+
+def tomllib_profile(profile) -> dict:
+    import tomllib
+
+    return tomllib.loads(delivery_config(None, profiles=[profile]))["push"]["app_profiles"][0]
