@@ -99,7 +99,8 @@ def build_parser() -> argparse.ArgumentParser:
                            description="Run the relay until interrupted.")
     _server_setting_flags(serve)
 
-    config = sub.add_parser("config", help="Show or check configuration.", description="Configuration tools.")
+    config = sub.add_parser("config", help="Show the resolved configuration or print a sample.",
+                            description="Configuration tools.")
     config_sub = config.add_subparsers(dest="config_command", metavar="ACTION", required=True)
     config_sub.add_parser("sample", help="Print a commented sample config file with every setting.",
                           description="Print a commented sample config file listing every setting and its default.")

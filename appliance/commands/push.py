@@ -404,7 +404,8 @@ def _run_make_lease(args: argparse.Namespace, settings: Settings, running: dict 
     print(f"appliance: a lease for app profile {args.profile} at {desc.origin} (d {d}, generation "
           f"{plaintext['generation']}, kinds {plaintext['subscriptions'][0]['filter']['kinds']}, token "
           f"{token_fingerprint(args.token.strip())}), encrypted to executor key {key_id} from {desc.source}; "
-          "publish it as this identity (NIP-42 AUTH), or again with --publish", file=sys.stderr)
+          + ("publishing it" if args.publish else "publish it as this identity (NIP-42 AUTH), or again with --publish"),
+          file=sys.stderr)
     if not args.publish:
         return 0
 

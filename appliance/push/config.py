@@ -75,7 +75,7 @@ def check_push_config(push: Any, where: str, origin: str = "wss://config.check")
         raise ConfigError(at(where, "app_profiles"), profiles,
                           "push is on but has no app profile, so no lease could name one and no device could be "
                           'woken: add one (app_profiles = [{ id = "com.example.app/ios", transport = "apns", ... }]) '
-                          "or turn push off (remove the table)")
+                          "or turn push off")
     for i, entry in enumerate(profiles):
         check_app_profile(entry, at(where, f"app_profiles[{i}]"))
     for name in ("push_kinds", "urgent_kinds"):
