@@ -141,22 +141,23 @@ async def test_the_connection_with_the_most_unread_output_goes_first(make_server
     than its own budget (1 MiB) unread, with at most two answers of ~300 KB being built then, so it
     holds 1-1.6 MiB and never passes the process-wide 1.75 MiB by itself (its reads reserve at most
     136 x 4 KiB, max_message_length); the reader's answer (~900 KB) is smaller than what the hog
-    holds, and with it the sum passes 1.75 MiB. (The hog asks for 30 answers: the kernel takes
-    several MB of what is written to a loopback socket before any of it stays unread here.)"""
+    holds, and with it the sum passes 1.75 MiB. (The hog asks for 64 answers, ~18 MB: the kernel's
+    loopback buffers, autotuned up to several MB on a busy box, take part of it before any of it
+    stays unread here; with 30 answers they once took all but 0.6 MB.)"""
     own = 1024 * 1024  # max_query_bytes: each connection's own budget
     budget = 1792 * 1024
     srv = make_server("--max-query-bytes", str(own), "--max-output-buffer-total", str(budget),
                       "--max-message-length", "4096", "--metrics-token", TOKEN, "--event-rate", "0",
-                      "--req-rate", "0")
+                      "--req-rate", "0", "--max-subscriptions", "100")
     writer = await Client.connect(srv.url)
     for i in range(450):
         await writer.send(["EVENT", alice.sign(1, [["t", "big"]], f"{i:03} " + "x" * 2000).to_dict()])
     for _ in range(450):
         assert (await writer.expect(lambda m: m[0] == "OK"))[2]
-    small = [json.dumps(["REQ", f"s{i}", {"kinds": [1], "#t": ["big"], "limit": 136}]) for i in range(30)]
+    small = [json.dumps(["REQ", f"s{i}", {"kinds": [1], "#t": ["big"], "limit": 136}]) for i in range(64)]
     hog = await never_reading(srv.port, small)
     try:
-        for _ in range(100):  # until it is served no more
+        for _ in range(300):  # until it is served no more
             before = metric(srv, "appliance_output_queued_bytes")
             await asyncio.sleep(0.2)
             if before > own and metric(srv, "appliance_output_queued_bytes") == before:
