@@ -232,11 +232,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout.flush()
         return code
     except BrokenPipeError:  # the reader went away (`appliance config show | head -1`): not an error
-        import os
+        from appliance.commands.transfer import quiet_stdout
 
-        devnull = os.open(os.devnull, os.O_WRONLY)  # so the interpreter's final flush does not complain
-        os.dup2(devnull, sys.stdout.fileno())
-        os.close(devnull)
+        quiet_stdout()
         return 0
 
 

@@ -48,14 +48,9 @@ _M_MMAP_THRESHOLD = -3  # mallopt's parameter (malloc.h)
 def tune_malloc() -> bool:
     """Memory freed by the relay's large answers goes back to the system (glibc only; True if set).
 
-    A REQ's answer is up to max_query_bytes (8 MiB) in one bytes object, built on a reader thread,
-    and freed once written. glibc maps such a block on its own, but the first time one is freed it
-    raises its threshold to that size (its dynamic threshold, up to 32 MiB): later answers then come
-    from the threads' heaps, where freed memory mostly stays. Measured with `appliance bench
-    slow-readers` (30 never-reading connections x 24 answers of 8 MiB, 256 MiB output budget): 181 MB
-    left after the test, against 118-123 MB with the threshold fixed at its initial 128 KiB (the
-    peak, 438-500 MB, is set by the output budget either way). Setting it explicitly turns the
-    dynamic adjustment off."""
+    glibc raises its mmap threshold to the size of the first large block freed, so later answers
+    (up to max_query_bytes each) would come from heaps where freed memory stays; fixing the threshold
+    turns that off. Figures: docs/performance.md, `appliance bench slow-readers`."""
     import ctypes
     import platform
 

@@ -183,9 +183,9 @@ def run_export(args: argparse.Namespace, settings: Settings) -> int:
             store.read_sync(export)
             out.flush()
         except BrokenPipeError:  # the reader went away (`| head`): not an error
-            _quiet_stdout()
+            quiet_stdout()
         except OSError as exc:  # a full disk, a quota: one line, not a traceback
-            _quiet_stdout()
+            quiet_stdout()
             raise ExportFailed(f"export: cannot write the events: {exc.strerror or exc}") from None
     return 0
 
@@ -194,7 +194,7 @@ class ExportFailed(ApplianceError):
     """Standard output refused the export's lines (a full disk, say): one line saying so."""
 
 
-def _quiet_stdout() -> None:
+def quiet_stdout() -> None:
     """After EPIPE: point stdout at /dev/null so the interpreter's final flush does not complain."""
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, sys.stdout.fileno())

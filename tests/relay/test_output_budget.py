@@ -43,6 +43,26 @@ async def never_reading(port: int, requests: list[str]) -> socket.socket:
     return sock
 
 
+async def store_big_notes(server, author, n: int, *, width: int) -> Client:
+    """`n` kind-1 notes of ~2 KB tagged `t: big` (numbered, `width` digits), each acknowledged; the
+    publishing client, still open."""
+    writer = await Client.connect(server.url)
+    for i in range(n):
+        await writer.send(["EVENT", author.sign(1, [["t", "big"]], f"{i:0{width}} " + "x" * 2000).to_dict()])
+    for _ in range(n):
+        assert (await writer.expect(lambda m: m[0] == "OK"))[2]
+    return writer
+
+
+async def until_queue_settles(server, *, above: int, tries: int) -> None:
+    """Wait (0.2 s a try) until the queued output is over `above` and stopped changing."""
+    for _ in range(tries):
+        before = metric(server, "appliance_output_queued_bytes")
+        await asyncio.sleep(0.2)
+        if before > above and metric(server, "appliance_output_queued_bytes") == before:
+            return
+
+
 def metric(server, name: str) -> float:
     text = httpx.get(f"{server.http}/admin/metrics", headers={"Authorization": f"Bearer {TOKEN}"}).text
     found = re.search(rf"^{name} (\S+)$", text, re.M)
@@ -100,19 +120,11 @@ async def test_a_connection_over_its_own_budget_is_served_no_new_answers(make_se
     answer = 256 * 1024
     srv = make_server("--max-query-bytes", str(answer), "--metrics-token", TOKEN, "--event-rate", "0",
                       "--req-rate", "0")
-    writer = await Client.connect(srv.url)
-    for i in range(300):
-        await writer.send(["EVENT", alice.sign(1, [["t", "big"]], f"{i} " + "x" * 2000).to_dict()])
-    for _ in range(300):
-        assert (await writer.expect(lambda m: m[0] == "OK"))[2]
+    writer = await store_big_notes(srv, alice, 300, width=1)
     big = [json.dumps(["REQ", f"s{i}", {"kinds": [1], "#t": ["big"], "limit": 500}]) for i in range(24)]
     hog = await never_reading(srv.port, big)
     try:
-        for _ in range(100):  # until what it asked for stopped being produced
-            before = metric(srv, "appliance_output_queued_bytes")
-            await asyncio.sleep(0.2)
-            if before > answer and metric(srv, "appliance_output_queued_bytes") == before:
-                break
+        await until_queue_settles(srv, above=answer, tries=100)  # what it asked for stopped being produced
         queued = metric(srv, "appliance_output_queued_bytes")
         # Its own budget, and the answers that were being read when it was reached (two at most).
         assert answer < queued <= answer + 2 * answer + 64 * 1024, queued
@@ -149,19 +161,11 @@ async def test_the_connection_with_the_most_unread_output_goes_first(make_server
     srv = make_server("--max-query-bytes", str(own), "--max-output-buffer-total", str(budget),
                       "--max-message-length", "4096", "--metrics-token", TOKEN, "--event-rate", "0",
                       "--req-rate", "0", "--max-subscriptions", "100")
-    writer = await Client.connect(srv.url)
-    for i in range(450):
-        await writer.send(["EVENT", alice.sign(1, [["t", "big"]], f"{i:03} " + "x" * 2000).to_dict()])
-    for _ in range(450):
-        assert (await writer.expect(lambda m: m[0] == "OK"))[2]
+    writer = await store_big_notes(srv, alice, 450, width=3)
     small = [json.dumps(["REQ", f"s{i}", {"kinds": [1], "#t": ["big"], "limit": 136}]) for i in range(64)]
     hog = await never_reading(srv.port, small)
     try:
-        for _ in range(300):  # until it is served no more
-            before = metric(srv, "appliance_output_queued_bytes")
-            await asyncio.sleep(0.2)
-            if before > own and metric(srv, "appliance_output_queued_bytes") == before:
-                break
+        await until_queue_settles(srv, above=own, tries=300)  # it is served no more
         held = metric(srv, "appliance_output_queued_bytes")
         assert own < held < budget, held
         assert "dropping slow connection" not in srv.log_path.read_text()
