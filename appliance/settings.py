@@ -388,6 +388,12 @@ SETTINGS: tuple[Setting, ...] = (
        "Write client addresses into log lines at info level and above (uvicorn's line for each websocket, a "
        "failed dashboard sign-in). Off by default: the log keeps no record of who connected; turn it on for "
        "a while to trace abuse."),
+    _s("push_draft_transports", _bool, False,
+       "Advertise and deliver the draft push transports beyond NIP-PL v1: app profiles whose transport "
+       "is fcm (Firebase Cloud Messaging HTTP v1) or unifiedpush (Web Push to a distributor). Off by "
+       "default: such profiles are left out of the NIP-11 push descriptor (a lease naming one is refused "
+       "as an unknown app profile) and no transport is built for them. Their constant messages are this "
+       "appliance's own (docs/spec-notes.md), not yet the spec's; every page that shows them says draft."),
     _s("marmot_draft_multi_device", _bool, False,
        "Allow `appliance marmot` to run the draft Marmot multi-device join (pairing payload, kind 452 "
        "admin authorization, External Commit with the join PSK). Off by default: the draft's bytes are "
@@ -579,7 +585,7 @@ def sample_config() -> str:
         '#                   team_id = "TEAM123456", key_id = "ABC123DEFG",',
         '#                   key_file = "/etc/appliance/AuthKey_ABC123DEFG.p8", environment = "production" },',
         '#                 { id = "buzz-ios-production", transport = "apns", gateway_url = "https://push.example.org" },',
-        '#                 { id = "com.example.app/android", transport = "fcm" }]',
+        '#                 { id = "com.example.app/android", transport = "fcm" }]  # fcm: DRAFT, see below',
         "# push_kinds = [9, 1059, 7]                  # kinds a lease may subscribe to",
         "# urgent_kinds = []                          # subset of push_kinds allowing class urgent",
         '# h_grammar = "uuid-v4-lowercase"',
@@ -588,6 +594,9 @@ def sample_config() -> str:
         "# [push.limitation]                          # overrides of the spec's defaults",
         "# max_lease_ttl = 2592000",
         "# max_leases_per_pubkey = 16",
+        "# DRAFT transports beyond NIP-PL v1 (fcm, unifiedpush): their profiles are advertised and",
+        "# delivered only with push_draft_transports = true; their constant messages are this",
+        "# appliance's own (docs/spec-notes.md), not yet the spec's.",
         "",
         "# The optional APNs gateway (NIP-PL Public APNs Gateway Profile) in this process: App Attest",
         "# enrollment, relay delegations and sealed endpoint grants, deliveries over NIP-98. Its routes",

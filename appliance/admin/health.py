@@ -59,6 +59,10 @@ def read_states(conn, push, now: float | None = None) -> list[TransportState]:
             elif h and h["last_outcome"] == "transient" and failures >= FAILING_AFTER:
                 state, reason = "failing", f"{failures} transient failures in a row"
                 detail = f"the last {failures} attempts failed; the last: {h['last_detail']}"
+            elif t is None and push is not None and push.transports.is_off(p["transport"]):
+                state, reason = "fault", "draft transport off"
+                detail = (f"{p['transport']} is a draft transport: not advertised, nothing delivered while "
+                          "push_draft_transports is off")
             elif t is None or isinstance(t, Unconfigured):
                 state, reason = "fault", "not configured"
                 detail = t.detail if t is not None else "no transport for this profile (save the descriptor)"

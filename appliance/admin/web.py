@@ -17,6 +17,7 @@ from urllib.parse import quote, urlsplit
 
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from jinja2 import Environment, FileSystemLoader
+from markupsafe import Markup
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
@@ -24,6 +25,7 @@ from starlette.routing import BaseRoute, Route
 
 from appliance import __version__
 from appliance.errors import ApplianceError, ConfigError
+from appliance.push.kinds import is_draft, provider_name
 from appliance.settings import Settings
 
 from . import assets, auth
@@ -73,6 +75,19 @@ def setup_url(base: str, token: str) -> str:
     return f"{base}setup?token={quote(token)}"
 
 
+def transport_label(transport: str | None) -> Markup:
+    """A transport as the pages show it: the draft ones (fcm, unifiedpush) say so."""
+    if transport and is_draft(transport):
+        return Markup('{} <span class="draft" title="a draft transport beyond NIP-PL v1, on only with '
+                      'push_draft_transports">draft</span>').format(transport)
+    return Markup("{}").format(transport or "-")
+
+
+def transport_text(transport: str) -> str:
+    """The same as plain text (an <option>)."""
+    return f"{transport} (draft)" if is_draft(transport) else transport
+
+
 @dataclass(frozen=True)
 class Upload:
     """A file sent with a form (read into memory; forms are small)."""
@@ -109,6 +124,9 @@ class Admin:
         self.templates.globals.update(base=BASE, version=__version__, fp=self.redactor.fingerprint,
                                       fmt_time=fmt_time, fmt_age=fmt_age, htmx_sri=assets.HTMX.sri)
         self.templates.filters["fp"] = self.redactor.fingerprint
+        self.templates.filters["transport"] = transport_label
+        self.templates.globals.update(transport_text=transport_text, provider_name=provider_name,
+                                      is_draft=is_draft)
         self.tasks: list[asyncio.Task] = []
         self.server = None  # the separate listener's server (admin_listen; appliance.front.Server)
         self.listen_socket: socket.socket | None = None

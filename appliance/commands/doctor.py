@@ -179,12 +179,14 @@ def _origins(settings: Settings, conn: apsw.Connection | None, seen: list) -> It
         try:
             check_push_fits_relay(origin.push, where, settings.max_content_length)
             keys = _executor_keys(conn, origin.id or ids.get(origin.origin))
-            desc = build_descriptor(origin.origin, origin.push, keys)
+            desc = build_descriptor(origin.origin, origin.push, keys, drafts=settings.push_draft_transports)
         except ApplianceError as exc:
             yield Check(FAIL, name, str(exc))
             continue
+        hidden = len(origin.push.get("app_profiles", [])) - len(desc.app_profiles)
+        off = f"; {hidden} draft profile(s) not advertised: push_draft_transports is off" if hidden else ""
         yield Check(PASS, name, f"valid ({len(desc.app_profiles)} app profile(s), push_kinds "
-                    f"{list(desc.push_kinds)}, {len(keys)} executor key(s))")
+                    f"{list(desc.push_kinds)}, {len(keys)} executor key(s){off})")
 
 
 def _executor_keys(conn: apsw.Connection | None, origin_id: int | None) -> tuple:

@@ -149,7 +149,8 @@ def descriptor_from_data(settings: Settings, origin: str) -> Descriptor | None:
         keys = keystore.advertised(store.read_sync(lambda conn: keystore.list_keys(conn, o.id)), now)
         if not keys:
             raise PushCommandError(f"{origin} has no executor key yet: start the appliance once to make it")
-        return Descriptor(descriptor_to_json(build_descriptor(o.origin, o.push, keys)), "the data directory")
+        return Descriptor(descriptor_to_json(build_descriptor(o.origin, o.push, keys, drafts=settings.push_draft_transports)),
+                          "the data directory")
 
 
 def find_descriptor(settings: Settings, origin: str | None, running: dict | None) -> Descriptor:

@@ -8,7 +8,7 @@ descriptor validity rules run once the executor keys are known (`build_descripto
 from __future__ import annotations
 
 import os
-from dataclasses import fields
+from dataclasses import fields, replace
 from typing import Any, Mapping, Sequence
 
 from appliance.errors import ConfigError, at
@@ -26,9 +26,11 @@ from .descriptor import (
     validate_descriptor,
 )
 from .errors import DescriptorError
+from .kinds import DRAFT_TRANSPORTS, KINDS, ProfileError, kind_fields, load_kind
 
 __all__ = ["PUSH_FIELDS", "APP_PROFILE_FIELDS", "CREDENTIAL_FIELDS", "check_push_config", "check_app_profile",
-           "delivery_profile", "gateway_url_of", "push_limits", "build_descriptor", "DEFAULT_PUSH_KINDS"]
+           "delivery_profile", "kind_profile", "gateway_url_of", "push_limits", "build_descriptor",
+           "DEFAULT_PUSH_KINDS", "profile_fields"]
 
 DEFAULT_PUSH_KINDS = (9, 1059, 7)
 PUSH_FIELDS = (
@@ -48,6 +50,13 @@ REQUIRED_CREDENTIALS = ("topic", "team_id", "key_id", "key_file", "environment")
 #: Gateway Profile): its leases' endpoints are then the gateway's opaque grants.
 GATEWAY_FIELD = "gateway_url"
 APP_PROFILE_FIELDS = ("id", "transport") + CREDENTIAL_FIELDS + (GATEWAY_FIELD,)
+
+
+def profile_fields(transport: str) -> tuple[str, ...]:
+    """The keys an `app_profiles` entry of this transport may have (other transports: push.kinds)."""
+    if transport == "apns":
+        return APP_PROFILE_FIELDS
+    return ("id", "transport") + kind_fields(transport)
 
 
 def _is_int(v: Any) -> bool:
@@ -116,11 +125,33 @@ def check_app_profile(entry: Any, where: str) -> None:
     pid, transport = entry.get("id"), entry.get("transport")
     if not isinstance(pid, str) or not isinstance(transport, str):
         raise ConfigError(where, entry, 'expected {id = "...", transport = "apns|fcm|unifiedpush", ...}')
-    unknown = sorted(set(entry) - set(APP_PROFILE_FIELDS))
+    known = profile_fields(transport)
+    unknown = sorted(set(entry) - set(known))
     if unknown:
-        raise ConfigError(at(where, f"{unknown[0]}"), entry[unknown[0]],
-                          f"app profile {pid!r}: unknown field; known: " + ", ".join(APP_PROFILE_FIELDS))
-    delivery_profile(entry, where)
+        if transport != "apns" and unknown[0] in APP_PROFILE_FIELDS:
+            why = (f"{unknown[0]} is an APNs setting; a {transport} profile takes "
+                   + (", ".join(known[2:]) if known[2:] else "no delivery settings in this appliance"))
+        else:
+            why = "unknown field; known: " + ", ".join(known)
+        raise ConfigError(at(where, f"{unknown[0]}"), entry[unknown[0]], f"app profile {pid!r}: {why}")
+    if transport == "apns":
+        delivery_profile(entry, where)
+    elif transport in KINDS:
+        kind_profile(entry, where)
+
+
+def kind_profile(entry: dict, where: str = "app_profiles", stored: Mapping[str, bytes] | None = None):
+    """The delivery config of a profile whose transport is a `push.kinds` kind (FCM, UnifiedPush),
+    or None when it gives none (or names a stored credential and `stored` is None: shape checked).
+    ConfigError names the profile and the field."""
+    kind = KINDS.get(entry.get("transport"))
+    if kind is None:
+        return None
+    try:
+        return load_kind(kind, entry, stored)
+    except ProfileError as exc:
+        raise ConfigError(at(where, exc.field), entry.get(exc.field),
+                          f"app profile {entry.get('id')!r}: {exc}") from None
 
 
 def delivery_profile(entry: dict, where: str = "app_profiles",
@@ -136,12 +167,8 @@ def delivery_profile(entry: dict, where: str = "app_profiles",
     given = [k for k in CREDENTIAL_FIELDS if k in entry]
     if gateway_url_of(entry, where) is not None:
         return None
-    if not given:
-        return None
-    if entry.get("transport") != "apns":
-        raise ConfigError(at(where, f"{given[0]}"), entry[given[0]],
-                          f"app profile {pid!r}: delivery credentials are for transport \"apns\"; this "
-                          f"appliance has no {entry.get('transport')} transport")
+    if not given or entry.get("transport") != "apns":
+        return None  # another transport's settings: `kind_profile`
     if "key_file" in entry and "key_stored" in entry:
         raise ConfigError(at(where, "key_stored"), entry["key_stored"],
                           f"app profile {pid!r}: give key_file or key_stored, not both")
@@ -220,8 +247,11 @@ def push_limits(push: dict) -> Limits:
     return Limits(**values)
 
 
-def build_descriptor(origin: str, push: dict, keys: Sequence[ExecutorKey]) -> Descriptor:
-    """The descriptor of a push-enabled origin; ConfigError naming origin and failing rule if invalid."""
+def build_descriptor(origin: str, push: dict, keys: Sequence[ExecutorKey], drafts: bool = False) -> Descriptor:
+    """The descriptor of a push-enabled origin; ConfigError naming origin and failing rule if invalid.
+
+    Every profile is checked, but the draft transports' profiles (push.kinds.DRAFT_TRANSPORTS) and
+    their class support are advertised only with `drafts` (the `push_draft_transports` setting)."""
     profiles = tuple(AppProfile(p["id"], p["transport"]) for p in push.get("app_profiles", []))
     default_cs = {t: tuple(CLASS_REGISTRY) for t in sorted({p.transport for p in profiles} & TRANSPORTS)}
     cs = push.get("class_support")
@@ -240,6 +270,9 @@ def build_descriptor(origin: str, push: dict, keys: Sequence[ExecutorKey]) -> De
         validate_descriptor(desc)
     except DescriptorError as exc:
         raise ConfigError(f"push descriptor of {origin}", exc.rule, exc.detail or exc.rule) from None
+    if not drafts:
+        desc = replace(desc, app_profiles=tuple(p for p in desc.app_profiles if p.transport not in DRAFT_TRANSPORTS),
+                       class_support={t: v for t, v in desc.class_support.items() if t not in DRAFT_TRANSPORTS})
     return desc
 
 

@@ -88,7 +88,8 @@ class Push:
 
     def __init__(self, store: SqliteStore, keyfile: KeyFile, *, workers: int = 1,
                  relay_max_content_length: int | None = None, authorize: Authorize | None = None,
-                 delivery: DeliverySettings | None = None, transports: ProfileTransports | None = None):
+                 delivery: DeliverySettings | None = None, transports: ProfileTransports | None = None,
+                 draft_transports: bool = False):
         self.store = store
         self.keyfile = keyfile
         # The relay's own content bound: a descriptor may not advertise more than it accepts.
@@ -100,6 +101,8 @@ class Push:
         self.authorize: Authorize = authorize or (lambda conn, origin, reader, ev: False)
         self.matcher = Matcher(self.authorize)
         self.transports = transports or ProfileTransports()
+        #: the `push_draft_transports` setting: fcm/unifiedpush profiles advertised and delivered
+        self.draft_transports = draft_transports
         self.settings = delivery or DeliverySettings()
         self.delivery = Delivery(store, transport_for=self.transports.get, authorize=self.authorize,
                                  settings=self.settings, lease_ref=lease_fingerprints(keyfile))
@@ -142,11 +145,12 @@ class Push:
                 with said_at(o):
                     check_push_fits_relay(o.push, self.names.get(o.id, "push"), self.relay_max_content_length)
             rows, secrets = self.store.write_sync(op)
-            desc = build_descriptor(o.origin, o.push, keystore.advertised(rows, now))
+            desc = build_descriptor(o.origin, o.push, keystore.advertised(rows, now), drafts=self.draft_transports)
             loaded[o.id] = OriginPush(o.id, desc, rows, secrets, frozenset(desc.push_kinds))
         # Credentials last: a profile whose key does not load refuses the whole (re)load.
         stored = self.store.read_sync(lambda conn: load_apns_keys(conn, self.keyfile))
-        self._retired += self.transports.configure([o for o in origins if o.id in loaded], stored, self.names)
+        self._retired += self.transports.configure([o for o in origins if o.id in loaded], stored, self.names,
+                                                   drafts=self.draft_transports)
         self.origins = loaded
 
     def maintain(self, conn: apsw.Connection, now: int) -> int:

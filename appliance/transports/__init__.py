@@ -14,6 +14,7 @@ from .base import (
     REFRESH_RETRY,
     TRANSIENT,
     Outcome,
+    ProfileError,
     Transport,
     WakeRequest,
 )
@@ -27,6 +28,7 @@ __all__ = [
     "REFRESH_RETRY",
     "TRANSIENT",
     "Outcome",
+    "ProfileError",
     "Transport",
     "WakeRequest",
 ]

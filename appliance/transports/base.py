@@ -72,6 +72,15 @@ class Outcome:
             raise ValueError(f"unknown outcome kind {self.kind!r}")
 
 
+class ProfileError(ValueError):
+    """An app profile's delivery settings that cannot be used: `field` names the setting, the
+    message says why (never key material). The push configuration reports it as a ConfigError."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(message)
+        self.field = field
+
+
 class Transport(Protocol):
     """What the delivery workers call; one instance per configured app profile."""
 

@@ -56,11 +56,12 @@ class Apns:
 
 def delivery_config(apns: Apns | None, *, settings: dict | None = None, profiles: list[str] | None = None,
                     origin: str = ORIGIN, extra: str = "") -> str:
-    flat = {"wake_min_interval": 0, "wake_retry_delay": 0.2, "purge_interval": 3600}
+    # The fcm profile is a draft transport: advertised only with push_draft_transports on.
+    flat = {"wake_min_interval": 0, "wake_retry_delay": 0.2, "purge_interval": 3600, "push_draft_transports": True}
     flat.update(settings or {})
     if profiles is None:
         profiles = [apns.profile(), f'{{ id = "{ANDROID}", transport = "fcm" }}']
-    lines = [f'public_url = "{origin}"'] + [f"{k} = {v!r}" if not isinstance(v, str) else f'{k} = "{v}"'
+    lines = [f'public_url = "{origin}"'] + [f"{k} = {str(v).lower() if isinstance(v, bool) else repr(v)}" if not isinstance(v, str) else f'{k} = "{v}"'
                                            for k, v in flat.items()]
     lines += [
         "[push]",

@@ -17,6 +17,7 @@ CHANNEL = "3f2b8c1e-9d4a-4b6e-8f01-23456789abcd"
 
 PUSH_CONFIG = f"""
 public_url = "{ORIGIN}"
+push_draft_transports = true  # the fcm profile is a draft transport
 [push]
 app_profiles = [{{ id = "{IOS}", transport = "apns" }}, {{ id = "{ANDROID}", transport = "fcm" }}]
 push_kinds = [9, 1059, 7]

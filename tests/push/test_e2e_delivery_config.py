@@ -209,7 +209,7 @@ def test_credentials_only_for_apns_profiles(tmp_path):
     a = Apns(tmp_path)
     profile = a.profile(ANDROID, transport="fcm", apns_url="https://127.0.0.1:1", ca_file=None)
     proc = _serve(tmp_path, delivery_config(a, profiles=[profile]))
-    assert proc.returncode != 0 and "no fcm transport" in proc.stderr
+    assert proc.returncode != 0 and "apns_url is an APNs setting; a fcm profile takes" in proc.stderr, proc.stderr
 
 
 async def test_nip11_advertises_only_id_and_transport_and_fcm_needs_a_profile(apns, tmp_path):

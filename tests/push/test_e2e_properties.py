@@ -49,6 +49,7 @@ def active_lease():
 # every example's lease (each uses its own address and endpoint).
 CONFIG = f"""
 public_url = "{DESCRIPTOR.origin}"
+push_draft_transports = true  # the fcm profile is a draft transport
 [push]
 app_profiles = [{{ id = "com.example.app/ios", transport = "apns" }}, {{ id = "com.example.app/android", transport = "fcm" }}]
 push_kinds = {list(DESCRIPTOR.push_kinds)}

@@ -1,7 +1,7 @@
 """Deliveries (the push executor's side): the delivery log with filters (origin, profile, outcome,
 time), dead-lettered wakes with retry and discard, per-outcome counts and a latency chart; the
-overview's wake counters, alerts and transport health; the "send a test wake" action of an APNs
-app profile. Lease addresses appear as the dashboard's lease fingerprints; endpoints never."""
+overview's wake counters, alerts and transport health; the "send a test wake" action of an app
+profile (APNs, and the draft transports while they are on). Lease addresses appear as the dashboard's lease fingerprints; endpoints never."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from appliance.commands.origins import find
 from appliance.errors import ConfigError
 from appliance.origins import load_origins
 from appliance.push.delivery import DeliverySettings, note_health
+from appliance.push.kinds import provider_name
 from appliance.store import wakes
 from appliance.transports import ACCEPTED, OUTCOME_KINDS, WakeRequest
 
@@ -23,9 +24,9 @@ from ..charts import line_chart
 
 PAGE_SIZE = 100
 WINDOWS = {"hour": 3600, "day": 86400, "week": 7 * 86400}
-# Seconds a test wake may wait for APNs' answer.
+# Seconds a test wake may wait for the provider's answer.
 TEST_WAKE_TIMEOUT = 35.0
-# Seconds APNs may hold a test wake (apns-expiration): it is worth nothing later.
+# Seconds the provider may hold a test wake (apns-expiration, FCM's ttl): it is worth nothing later.
 TEST_WAKE_EXPIRY = 60
 
 
@@ -110,7 +111,7 @@ class DeliveriesSection:
                     "lease_fp": lease_fp(r["job_id"], r["lease"]), "author_fp": author_fp(r["job_id"])}
                    for r in rows[:PAGE_SIZE]]
             dead_rows = [{"id": j.id, "origin": names.get(j.origin, str(j.origin)), "origin_id": j.origin,
-                          "profile": j.app_profile, "author_fp": red.fingerprint(j.lease_pubkey, "pk"),
+                          "profile": j.app_profile, "transport": j.transport, "author_fp": red.fingerprint(j.lease_pubkey, "pk"),
                           "lease_fp": red.lease(j.lease_pubkey, j.lease_d), "class": j.cls, "attempts": j.attempts,
                           "created_at": j.created_at, "finished_at": j.finished_at, "last_error": j.last_error or ""}
                          for j in dead]
@@ -148,9 +149,13 @@ class DeliveriesSection:
             profile = str(form.get("profile", ""))
             token = str(form.get("token", "")).strip()
             entry = next((p for p in origin.push.get("app_profiles", []) if p["id"] == profile), None)
-            if entry is None or entry["transport"] != "apns":
-                raise ConfigError("profile", profile, "no APNs app profile of that name at this origin")
-            transport = admin.app.push.transports.get(origin.id, profile) if admin.app.push else None
+            if entry is None:
+                raise ConfigError("profile", profile, "no app profile of that name at this origin")
+            pushing = admin.app.push
+            if pushing is not None and pushing.transports.is_off(entry["transport"]):
+                raise ConfigError("profile", profile, f"{entry['transport']} is a draft transport, off while "
+                                  "push_draft_transports is false: turn it on to send through this profile")
+            transport = pushing.transports.get(origin.id, profile) if pushing else None
             if transport is None:
                 raise ConfigError("profile", profile, "this profile has no transport yet (save the descriptor)")
             request_id = str(uuid.uuid4())
@@ -168,7 +173,8 @@ class DeliveriesSection:
                 await admin.app.store.write(
                     lambda conn: note_health(conn, origin.id, profile, outcome, time.time()))
             return admin.render(request, "admin/test_wake.html", section="descriptor", origin=origin,
-                                profile=profile, outcome=outcome, accepted=outcome is not None and
+                                profile=profile, transport=entry["transport"],
+                                provider=provider_name(entry["transport"]), outcome=outcome, accepted=outcome is not None and
                                 outcome.kind == ACCEPTED, request_id=request_id, latency=latency,
                                 token_fp=red.fingerprint(token, "ep"))
 

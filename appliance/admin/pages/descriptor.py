@@ -159,6 +159,23 @@ def credential_summary(entry: dict, stored: dict[str, int]) -> str:
     return "no credentials: wakes wait as configuration faults"
 
 
+#: What the test-wake form asks for, by transport (APNs: a device token).
+ENDPOINT_LABELS = {"fcm": "FCM registration token", "unifiedpush": "Distributor endpoint URL"}
+
+
+def testable_transports(settings) -> set[str]:
+    """The transports a test wake can be sent through: APNs, and the draft ones while they are on."""
+    from appliance.push.kinds import KINDS, is_draft
+
+    return {"apns"} | {t for t in KINDS if not is_draft(t) or settings.push_draft_transports}
+
+
+def endpoint_hints() -> dict[str, str]:
+    from appliance.push.kinds import KINDS
+
+    return {t: k.endpoint_hint for t, k in KINDS.items()}
+
+
 # The form's labels, by the push table's field names (what an error names instead of the path).
 FIELD_LABELS = {
     "app_profiles": "App profiles", "push_kinds": "Push kinds", "urgent_kinds": "Urgent kinds",
@@ -228,7 +245,7 @@ def routes(admin) -> list[Route]:
             check_push_fits_relay(checked, "push", settings.max_content_length)
             op = admin.app.push.origins.get(origin.id) if admin.app.push else None
             keys = op.current_descriptor(int(time.time())).keys if op else (PREVIEW_KEY,)
-            desc = build_descriptor(origin.origin, checked, keys)
+            desc = build_descriptor(origin.origin, checked, keys, drafts=settings.push_draft_transports)
         except ConfigError as exc:
             return "", failing_rule(exc, push)
         return json.dumps({"push": descriptor_to_json(desc)}, indent=2), ""
@@ -248,8 +265,9 @@ def routes(admin) -> list[Route]:
                             preview_json=preview_json, preview_error=preview_error, limits=Limits(),
                             advertised=Limits.ADVERTISED, transports=sorted(TRANSPORTS), classes=CLASS_REGISTRY,
                             grammars=sorted(H_GRAMMARS), summaries=summaries, environments=("production", "sandbox"),
-                            limit_help=LIMIT_HELP,
-                            saved_push=origin.push)
+                            limit_help=LIMIT_HELP, drafts_on=settings.push_draft_transports,
+                            testable=testable_transports(settings), endpoint_labels=ENDPOINT_LABELS,
+                            endpoint_hints=endpoint_hints(), saved_push=origin.push)
 
     async def save(request: Request):
         form = request.state.form
