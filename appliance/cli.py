@@ -387,7 +387,8 @@ class NoClientAddress(logging.Filter):
 def serve(settings: Settings, *, ready: Any = None) -> int:
     """Serve until interrupted (SIGTERM/SIGINT: pending OKs are sent and websockets closed first)."""
     from appliance.admin import install
-    from appliance.app import build, startup_banner
+    from appliance.app import build
+    from appliance.banner import startup_banner
     from appliance.server import build_server, tune_malloc
 
     from appliance.store.instance import InstanceLock, clear_instance

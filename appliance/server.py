@@ -21,7 +21,8 @@ import logging
 import signal
 import socket
 
-from appliance.app import Appliance, asgi, websocket_handler
+from appliance.app import Appliance, asgi
+from appliance.endpoints import websocket_handler
 from appliance.errors import ApplianceError
 from appliance.front import Guard, Server, Site
 from appliance.settings import Settings

@@ -1,5 +1,8 @@
 """Dependencies point one way: cli -> admin -> commands -> app -> relay | push | gateway -> transports | origins -> store -> nostr.
 
+`app` composes what sits beside it below: `endpoints` (and its `landing` page) and `origin_config`;
+`banner` reads what `app` built.
+
 Peers never import each other (the relay and the push executor meet only in `app.py`); the pure
 protocol package imports nothing else of ours. A new import that breaks this fails here.
 """
@@ -29,18 +32,26 @@ ALLOWED = {
     "push": {"nostr", "errors", "store", "origins", "settings", "transports"},
     "gateway": {"nostr", "errors", "store", "transports"},
     "testing": {"nostr", "errors", "gateway", "transports"},
-    "app": {"nostr", "errors", "store", "origins", "settings", "relay", "push", "gateway", "transports", "__init__"},
-    "server": {"nostr", "errors", "store", "origins", "settings", "relay", "app", "gateway", "front", "__init__"},
+    # The composition root and what it composes: the configured origins, the relay's endpoints and
+    # landing page; the start banner reads what it built.
+    "origin_config": {"errors", "store", "origins", "settings", "push"},
+    "landing": {"origins", "__init__"},
+    "endpoints": {"origins", "settings", "relay", "landing", "front"},
+    "app": {"nostr", "errors", "store", "origins", "settings", "relay", "push", "gateway", "transports", "front",
+            "origin_config", "endpoints", "__init__"},
+    "banner": {"settings", "relay", "app", "__init__"},
+    "server": {"nostr", "errors", "store", "origins", "settings", "relay", "app", "endpoints", "gateway", "front",
+               "__init__"},
     # `appliance emulator apns` and `appliance push try` run the APNs emulator of `testing`.
     "commands": {"nostr", "errors", "store", "origins", "settings", "relay", "push", "gateway", "app", "marmot",
-                 "transports", "testing"},
+                 "transports", "testing", "origin_config"},
     "bench": {"nostr", "errors", "store", "origins", "settings", "relay", "push", "app", "gateway", "testing",
-              "marmot", "transports"},
+              "marmot", "transports", "origin_config"},
     # The dashboard drives the appliance through the same functions as the CLI (`commands`).
     "admin": {"nostr", "errors", "store", "origins", "settings", "relay", "push", "gateway", "transports", "app", "front",
               "commands",
               "__init__"},
-    "cli": {"nostr", "errors", "store", "origins", "settings", "relay", "push", "gateway", "app", "server",
+    "cli": {"nostr", "errors", "store", "origins", "settings", "relay", "push", "gateway", "app", "banner", "server",
             "commands", "admin", "bench", "__init__"},
     "__main__": {"cli"},
     "__init__": set(),

@@ -140,7 +140,7 @@ def stored_already(data_dir: Path) -> int:
 def preload(data_dir: Path, factory: EventFactory, n: int, *, newest: int, spread: int,
             storage: str = "sqlite") -> tuple[int, float]:
     """Store `n` signed events with `store_event`, 10k per transaction; (stored, seconds)."""
-    from appliance.app import prepare_origins
+    from appliance.origin_config import prepare_origins
     from appliance.nostr.event import Event
     from appliance.settings import load
     from appliance.store.events import store_event

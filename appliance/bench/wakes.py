@@ -167,7 +167,7 @@ def preload(data_dir: Path, config: Path, *, users: int, devices: int, channels:
     event and one due wake job per lease), then `filler` unrelated stored events of about a lease
     event's size (so databases compared for their lease count hold as many events); return
     [(pubkey, [device tokens])]."""
-    from appliance.app import prepare_origins
+    from appliance.origin_config import prepare_origins
     from appliance.nostr.event import Event
     from appliance.push.acceptance import check_lease_stateless
     from appliance.push.config import build_descriptor

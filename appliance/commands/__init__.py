@@ -17,7 +17,7 @@ from appliance.store.sqlite import SqliteStore
 @contextlib.contextmanager
 def open_data(settings: Settings) -> Iterator[tuple[SqliteStore, OriginRegistry]]:
     """The data directory's store and origins, for a command run beside (or without) the server."""
-    from appliance.app import prepare_origins
+    from appliance.origin_config import prepare_origins
 
     from appliance.store.backend import store_for
 

@@ -128,7 +128,7 @@ def diagnose(flags: dict, config_path: str | None, *, online: bool = False,
 
 def _origins(settings: Settings, conn: apsw.Connection | None, seen: list) -> Iterator[Check]:
     """The origins' checks; every origin that parsed is added to `seen`."""
-    from appliance.app import default_origin, default_origin_id, served_default_origin
+    from appliance.origin_config import default_origin, default_origin_id, served_default_origin
     from appliance.origins import Origin, load_origins
     from appliance.push.config import build_descriptor, check_push_config, check_push_fits_relay
 

@@ -87,7 +87,7 @@ def find(conn: apsw.Connection, origin: str | int) -> Origin:
 
 def owned_fields(conn: apsw.Connection, settings: Settings, origin: Origin) -> frozenset[str]:
     """The fields of `origin` the configuration owns (rewritten from it at every start)."""
-    from appliance.app import config_owned
+    from appliance.origin_config import config_owned
 
     return config_owned(conn, settings).get(origin.id, frozenset())
 
@@ -198,7 +198,7 @@ ORIGIN_COLUMNS = [
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
-    from appliance.app import prepare_origins
+    from appliance.origin_config import prepare_origins
     from appliance.store.backend import store_for
 
     with store_for(settings) as store:

@@ -116,7 +116,7 @@ async def sync(settings: Settings, url: str, raw_filter: dict, direction: str, o
 
 
 def _default_origin(store, registry):
-    from appliance.app import default_origin_id
+    from appliance.origin_config import default_origin_id
 
     return registry.by_id(store.read_sync(default_origin_id))
 

@@ -138,7 +138,7 @@ def with_times(f: Filter, since: int | None, until: int | None) -> Filter:
 
 def pick_origin(store, registry, origin: str | None):
     """The origin named by --origin, or the default one."""
-    from appliance.app import default_origin_id
+    from appliance.origin_config import default_origin_id
     from appliance.commands import find_origin
 
     if origin is not None:
