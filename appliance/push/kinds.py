@@ -91,3 +91,26 @@ def load_kind(kind: TransportKind, entry: dict, stored: Mapping[str, bytes] | No
         return None
     return kind.load(entry, stored)
 
+
+def _fcm() -> TransportKind:
+    """FCM HTTP v1 (appliance.transports.fcm): one transport (one HTTP/2 connection) per service
+    account, project and host; one access token per account, shared by all its profiles."""
+    from appliance.transports import fcm
+
+    def build(config: fcm.FcmProfile, ctx: TransportContext) -> Transport:
+        token = ctx.shared(config.token_key, lambda: fcm.AccessToken(config.account, config.token_uri,
+                                                                     config.ca_file))
+        return fcm.FcmTransport(config, token=token)
+
+    def share_key(config: fcm.FcmProfile, _origin_id: int) -> tuple:
+        return (config.account.client_email, config.account.fingerprint, config.project_id, config.fcm_url,
+                config.token_uri, config.ca_file)
+
+    return TransportKind("fcm", fcm.FCM_FIELDS, fcm.load_profile, build, share_key,
+                         files=("service_account_file", "ca_file"),
+                         missing="no FCM service account (service_account_file, or one uploaded in the dashboard)",
+                         endpoint_hint="the app's FCM registration token")
+
+
+KINDS["fcm"] = _fcm()
+

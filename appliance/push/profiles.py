@@ -190,9 +190,12 @@ class ProfileTransports:
                 table[pid] = transport
             by_origin[o.id] = table
         retired = [t for k, t in self._shared.items() if k not in shared]
+        # Shared objects with connections of their own (an FCM access token's) close with them.
+        retired += [o for k, o in self._objects.items() if k not in objects and hasattr(o, "close")]
         self._by_origin, self._shared, self._tokens, self._files = by_origin, shared, tokens, files
         self._objects = objects
         return retired
 
     def all(self) -> list[Transport]:
-        return list(self._shared.values())
+        """Every transport, and every shared object that has connections to close."""
+        return list(self._shared.values()) + [o for o in self._objects.values() if hasattr(o, "close")]

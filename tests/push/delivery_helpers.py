@@ -17,7 +17,7 @@ TEAM = "TEAM123456"
 KEY_ID = "ABC123DEFG"
 TOPIC = "com.example.app"
 
-__all__ = ["TEAM", "KEY_ID", "TOPIC", "Apns", "delivery_config", "token", "Pusher", "wait_until", "jobs", "log_rows"]
+__all__ = ["TEAM", "KEY_ID", "TOPIC", "Apns", "Fcm", "fcm_token", "delivery_config", "token", "Pusher", "wait_until", "jobs", "log_rows"]
 
 
 def token() -> str:
@@ -71,6 +71,46 @@ def delivery_config(apns: Apns | None, *, settings: dict | None = None, profiles
         'class_support = { apns = ["silent", "default", "time_sensitive", "urgent"], fcm = ["silent", "default"] }',
     ]
     return "\n".join(lines) + "\n" + extra
+
+
+class Fcm:
+    """The FCM emulator on a thread plus the service account it trusts (written as Google's JSON)."""
+
+    def __init__(self, directory: Path, project: str = "appliance-emulator"):
+        import json
+
+        from appliance.testing.fcm_emulator import FcmEmulator
+
+        self.emulator = FcmEmulator(pki_dir=directory / "fcm-pki")
+        self.directory = directory
+        self.project = project
+        self._json = json
+        self.sa_file = directory / "service-account.json"
+
+    def start(self) -> "Fcm":
+        self.emulator.start_in_thread()
+        # The key file names the token endpoint, which the emulator knows once it listens.
+        account = self.emulator.service_account(self.project)
+        sensitive(*account["private_key"].splitlines()[1:3])  # never in a log
+        self.sa_file.write_text(self._json.dumps(account))
+        return self
+
+    def stop(self) -> None:
+        self.emulator.stop_thread()
+
+    def profile(self, profile_id: str = ANDROID, **over) -> str:
+        """One fcm app_profiles entry (TOML inline table) delivering to the emulator."""
+        fields = {"id": profile_id, "transport": "fcm", "service_account_file": str(self.sa_file),
+                  "fcm_url": self.emulator.url, "token_uri": self.emulator.token_url, "ca_file": self.emulator.ca_file}
+        fields.update(over)
+        return "{ " + ", ".join(f'{k} = "{v}"' for k, v in fields.items() if v is not None) + " }"
+
+
+def fcm_token() -> str:
+    """A fresh FCM-style registration token."""
+    value = secrets.token_urlsafe(16) + ":APA91b" + secrets.token_urlsafe(100)
+    sensitive(value)
+    return value
 
 
 class Pusher:

@@ -1,0 +1,169 @@
+"""The fcm profile (a draft) end to end over the real server: lease -> event -> the FCM emulator
+receives the one constant message; every error class does to the job, the lease and the alerts
+what it should; the access token is cached and refreshed; test wakes and health work for it."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+
+import httpx
+import pytest
+
+from tests.conftest import Server
+from tests.push.delivery_helpers import Fcm, Pusher, delivery_config, fcm_token, jobs, log_rows, wait_until
+from tests.push.e2e_helpers import ANDROID, db_rows
+
+pytestmark = pytest.mark.anyio
+
+
+def p_sub(user, cls="default"):
+    return [{"filter": {"kinds": [9], "#p": [user.pubkey]}, "class": cls}]
+
+
+@pytest.fixture
+def fcm(tmp_path):
+    f = Fcm(tmp_path).start()
+    yield f
+    f.stop()
+
+
+@pytest.fixture
+def server(fcm, tmp_path):
+    s = Server(tmp_path / "data", config=delivery_config(None, profiles=[fcm.profile()], settings={
+        "push_draft_transports": True, "wake_retry_delay": 0.3})).start()
+    yield s
+    s.stop()
+
+
+async def _lease(server, tok):
+    user = await Pusher.connect(server)
+    await user.lease(tok, app_profile=ANDROID, transport="fcm", subscriptions=p_sub(user))
+    return user
+
+
+async def test_a_lease_and_an_event_send_the_constant_message(server, fcm):
+    alice = await Pusher.connect(server)
+    toks = [fcm_token(), fcm_token()]
+    bob, carol = [await _lease(server, t) for t in toks]
+    ev = await alice.publish(9, [["p", bob.pubkey], ["p", carol.pubkey]])
+    records = fcm.emulator.wait_for(lambda r: sum(x.status == 200 for x in r) == 2)
+    for tok in toks:
+        (rec,) = [r for r in records if r.token == tok]
+        assert rec.message["data"] == {"nip_pl": "reconnect"}
+        assert rec.message["android"]["priority"] == "high"
+        assert 0 < int(rec.message["android"]["ttl"][:-1]) <= 3600
+        assert rec.path == f"/v1/projects/{fcm.project}/messages:send"
+    # Nothing of the event or the leases: the two bodies differ by the token (and ttl) only.
+    skel = {r.body.replace(r.token.encode(), b"T").replace(r.message["android"]["ttl"].encode(), b"N")
+            for r in records}
+    assert len(skel) == 1 and ev.id.encode() not in records[0].body and bob.pubkey.encode() not in records[0].body
+    await wait_until(lambda: {j["state"] for j in jobs(server, event_id=ev.id)} == {"delivered"})
+    assert {(r["transport"], r["outcome"], r["status"]) for r in log_rows(server)} == {("fcm", "accepted", 200)}
+    assert fcm.emulator.grants == 1  # one access token for both
+    for p in (alice, bob, carol):
+        await p.client.close()
+
+
+async def test_unregistered_disables_that_endpoint_generation(server, fcm):
+    alice, tok = await Pusher.connect(server), fcm_token()
+    bob = await _lease(server, tok)
+    fcm.emulator.unregister(tok)
+    ev = await alice.publish(9, [["p", bob.pubkey]])
+    await wait_until(lambda: jobs(server, event_id=ev.id)[0]["state"] not in ("pending", "claimed"))
+    assert db_rows(server.data_dir, "SELECT generation, invalidated_at IS NOT NULL FROM leases") == [(1, 1)]
+    assert ("invalid_endpoint", 404, "UNREGISTERED") in {(r["outcome"], r["status"], r["reason"])
+                                                        for r in log_rows(server)}
+    # The dead generation wakes nothing more.
+    before = len(fcm.emulator.requests(tok))
+    await alice.publish(9, [["p", bob.pubkey]])
+    await asyncio.sleep(0.5)
+    assert len(fcm.emulator.requests(tok)) == before
+    for p in (alice, bob):
+        await p.client.close()
+
+
+async def test_sender_id_mismatch_raises_an_alert_and_touches_no_endpoint(server, fcm):
+    alice, tok = await Pusher.connect(server), fcm_token()
+    bob = await _lease(server, tok)
+    fcm.emulator.behave(tok, "SENDER_ID_MISMATCH")
+    ev = await alice.publish(9, [["p", bob.pubkey]])
+    await wait_until(lambda: db_rows(server.data_dir, "SELECT app_profile, reason FROM push_alerts"))
+    assert db_rows(server.data_dir, "SELECT app_profile, reason FROM push_alerts") == [(ANDROID, "SENDER_ID_MISMATCH")]
+    assert jobs(server, event_id=ev.id)[0]["state"] == "pending"  # kept for when the operator fixes it
+    assert db_rows(server.data_dir, "SELECT count(*) FROM leases WHERE invalidated_at IS NOT NULL") == [(0,)]
+    health = {t["app_profile"]: t for t in httpx.get(server.http + "/admin/health").json()["transports"]}
+    assert health[ANDROID]["state"] == "fault"
+    for p in (alice, bob):
+        await p.client.close()
+
+
+async def test_quota_exceeded_is_retried_after_its_retry_after(server, fcm):
+    alice, tok = await Pusher.connect(server), fcm_token()
+    bob = await _lease(server, tok)
+    fcm.emulator.behave(tok, "QUOTA_EXCEEDED", retry_after=1, times=1)
+    ev = await alice.publish(9, [["p", bob.pubkey]])
+    await wait_until(lambda: jobs(server, event_id=ev.id)[0]["state"] == "delivered", timeout=15)
+    reqs = fcm.emulator.requests(tok)
+    assert [r.status for r in reqs] == [429, 200]
+    assert reqs[1].at - reqs[0].at >= 0.9  # Retry-After honoured (the backoff alone is 0.3 s)
+    outcomes = [(r["outcome"], r["reason"]) for r in log_rows(server)]
+    assert outcomes == [("transient", "QUOTA_EXCEEDED"), ("accepted", None)]
+    for p in (alice, bob):
+        await p.client.close()
+
+
+async def test_internal_errors_give_up_into_a_dead_letter(fcm, tmp_path):
+    server = Server(tmp_path / "d2", config=delivery_config(None, profiles=[fcm.profile()], settings={
+        "push_draft_transports": True, "wake_retry_delay": 0.1, "wake_max_attempts": 2})).start()
+    try:
+        alice, tok = await Pusher.connect(server), fcm_token()
+        bob = await _lease(server, tok)
+        fcm.emulator.behave(tok, "INTERNAL")
+        ev = await alice.publish(9, [["p", bob.pubkey]])
+        await wait_until(lambda: jobs(server, event_id=ev.id)[0]["state"] == "dead", timeout=15)
+        assert "gave up after 2 attempts: 500 INTERNAL" in jobs(server, event_id=ev.id)[0]["last_error"]
+        for p in (alice, bob):
+            await p.client.close()
+    finally:
+        server.stop()
+
+
+async def test_a_stale_access_token_is_refreshed_once_and_the_wake_goes(server, fcm):
+    alice, tok = await Pusher.connect(server), fcm_token()
+    bob = await _lease(server, tok)
+    await alice.publish(9, [["p", bob.pubkey]])
+    fcm.emulator.wait_for(lambda r: len(r) == 1)
+    fcm.emulator.expire_access_tokens()
+    await asyncio.sleep(0.1)
+    await alice.publish(9, [["p", bob.pubkey]])
+    fcm.emulator.wait_for(lambda r: [x.status for x in r] == [200, 401, 200])
+    assert fcm.emulator.grants == 2
+    await wait_until(lambda: len(log_rows(server)) == 2)
+    assert "retried once with a new access token after 401" in log_rows(server)[1]["detail"]
+    for p in (alice, bob):
+        await p.client.close()
+    assert "ya29.emu-" not in server.log_path.read_text()  # access tokens are never logged
+
+
+async def test_a_test_wake_from_the_dashboard_goes_through_fcm(server, fcm):
+    from tests.admin.test_health import signed_in
+
+    dash = signed_in(server)
+    try:
+        page = dash.get("/admin/descriptor").text
+        assert "FCM registration token" in page and '<span class="draft"' in page
+        csrf = re.search(r'name="csrf" value="([^"]+)"', page).group(1)
+        tok = fcm_token()
+        r = dash.post("/admin/descriptor/test-wake", data={"csrf": csrf, "origin": "1", "profile": ANDROID,
+                                                           "token": tok})
+        assert "Sent: accepted by FCM" in r.text and tok not in r.text
+        assert fcm.emulator.accepted(tok)
+        fcm.emulator.unregister(tok)
+        r = dash.post("/admin/descriptor/test-wake", data={"csrf": csrf, "origin": "1", "profile": ANDROID,
+                                                           "token": tok})
+        assert "Refused by FCM: 404 UNREGISTERED" in r.text
+        health = {t["app_profile"]: t for t in httpx.get(server.http + "/admin/health").json()["transports"]}
+        assert health[ANDROID]["state"] == "ok"
+    finally:
+        dash.close()
