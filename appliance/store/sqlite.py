@@ -46,53 +46,22 @@ READER_CACHE_KIB = 4 * 1024
 # Reader threads beyond `reader_threads` (started for paused reads) end after this long idle, and
 # their connections' memory goes back.
 READER_IDLE_SECONDS = 5.0
-# A short read (a REQ or COUNT on an index) runs on the event loop's own thread when no other read
-# waits for a reader and its owner has none started: that saves two thread hand-offs per query
-# (futex wake-ups, GIL transfers, the loop's self-pipe), and on a busy machine two waits for a CPU,
-# most of a small REQ's latency. It is bounded in SQLite VM steps, in the loop thread's CPU time
-# and, for reads waiting on the disk, in wall-clock time (generous: on a busy machine the loop is
-# preempted now and then, which must not throw finished work away): past any of them, it is
-# abandoned and goes to the reader threads like any other read (at most this much work is spent
-# twice). A read that was really too long for the loop - past the steps or the CPU bound, or
-# past the wall-clock bound while this thread read from the disk (its block reads, getrusage's
-# ru_inblock, grew) - also sends its owner's reads there for INLINE_COOLDOWN seconds. One past
-# the wall-clock bound alone, with nothing read from the disk, did not cost the loop that time:
-# the thread was preempted (a busy machine) or waited for the GIL, as a reader thread would
-# have, so only that read leaves the loop (as one the database was busy for: this connection
-# never waits for a lock), not its owner's next ones - they would cost 0.2-0.4 ms more each on
-# the reader threads, for nothing. A 50-event #p REQ at 1M stored events takes about 4,400
-# steps, a COUNT of 3,000 index entries about 42,000.
+# Bounds of a read run on the event loop's own thread, which saves a small REQ two thread hand-offs
+# (SqliteStore._read_inline): docs/performance.md#inline_max_steps
 INLINE_MAX_STEPS = 64_000
 INLINE_MAX_CPU_SECONDS = 0.004
 INLINE_MAX_SECONDS = 0.025
 INLINE_CHECK_STEPS = 1_000
-INLINE_COOLDOWN = 10.0
+INLINE_COOLDOWN = 10.0  # seconds a read too long for the loop sends its owner's next reads to the threads
 # What `SqliteStore._read_inline` returns for a read abandoned without its owner's next reads
 # leaving the loop (see INLINE_COOLDOWN); None is a read too long for the loop.
 INLINE_STALLED = "stalled"
-# The page cache of the loop's own connection, which answers most REQs: larger than a reader
-# thread's (there is one of it), so a small relay's index and recent events stay in it between
-# queries instead of being read again from the OS page cache, a system call per page. This
-# connection does not map the file (mmap): measured per query on the 2-core box (a 50-event #p
-# REQ over 20,000 events, in-process CPU time, 300 rounds alternating), a mapping cost more than
-# the read system calls it saves: 292 against 188 us right after another connection's commit
-# (SQLite drops a reader's whole mapping when it sees a commit, and every page is faulted in
-# again) and 190 against 160 us with nothing written meanwhile (a mapped page costs more per
-# access than a hit in this cache). Nor do the reader threads, which are many.
+# The page cache of the loop's own connection, which answers most REQs: larger than a reader's
+# (there is one of it); no mmap, which cost more than it saved: docs/performance.md#inline_cache_kib
 INLINE_CACHE_KIB = 32 * 1024
-# The writer maps the file (its page cache is never emptied by another connection's commit,
-# but the rows a write reads first - the lease and the event a wake is re-checked against, the
-# index pages a batch of events lands in - are mostly not in it yet): a page it reads is a page
-# fault on the OS page cache instead of a read system call and a copy. Measured on the peak wake
-# claim/outcome path (20,000 due wakes, 2-core box, load 4-5, in-process thread CPU): a claim
-# 2-4 us per wake cheaper, with the page cache warmed first as well as cold (the writer's whole
-# CPU per wake, 75-105 us, moved within the box's noise). Unlike a reader's, the writer's mapping
-# is not dropped at other connections' commits: it makes the commits. Pages the writer changes
-# are copied into its page cache and written through the WAL as before. The mapped pages count
-# in the process's RSS (they are the OS page cache's, shared and reclaimable). The file never
-# shrinks while the relay runs (no VACUUM, no auto_vacuum; a restore refuses a served data
-# directory), so the mapping never reaches past its end; a disk that fails a read there ends the
-# process (SIGBUS) instead of failing one write, and its supervisor starts it again.
+# The writer maps the file: the pages a write reads first are page faults on the OS page cache
+# instead of read system calls (the file never shrinks while serving; a failed read there is
+# SIGBUS and a restart): docs/performance.md#writer_mmap_bytes
 WRITER_MMAP_BYTES = 2 * 1024 * 1024 * 1024
 
 

@@ -137,10 +137,8 @@ class Deletion:
         return len(rowids)
 
 
-# Page cache of the writer connection of an import (SQLite): the indexes a bulk load writes into
-# (ids, authors, times, tags: random places in each) outgrow the writer's usual 64 MiB past a few
-# hundred thousand events, and each page missed is read again and written twice more (WAL, then
-# checkpoint). Measured in-process at 300,000-400,000 events stored: 104 -> 93 us of CPU per event.
+# Page cache of an import's writer connection (SQLite): a bulk load's indexes outgrow the usual
+# 64 MiB: docs/performance.md#import_cache_kib
 IMPORT_CACHE_KIB = 256 * 1024
 
 

@@ -22,17 +22,9 @@ WriteOp = Callable[[apsw.Connection], Any]
 
 _STOP = object()
 
-# Group commit under load. A commit writes every page its writes touched (SQLite: each as a WAL
-# frame, copied back by the checkpoint), and the pages a batch of new events touches are mostly
-# index pages spread over the whole file: so a page of a small batch carries one or two events, and
-# the writer's CPU per event falls as batches grow (measured in-process on the 2-core box, 20,000
-# signed kind-1 events, sync_mode full: about 73-81 us per event in batches of 50-60, 49-55 in
-# batches of 200, 44 in batches of 500). When a transaction starts with at least LINGER_FROM writes
-# waiting (they arrived while the last one committed: the clients are outpacing the commits), the
-# writer waits LINGER_STEP at a time for more, as long as more keep arriving, up to LINGER_SECONDS,
-# and commits them together. Fewer waiting (a relay that keeps up: each event's OK goes out after
-# its own commit as soon as it can) take no wait at all. Durability is unchanged: an OK still
-# follows the commit that carried its event.
+# Group commit under load: with at least LINGER_FROM writes waiting, the writer waits LINGER_STEP
+# at a time for more, up to LINGER_SECONDS, and commits them together (larger batches cost less
+# CPU per event; an OK still follows its commit): docs/performance.md#linger_from
 LINGER_FROM = 16
 LINGER_STEP = 0.001
 LINGER_SECONDS = 0.01
