@@ -43,14 +43,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("appliance")
 
-# How long a thread holding the GIL runs before one waiting for it gets its turn (CPython's default
-# is 5 ms). The event loop lets the GIL go for every C call that can wait (a socket write, each
-# step of an inline SQLite read): while a reader thread builds a large answer in Python, the loop
-# waited up to the whole interval to get it back, each time. Measured with `appliance bench
-# flood` (the latencies CSV): a bystander REQ that met the flooder's admitted 500-event REQ took
-# 5-6 ms instead of 1.2, one at a time, every few tenths of a second, which alone missed the 2x
-# target against a quiet p99 of 2.3 ms (docs/reliability.md). 0.5 ms bounds that wait; a thread
-# that runs Python without pause just changes hands more often while another waits.
+# The loop waits at most this long for the GIL behind a reader thread building an answer
+# (CPython's default is 5 ms): docs/performance.md#default_switch_interval
 DEFAULT_SWITCH_INTERVAL = 0.0005
 
 
@@ -244,11 +238,8 @@ async def lifespan(app: Appliance) -> AsyncIterator[None]:
         app.background.append(asyncio.create_task(app.push.delivery.run()))
     if app.fanout is not None:
         app.background.append(asyncio.create_task(app.fanout.run()))
-    # What startup built (modules, settings, the origin registry) lives as long as the process:
-    # out of the cyclic collector's way, so that a full collection, which allocation churn (a
-    # flood, say) triggers, scans only what came later. Measured under an EVENT flood on the
-    # 2-core box: full collections of 75-120 ms, the event loop stopped and every client
-    # waiting, which alone put the bystanders' p99 of `appliance bench flood` past 2x.
+    # What startup built lives as long as the process: out of the cyclic collector's way, so a
+    # full collection scans only what came later (docs/performance.md#gcfreeze-at-start).
     gc.collect()
     gc.freeze()
     # See DEFAULT_SWITCH_INTERVAL.

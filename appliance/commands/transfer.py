@@ -36,10 +36,8 @@ from appliance.settings import Settings
 
 # Lines checked per task of a verifying worker.
 CHUNK = 2000
-# Lines committed per write transaction. Larger transactions write each index page they touch once
-# for more events (an import of 100,000 events without checks: 104 us of CPU per event in
-# transactions of 1,000, 73 us in transactions of 10,000); a server writing beside the import waits
-# for the write lock at most one such transaction (about half a second).
+# Lines committed per write transaction: larger ones write each index page once for more events;
+# a server writing beside the import waits at most one of them: docs/performance.md#commit_lines
 COMMIT_LINES = 10_000
 # Seconds between progress lines on stderr.
 PROGRESS_SECONDS = 2.0

@@ -1,9 +1,9 @@
 """Server text frames (RFC 6455 5.2) built directly, many messages in one bytes object.
 
-A REQ answered with 50 events is 51 websocket messages: written one `transport.write` each, on a
-small VM the system calls dominated (measured: 51 writes took most of a 6-7 ms REQ at 1M stored
-events). A connection without an extension writes the frames of everything queued at once, and a
-REQ's whole stored answer is framed on the reader thread in one pass (`frame_events`).
+A REQ answered with 50 events is 51 websocket messages; written one `transport.write` each, the
+system calls dominate (docs/performance.md#frames-built-in-one-pass). A connection without an
+extension writes the frames of everything queued at once, and a REQ's whole stored answer is
+framed on the reader thread in one pass (`frame_events`).
 """
 
 from __future__ import annotations

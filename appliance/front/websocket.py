@@ -39,11 +39,8 @@ log = logging.getLogger("appliance.front")
 _PROTOCOL_LOG = logging.getLogger("appliance.front.protocol")
 _PROTOCOL_LOG.setLevel(logging.WARNING)
 
-# Bytes of a client's stream parsed into messages at a time. uvloop reads up to 256 KiB at once;
-# parsed whole, a read of a pipelining client's small frames (a REQ/CLOSE flood: about 3,800 frames
-# in 125 KiB) held the loop for 23 ms on the 2-core box, and every other client waited that long.
-# 4 KiB is at most about 500 of the smallest frames, typically 10-100 messages; an ordinary
-# client's read is smaller and is parsed as it comes.
+# Bytes of a client's stream parsed into messages at a time: a pipelining client's read parsed
+# whole holds the loop while every other client waits: docs/performance.md#default_parse_bytes
 DEFAULT_PARSE_BYTES = 4 * 1024
 # Seconds the relay waits for a client's answer to its close frame before cutting the connection.
 DEFAULT_CLOSE_TIMEOUT = 10.0

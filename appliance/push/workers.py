@@ -1,7 +1,7 @@
 """Stateless lease validation (NIP-PL steps 2-7) in a worker process, a batch at a time.
 
-A lease costs about 1 ms of pure Python to check (signature, NIP-44, strict JSON, filter
-grammar); on the event loop that caps acceptance near 750 leases/s on a 2-core box. The checks
+Checking a lease is pure Python (signature, NIP-44, strict JSON, filter grammar) that would cap
+acceptance on the event loop (docs/performance.md#lease-checks-in-a-worker-process). The checks
 need no database, so they run in a separate process: the loop keeps step 1 (authentication),
 hands over the event, the descriptor and the conversation key for the named executor key, and
 gets back the accepted lease or the refusal. Private keys never leave the main process.

@@ -77,12 +77,10 @@ def peer_ip(conn) -> str | None:
 class Verifier:
     """Checks event ids and BIP-340 signatures.
 
-    Measured on the 2-core reference box (`appliance bench relay`, 20,000 events, 8 clients):
-    verifying on the event loop gave 3,063 events/s; batches on a 2-thread pool 2,704/s; batches
-    in a worker process 2,599/s. libsecp256k1 releases the GIL, but the hand-offs (futures,
-    thread wake-ups, GIL ping-pong with the loop) cost more than the ~60 us check itself, so it
-    runs inline. It stays behind this async interface so an implementation that really runs
-    elsewhere (a native websocket front end, a sharded process) can replace it.
+    Inline: handing a check to a thread or a process costs more than the check itself
+    (docs/performance.md#signatures-checked-inline). It stays behind this async interface so an
+    implementation that really runs elsewhere (a native websocket front end, a sharded process)
+    can replace it.
     """
 
     # It checks on the caller's thread: the relay may call `check` directly (see

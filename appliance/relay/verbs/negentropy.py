@@ -39,8 +39,8 @@ log = logging.getLogger("appliance.relay")
 
 TOO_MANY_RECORDS = "blocked: too many records"
 QUERY_TIMEOUT_MESSAGE = "error: this query takes too long here; narrow its filter"
-# Reconciling this few records takes well under a millisecond: done on the loop. More go to a
-# worker thread (fingerprints of 100,000 records take about 20 ms), so no other connection waits.
+# Reconciling this few records is done on the loop; more go to a worker thread, so no other
+# connection waits: docs/performance.md#inline_records
 INLINE_RECORDS = 4096
 # Reading a session's records may take longer than a REQ's page (a million records is a few
 # seconds of SQL and packing on a small box): at least this long, whatever query_timeout says.
