@@ -9,9 +9,9 @@ from appliance.settings import Settings
 
 
 def local_urls(settings: Settings) -> list[str]:
-    """Other URLs that reach the default origin when no public URL is set (NIP-42 AUTH accepts a
-    relay tag naming any of them): loopback names, and this machine's addresses when listening on
-    all interfaces."""
+    """Other URLs that reach the default origin when no public URL is set, for the banner: loopback
+    names, and this machine's addresses when listening on all interfaces. (NIP-42 AUTH accepts the
+    one a client connected by, see appliance.relay.verbs.auth.)"""
     if settings.public_url:
         return []
     port = settings.port

@@ -356,32 +356,15 @@ def _main(argv: Sequence[str] | None) -> int:
 QUIET_LOGGERS = ("hpack", "h2", "httpcore", "httpx")
 
 
-def configure_logging(level: str, client_addresses: bool = False) -> None:
+def configure_logging(level: str) -> None:
+    """stdlib logging at `level`. Client addresses are the front's to leave out or keep
+    (`log_client_addresses`, see appliance.front.http)."""
     logging.basicConfig(
         level=getattr(logging, level.upper()),
         format="%(asctime)s %(levelname)s %(name)s %(message)s",
     )
     for name in QUIET_LOGGERS:
         logging.getLogger(name).setLevel(logging.WARNING)
-    if not client_addresses:
-        for name in CLIENT_ADDRESS_LOGGERS:  # (uvicorn's logging setup keeps a logger's filters)
-            logging.getLogger(name).addFilter(NoClientAddress())
-
-
-# uvicorn's loggers whose lines begin with the client's address and port: one INFO line for every
-# websocket ('127.0.0.1:51234 - "WebSocket /" [accepted]') and, were it on, every request.
-CLIENT_ADDRESS_LOGGERS = ("uvicorn.error", "uvicorn.access")
-
-
-class NoClientAddress(logging.Filter):
-    """The client address taken out of uvicorn's lines at INFO and above (the README promises
-    addresses are not logged; `log_client_addresses = true` keeps them)."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if (record.levelno >= logging.INFO and isinstance(record.msg, str) and record.msg.startswith('%s - "')
-                and isinstance(record.args, tuple) and record.args):
-            record.args = ("client", *record.args[1:])
-        return True
 
 
 def serve(settings: Settings, *, ready: Any = None) -> int:
@@ -393,7 +376,7 @@ def serve(settings: Settings, *, ready: Any = None) -> int:
 
     from appliance.store.instance import InstanceLock, clear_instance
 
-    configure_logging(settings.log_level, settings.log_client_addresses)
+    configure_logging(settings.log_level)
     tune_malloc()
     # Every listening address first: one taken stops the start before anything is printed, created
     # or minted (no data directory, no setup token).

@@ -385,7 +385,7 @@ SETTINGS: tuple[Setting, ...] = (
        "Empty: metrics need a signed-in session (or the dashboard's own listener, see admin_listen)."),
     _s("log_level", _str, "info", "Logging level.", choices=("debug", "info", "warning", "error")),
     _s("log_client_addresses", _bool, False,
-       "Write client addresses into log lines at info level and above (uvicorn's line for each websocket, a "
+       "Write client addresses into log lines at info level and above (the line for each accepted websocket, a "
        "failed dashboard sign-in). Off by default: the log keeps no record of who connected; turn it on for "
        "a while to trace abuse."),
     _s("push_draft_transports", _bool, False,

@@ -2,7 +2,7 @@
 
 A transport sends the fixed reconnect wake for one job to one endpoint and answers with an
 `Outcome`. It knows nothing of leases, events or origins; the executor knows nothing of the
-provider behind it (APNs directly now, a gateway later). The interface is deliberately small:
+provider behind it (APNs directly, an APNs gateway, FCM). The interface is deliberately small:
 
     class Transport(Protocol):
         async def send(self, request: WakeRequest) -> Outcome: ...
