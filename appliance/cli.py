@@ -178,7 +178,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     push_cli.add_parser(push, _settings_using("public_url"))
 
-    emulator = sub.add_parser("emulator", help="Local stand-ins to try push with: an APNs emulator.",
+    emulator = sub.add_parser("emulator", help="Local stand-ins to try push with: APNs and FCM (draft) emulators.",
                               description="Local stand-ins for the services push delivers to.")
     from appliance.commands import emulator as emulator_cli
 

@@ -14,12 +14,16 @@ each user holding `--devices` leases (#p self, and #h of one of `--channels` cha
            figures compare the cost of the lease count itself, not of a bigger events table.
 - latency: a steady stream (default 200 events/s) of events, each mentioning a different leased
            user, against 10,000 leases: time from the client sending EVENT to the emulator
-           receiving that user's APNs request (both clocks are this host's).
+           receiving that user's provider request (both clocks are this host's).
 - peak:    `--peak-jobs` due wake jobs (with their leases and events) preloaded into the outbox,
            then the appliance started: wakes/s from its first APNs request to its last, through one
            HTTP/2 connection; with the CPU seconds each process spent (where the time goes).
 - rss:     resident memory of the appliance holding 100,000 active leases, after a burst of
            matching traffic (VmRSS and its peak VmHWM from /proc).
+
+`--transport fcm` runs the same parts through a draft fcm profile (FCM HTTP v1 with a service
+account) against the FCM emulator (`appliance.testing.fcm_emulator`: it verifies the RS256 grant
+and checks the bearer token and the message of every send) instead of APNs; apns is the default.
 
 A shared or busy machine gives noisy figures: run it on a quiet box.
 """
@@ -49,6 +53,7 @@ from appliance.bench.relay import ingest
 
 ORIGIN = "ws://bench.wakes"
 PROFILE = "com.example.bench/ios"
+FCM_PROFILE = "com.example.bench/android"
 TOPIC = "com.example.bench"
 TEAM, KEY_ID = "BENCHTEAM1", "BENCHKEY01"
 PARTS = ("ingest", "latency", "peak", "rss")
@@ -56,6 +61,9 @@ PARTS = ("ingest", "latency", "peak", "rss")
 
 def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--only", action="append", choices=PARTS, help="run only this part (repeatable; default all)")
+    p.add_argument("--transport", default="apns", choices=("apns", "fcm"),
+                   help="the app profile's transport: apns (default) or fcm (a draft: FCM HTTP v1 against the FCM "
+                   "emulator)")
     p.add_argument("--events", type=int, default=20_000, help="events per ingest run (default 20000)")
     p.add_argument("--lease-counts", default="0,10000,100000",
                    help="active leases held in the ingest runs (default 0,10000,100000)")
@@ -123,7 +131,45 @@ class Emulator:
             self.proc.kill()
 
 
+class FcmEmulator(Emulator):
+    """The FCM emulator as its own process (token endpoint and messages:send on one port), logging
+    one line per answered send in the APNs emulator's format."""
+
+    transport = "fcm"
+
+    def __init__(self, work: Path):
+        self.work = work
+        self.log = work / "fcm-requests.log"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "appliance.testing.fcm_emulator", "--dir", str(work / "fcm-pki"),
+             "--log", str(self.log)], stdout=subprocess.PIPE, text=True)
+        ready = json.loads(self.proc.stdout.readline())
+        self.url, self.ca_file = ready["url"], ready["ca_file"]
+        self.sa_file, self.token_uri = ready["service_account_file"], ready["token_uri"]
+
+
+Emulator.transport = "apns"
+
+
+def device_token(rng: random.Random, transport: str) -> str:
+    """An endpoint of the transport's shape: 32 bytes of hex (APNs), an FCM registration token."""
+    if transport == "fcm":
+        return rng.randbytes(8).hex() + ":APA91b" + rng.randbytes(64).hex()
+    return rng.randbytes(32).hex()
+
+
 def config_text(emu: Emulator) -> str:
+    if emu.transport == "fcm":
+        return f"""
+public_url = "{ORIGIN}"
+push_draft_transports = true
+[push]
+app_profiles = [{{ id = "{FCM_PROFILE}", transport = "fcm", service_account_file = "{emu.sa_file}", \
+token_uri = "{emu.token_uri}", fcm_url = "{emu.url}", ca_file = "{emu.ca_file}" }}]
+push_kinds = [9, 7]
+[push.limitation]
+max_leases_per_pubkey = 16
+"""
     return f"""
 public_url = "{ORIGIN}"
 [push]
@@ -162,7 +208,7 @@ def _fake_pubkey(rng: random.Random) -> str:
 
 
 def preload(data_dir: Path, config: Path, *, users: int, devices: int, channels: int, seed: int,
-            jobs_for: int = 0, filler: int = 0) -> list[tuple[str, list[str]]]:
+            jobs_for: int = 0, filler: int = 0, transport: str = "apns") -> list[tuple[str, list[str]]]:
     """Store `users` x `devices` active leases (and, for the first `jobs_for` users, one stored
     event and one due wake job per lease), then `filler` unrelated stored events of about a lease
     event's size (so databases compared for their lease count hold as many events); return
@@ -187,7 +233,8 @@ def preload(data_dir: Path, config: Path, *, users: int, devices: int, channels:
     try:
         origins = prepare_origins(store, settings)
         origin = next(o for o in origins if o.origin == ORIGIN)
-        desc = build_descriptor(origin.origin, origin.push, [probe])
+        desc = build_descriptor(origin.origin, origin.push, [probe], drafts=True)
+        profile = FCM_PROFILE if transport == "fcm" else PROFILE
         chan = [str(uuid.UUID(int=rng.getrandbits(128), version=4)) for _ in range(max(1, channels))]
         batch: list = []
 
@@ -207,9 +254,9 @@ def preload(data_dir: Path, config: Path, *, users: int, devices: int, channels:
             pub = _fake_pubkey(rng)
             tokens = []
             for dev in range(devices):
-                token = rng.randbytes(32).hex()
+                token = device_token(rng, transport)
                 tokens.append(token)
-                pt = {"v": 1, "origin": ORIGIN, "app_profile": PROFILE, "transport": "apns", "endpoint": token,
+                pt = {"v": 1, "origin": ORIGIN, "app_profile": profile, "transport": transport, "endpoint": token,
                       "generation": 1, "active": True, "subscriptions": [
                           {"filter": {"kinds": [9], "#p": [pub]}, "class": "time_sensitive"},
                           {"filter": {"kinds": [9, 7], "#h": [chan[rng.randrange(len(chan))]]}, "class": "default"}]}
@@ -225,7 +272,7 @@ def preload(data_dir: Path, config: Path, *, users: int, devices: int, channels:
                 if u < jobs_for:
                     mention = Event(hashlib.sha256(f"m{eid}".encode()).hexdigest(), _fake_pubkey(rng), now, 9,
                                     [["p", pub]], "bench", "00" * 64)
-                    job = dict(job_id=wakes.new_job_id(), origin=origin.id, app_profile=PROFILE, transport="apns",
+                    job = dict(job_id=wakes.new_job_id(), origin=origin.id, app_profile=profile, transport=transport,
                                endpoint_hash=lease.endpoint_hash, event_id=mention.id, lease_pubkey=pub, lease_d=d,
                                generation=1, cls="time_sensitive")
                     batch.append((mention, mention.to_json(), None, job))
@@ -307,7 +354,7 @@ class Run:
             t0 = time.perf_counter()
             self.users = preload(self.pristine, self.config, users=users, devices=args.devices,
                                  channels=args.channels, seed=zlib.crc32(name.encode()) & 0xFFFF, jobs_for=jobs_for,
-                                 filler=filler)
+                                 filler=filler, transport=emu.transport)
             info(f"  {name}: preloaded {users * args.devices:,} leases"
                  + (f" and {jobs_for * args.devices:,} wake jobs" if jobs_for else "")
                  + (f" and {filler:,} other events" if filler else "")
@@ -465,7 +512,7 @@ def run(args: argparse.Namespace) -> int:
     parts = args.only or list(PARTS)
     work = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="appliance-bench-wakes-"))
     work.mkdir(parents=True, exist_ok=True)
-    emu = Emulator(work)
+    emu = FcmEmulator(work) if args.transport == "fcm" else Emulator(work)
     results: dict = {}
     try:
         for part in parts:
@@ -476,7 +523,9 @@ def run(args: argparse.Namespace) -> int:
         emu.stop()
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
-    print(f"\nappliance bench wakes: sync_mode {args.sync_mode}, {args.devices} lease(s) per user, "
+    print(f"\nappliance bench wakes: transport {args.transport}"
+          + (" (draft: FCM HTTP v1 against the FCM emulator)" if args.transport == "fcm" else "")
+          + f", sync_mode {args.sync_mode}, {args.devices} lease(s) per user, "
           f"{os.cpu_count()} CPUs (a shared or busy machine gives noisy figures)")
     if "ingest" in results:
         base = max(results["ingest"][0][1]) if results["ingest"] and results["ingest"][0][1] else 0
@@ -492,7 +541,7 @@ def run(args: argparse.Namespace) -> int:
                   f"{least:>10.0f}           {cpu_change:>7}")
     if "latency" in results:
         r = results["latency"]
-        print(f"\nevent -> APNs request latency at {args.rate:.0f} matching events/s over {args.seconds:.0f} s "
+        print(f"\nevent -> {args.transport.upper() if args.transport == 'fcm' else 'APNs'} request latency at {args.rate:.0f} matching events/s over {args.seconds:.0f} s "
               f"({args.latency_leases:,} leases): {r['wakes']:,} wakes for {r['events']:,} events")
         print(f"  p50 {r['p50']:.1f} ms   p90 {r['p90']:.1f} ms   p99 {r['p99']:.1f} ms   max {r['max']:.1f} ms")
     if "peak" in results:

@@ -1,4 +1,5 @@
-"""`appliance emulator apns [--listen HOST:PORT] [--dir DIR]`: a local APNs to point a profile at.
+"""`appliance emulator apns|fcm [--listen HOST:PORT] [--dir DIR]`: a local APNs or FCM (draft) to
+point a profile at.
 
 It runs the HTTP/2 + TLS APNs emulator (`appliance.testing.apns_emulator`, the one the tests and
 benchmarks use), trusting one .p8 signing key it generates in DIR. It prints the app profile
@@ -6,6 +7,11 @@ settings that point a profile at it (`apns_url`, `ca_file`, `team_id`, `key_id`,
 `environment`), each on a line of its own, then one line per request it answers. With the same DIR
 again, the key, the team and key ids and the certificate are reused, so a profile keeps working
 across restarts. Without DIR the files live in a temporary directory removed at exit.
+
+`appliance emulator fcm` runs the FCM emulator (`appliance.testing.fcm_emulator`: Google's token
+endpoint and FCM HTTP v1 messages:send) and writes a service account key file it trusts into DIR;
+it prints the settings of an fcm profile (`service_account_file`, `token_uri`, `fcm_url`,
+`ca_file`). fcm is a draft transport: the appliance needs `push_draft_transports = true` too.
 """
 
 from __future__ import annotations
@@ -30,6 +36,9 @@ from appliance.errors import ApplianceError, ConfigError
 # A port of Apple's own (APNs also listens on 2197), so a profile pointed here is easy to spot;
 # the same address every run keeps a pasted profile working across restarts.
 DEFAULT_LISTEN = "127.0.0.1:2197"
+# FCM's emulator: one port for the token endpoint and messages:send.
+FCM_LISTEN = "127.0.0.1:2198"
+SERVICE_ACCOUNT_FILE = "service-account.json"
 STATE_FILE = "emulator.json"
 _ID_ALPHABET = string.ascii_uppercase + string.digits
 
@@ -52,6 +61,19 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
                       "(default: a temporary directory removed at exit).")
     apns.add_argument("--environment", default="production", choices=("production", "sandbox"),
                       help="The APNs environment it plays (default production).")
+    fcm = sub.add_parser(
+        "fcm", help="A local FCM HTTP v1 and OAuth token endpoint (HTTP/2 over TLS) for a draft fcm profile.",
+        description="Run a local FCM HTTP v1 API with Google's OAuth2 token endpoint (HTTP/2 over TLS), "
+        "answering as Google documents them. Writes a service account key file it trusts, prints the "
+        "fcm app profile settings that point a profile at it, then one line per request. fcm is a "
+        "DRAFT transport: set push_draft_transports = true in the appliance. Stop it with Ctrl-C.")
+    fcm.add_argument("--listen", default=FCM_LISTEN, metavar="HOST:PORT",
+                     help=f"Address to listen on (default {FCM_LISTEN}; port 0 picks a free one).")
+    fcm.add_argument("--dir", metavar="DIR",
+                     help="Directory for its service account key file, CA and certificate, kept and reused on "
+                     "the next run (default: a temporary directory removed at exit).")
+    fcm.add_argument("--project", default="appliance-emulator", metavar="PROJECT_ID",
+                     help="The Firebase project id of its service account (default appliance-emulator).")
 
 
 def parse_listen(text: str, name: str = "--listen") -> tuple[str, int]:
@@ -170,6 +192,8 @@ class Emulator:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.emulator_command == "fcm":
+        return run_fcm(args)
     host, port = parse_listen(args.listen)
     temporary = args.dir is None
     directory = Path(tempfile.mkdtemp(prefix="appliance-apns-")) if temporary else Path(args.dir).resolve()
@@ -197,4 +221,110 @@ def run(args: argparse.Namespace) -> int:
         if temporary:
             shutil.rmtree(directory, ignore_errors=True)
     print("APNs emulator stopped", file=sys.stderr, flush=True)
+    return 0
+
+
+def fcm_request_line(record) -> str:
+    """One answered FCM request: a grant, or a send with its token fingerprint, body size and status."""
+    stamp = time.strftime("%H:%M:%S", time.localtime(record.at))
+    if record.grant:
+        return f"{stamp} grant status={record.status}" + (f" error={record.reason}" if record.reason else "")
+    line = f"{stamp} send {record.path} token={token_fingerprint(record.token)} body={len(record.body)} bytes " \
+           f"status={record.status}"
+    return line + (f" error={record.reason}" if record.reason else "")
+
+
+def load_service_account(directory: Path, project: str):
+    """The RSA key of the service account kept in `directory` (None on first use)."""
+    from cryptography.hazmat.primitives import serialization
+
+    try:
+        doc = json.loads((directory / SERVICE_ACCOUNT_FILE).read_text())
+        if doc.get("project_id") != project:
+            return None
+        key = serialization.load_pem_private_key(doc["private_key"].encode(), None)
+        return key, doc["private_key_id"], doc["client_email"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+class FcmEmulatorRun:
+    """The FCM emulator with its service account and certificate in a directory."""
+
+    def __init__(self, directory: Path, project: str = "appliance-emulator"):
+        from appliance.testing.fcm_emulator import FcmEmulator
+
+        self.directory = directory
+        self.project = project
+        self.api = FcmEmulator(pki_dir=directory)
+        self.api.keep_records = False
+        self.sa_file = directory / SERVICE_ACCOUNT_FILE
+
+    async def start(self, host: str, port: int) -> "FcmEmulatorRun":
+        from appliance.testing.tls import existing_pki
+
+        hosts = ("localhost", "127.0.0.1")
+        if host not in hosts + ("0.0.0.0", "::", ""):
+            hosts += (host,)
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            self.directory.chmod(0o700)
+            kept = load_service_account(self.directory, self.project)
+        except OSError as exc:
+            raise EmulatorError(f"cannot use the directory {self.directory}: {exc.strerror or exc}") from None
+        self.api.tls_hosts = hosts
+        self.api.pki = existing_pki(self.directory, hosts)
+        try:
+            await self.api.start(host, port)
+        except OSError as exc:
+            shown = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+            why = "address already in use" if exc.errno == errno.EADDRINUSE else (exc.strerror or str(exc)).lower()
+            raise EmulatorError(f"cannot listen on {shown}: {why}") from None
+        self.api.host_shown = "127.0.0.1" if host in ("0.0.0.0", "", "::") else (f"[{host}]" if ":" in host else host)
+        # Written (again) once listening: the key file names the token endpoint, port included.
+        opts = {} if kept is None else {"key": kept[0], "private_key_id": kept[1], "client_email": kept[2]}
+        account = self.api.service_account(self.project, **opts)
+        self.sa_file.write_text(json.dumps(account, indent=2) + "\n")
+        self.sa_file.chmod(0o600)
+        return self
+
+    def lines(self) -> list[str]:
+        values = {"service_account_file": str(self.sa_file), "token_uri": self.api.token_url,
+                  "fcm_url": self.api.url, "ca_file": self.api.ca_file}
+        return [f"{k} = {json.dumps(v)}" for k, v in values.items()]
+
+    async def stop(self) -> None:
+        await self.api.stop()
+
+
+def run_fcm(args: argparse.Namespace) -> int:
+    host, port = parse_listen(args.listen)
+    temporary = args.dir is None
+    directory = Path(tempfile.mkdtemp(prefix="appliance-fcm-")) if temporary else Path(args.dir).resolve()
+
+    async def serve() -> None:
+        emu = await FcmEmulatorRun(directory, args.project).start(host, port)
+        print(f"FCM emulator (draft transport; project {args.project}) listening on {emu.api.url}; files in "
+              f"{directory}", flush=True)
+        print('Point an app profile { id = "...", transport = "fcm", ... } at it with these settings '
+              "(and push_draft_transports = true):", flush=True)
+        for line in emu.lines():
+            print(line, flush=True)
+        print("Requests, one line each (Ctrl-C stops):", flush=True)
+        emu.api.on_record = lambda record: print(fcm_request_line(record), flush=True)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        try:
+            await stop.wait()
+        finally:
+            await emu.stop()
+
+    try:
+        asyncio.run(serve())
+    finally:
+        if temporary:
+            shutil.rmtree(directory, ignore_errors=True)
+    print("FCM emulator stopped", file=sys.stderr, flush=True)
     return 0

@@ -133,7 +133,7 @@ class FcmEmulator:
     """The emulated token endpoint and FCM API. Add accounts, then start it."""
 
     def __init__(self, *, pki_dir: str | Path | None = None, clock: Callable[[], float] = time.time,
-                 token_lifetime: int = 3599):
+                 token_lifetime: int = 3599, log_file: str | Path | None = None):
         self.clock = clock
         self.token_lifetime = token_lifetime
         self._accounts: dict[str, Account] = {}  # private_key_id -> account
@@ -157,6 +157,9 @@ class FcmEmulator:
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self.on_record: Callable[[Record], None] | None = None
+        # Sends are logged a loop iteration at a time (as the APNs emulator's), for benchmarks.
+        self._log = open(log_file, "a") if log_file else None
+        self._log_flush_due = False
         self.port = 0
         self.host_shown = "127.0.0.1"
 
@@ -431,6 +434,17 @@ class FcmEmulator:
             self._changed.notify_all()
         if self.on_record is not None:
             self.on_record(record)
+        if self._log is not None and not record.grant:
+            # The APNs emulator's line format (time status reason id token), id "-".
+            self._log.write(f"{record.at:.6f} {record.status} {record.reason or '-'} - {record.token or '-'}\n")
+            if not self._log_flush_due:
+                self._log_flush_due = True
+                asyncio.get_running_loop().call_soon(self._flush_log)
+
+    def _flush_log(self) -> None:
+        self._log_flush_due = False
+        if self._log is not None:
+            self._log.flush()
 
     # -- serving -----------------------------------------------------------------------------------
 
@@ -510,3 +524,47 @@ class FcmEmulator:
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(10)
             self._thread = None
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run an emulator process; writes a service account key file it trusts and prints one JSON
+    line ({"url", "ca_file", "service_account_file", "token_uri"}) once it listens."""
+    import argparse
+    import signal
+    import sys
+
+    parser = argparse.ArgumentParser(prog="python -m appliance.testing.fcm_emulator",
+                                     description=__doc__.split("\n")[0])
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--dir", required=True, help="directory for the test CA, certificate and service account")
+    parser.add_argument("--project", default="appliance-emulator")
+    parser.add_argument("--log", help="append one line per answered send: time status error - token")
+    args = parser.parse_args(argv)
+    emu = FcmEmulator(pki_dir=args.dir, log_file=args.log)
+    emu.keep_records = False  # a long benchmark would hold every request in memory
+
+    async def serve() -> None:
+        await emu.start(port=args.port)
+        sa_file = Path(args.dir) / "service-account.json"
+        sa_file.write_text(json.dumps(emu.service_account(args.project)))
+        print(json.dumps({"url": emu.url, "ca_file": emu.ca_file, "service_account_file": str(sa_file),
+                          "token_uri": emu.token_url}), flush=True)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+        await emu.stop()
+        sys.stdout.flush()
+
+    asyncio.run(serve())
+    if emu._log is not None:
+        emu._log.close()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

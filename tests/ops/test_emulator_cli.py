@@ -85,3 +85,45 @@ def test_an_address_in_use_is_one_line(tmp_path):
     assert out.returncode == 2
     assert out.stdout == ""
     assert out.stderr.splitlines() == [f"appliance: cannot listen on 127.0.0.1:{port}: address already in use"]
+
+
+FCM_SETTING = re.compile(r'^(service_account_file|token_uri|fcm_url|ca_file) = "([^"]*)"$')
+
+
+def test_the_fcm_emulator_prints_a_working_draft_profile(tmp_path):
+    from tests.push.delivery_helpers import fcm_token
+    from tests.push.e2e_helpers import ANDROID
+
+    emu = Running("emulator", "fcm", "--listen", "127.0.0.1:0", "--dir", tmp_path / "fcm")
+    server = None
+    try:
+        emu.wait_line(lambda line: line.startswith("ca_file = "))
+        found = {m.group(1): m.group(2) for line in emu.lines if (m := FCM_SETTING.match(line))}
+        assert set(found) == {"service_account_file", "token_uri", "fcm_url", "ca_file"}
+        assert found["token_uri"] == found["fcm_url"] + "/token"
+        assert "push_draft_transports = true" in emu.text()
+        profile = ", ".join(f'{k} = "{v}"' for k, v in found.items())
+        config = (f'public_url = "{ORIGIN}"\nwake_min_interval = 0\npush_draft_transports = true\n[push]\n'
+                  f'app_profiles = [{{ id = "{ANDROID}", transport = "fcm", {profile} }}]\npush_kinds = [9]\n')
+        server = Server(tmp_path / "data", config=config).start()
+
+        async def wake() -> str:
+            alice, bob = await Pusher.connect(server), await Pusher.connect(server)
+            tok = fcm_token()
+            await bob.lease(tok, app_profile=ANDROID, transport="fcm",
+                            subscriptions=[{"filter": {"kinds": [9], "#p": [bob.pubkey]}, "class": "default"}])
+            await alice.publish(9, [["p", bob.pubkey]])
+            await alice.client.close()
+            await bob.client.close()
+            return tok
+
+        tok = asyncio.run(wake())
+        line = emu.wait_line(lambda line: " send " in line)
+        assert re.fullmatch(r"\d\d:\d\d:\d\d send /v1/projects/appliance-emulator/messages:send "
+                            r"token=sha256:[0-9a-f]{12} body=\d+ bytes status=200", line), line
+        assert any(re.fullmatch(r"\d\d:\d\d:\d\d grant status=200", x) for x in emu.lines)
+        assert tok not in emu.text() and "PRIVATE KEY" not in emu.text()
+    finally:
+        if server is not None:
+            server.stop()
+        assert emu.stop() == 0
