@@ -2,10 +2,10 @@
 
 An APNs answer is a status, an `apns-id` (Huffman-coded, new each time, so it is added to the
 dynamic table every time) and sometimes a content type: `hpack` decodes Huffman strings four
-bits at a time in Python, which was a fifth of the client's time per request. This decoder walks
-Huffman strings a byte at a time through a 256-state table composed once from the code (RFC 7541
-Appendix B) as `hpack` ships it (a row per state, invalid strings caught once at their end: about
-1.4 us for an apns-id), and keeps its dynamic table as a plain list. The static table
+bits at a time in Python (docs/performance.md#hpack-decoding). This decoder walks Huffman strings a
+byte at a time through a 256-state table composed once from the code (RFC 7541 Appendix B) as
+`hpack` ships it (a row per state, invalid strings caught once at their end), and keeps its
+dynamic table as a plain list. The static table
 and the Huffman code are the RFC's data (`hpack_tables`), checked against the `hpack` library's
 public encoder and decoder in the tests.
 """

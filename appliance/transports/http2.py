@@ -1,12 +1,9 @@
 """A small HTTP/2 client over TLS (RFC 9113, frames and HPACK on asyncio), for APNs-style APIs.
 
-Why not httpx: measured against the local APNs emulator on the 2-core reference box, httpx's
-HTTP/2 path spent about 2 ms of CPU per request (its pool, anyio shims and per-request imports)
-and topped out near 550 requests/s through one connection. Why not the `h2` state machine either:
-at peak wake rates it was half of the event loop's time per wake (~120 us of a request: a stream
-object and its state machine, header validation, frame objects). A provider API needs little of
-HTTP/2: one origin, POST-style requests with small bodies and small answers, one stream per
-request on one long-lived connection. So this client speaks exactly that part of the protocol
+Why not httpx, nor the `h2` state machine: both cost too much CPU per request at peak wake rates
+(docs/performance.md#own-http2-client). A provider API needs little of HTTP/2: one origin,
+POST-style requests with small bodies and small answers, one stream per request on one
+long-lived connection. So this client speaks exactly that part of the protocol
 with bytes and `struct`: TLS with ALPN `h2` mandatory, SETTINGS (acknowledged and applied), PING
 answered, concurrency bounded by the server's MAX_CONCURRENT_STREAMS, flow control respected in
 both directions, header blocks split into CONTINUATION frames as needed, RST_STREAM, GOAWAY
