@@ -51,7 +51,7 @@ def tune_malloc() -> bool:
 
     glibc raises its mmap threshold to the size of the first large block freed, so later answers
     (up to max_query_bytes each) would come from heaps where freed memory stays; fixing the threshold
-    turns that off. Figures: docs/performance.md, `appliance bench slow-readers`."""
+    turns that off (docs/performance.md#mmap_threshold)."""
     import ctypes
     import platform
 

@@ -26,13 +26,9 @@ REFUSAL_WINDOW_SECONDS = 60.0
 # then waits in the client's own socket (TCP backpressure) instead of costing the relay a frame
 # parse and a refusal each, so refusals stay cheap and few however fast the client sends.
 DEFAULT_MAX_PAUSE = 2.0
-# ... and once refused, a connection is read again when the bucket that refused it holds this
-# many seconds of its refill (at most its burst), not one token: a flood is then served in
-# batches (an EVENT flood at 100/s: ten events a tenth of a second, written with one commit,
-# their OKs with one system call, one wake-up of the connection) at the same sustained rate. One
-# token at a time, its steady 100 accepted and 100 refused EVENTs a second cost the relay a wake-up,
-# a commit and two writes each; on a busy machine that churn, not the events' own work, is what
-# made the other clients wait (issue #14).
+# ... and once refused, a connection is read again when the bucket that refused it holds this many
+# seconds of its refill (at most its burst), not one token: a flood is served in batches that share
+# commits, wake-ups and writes (issue #14): docs/performance.md#refusal_batch_seconds
 REFUSAL_BATCH_SECONDS = 0.1
 # A REQ/COUNT token buys this much CPU time of its query; a query that takes more costs one token
 # more for each further share, paid from the same buckets (they may go into debt, and the
