@@ -190,7 +190,8 @@ class Appliance:
 
 
 def build(settings: Settings) -> Appliance:
-    """Open the store and wire the relay; the caller serves `asgi(appliance)`."""
+    """Open the store and wire the relay, the push executor, the gateway and the other nodes; the
+    caller serves `asgi(appliance)` and appliance.endpoints.websocket_handler."""
     store = store_for(settings).open()
     try:
         from appliance.store.admin import stored_settings

@@ -423,17 +423,14 @@ def _scope_sql(scope: ReadScope, now: int, params: list, *, kinds: frozenset[int
     read's snapshot holds no expired event not purged yet (see `any_expired`)."""
     if row_read:
         # Expired events not purged yet: the row at hand says so, with no list of them built for
-        # the statement (the list below). Measured in-process, each variant first in turn: a
-        # 50-event #p REQ's SQL 72 -> 66 us (138 -> 120 with the CPU caches emptied between
-        # queries), limit 1 12 -> 9 us, authors unchanged; the server's CPU per REQ moved within
-        # its noise.
+        # the statement (cheaper than the list below: docs/performance.md#expiry-in-a-read).
         clauses = ["(e.expiration IS NULL OR e.expiration > ?)"]
         params.append(now)
     elif expired:
         # Expired events not purged yet, found through the partial index on expiration (a handful
         # at any time): the check needs no event row, so index-only scans (COUNT by kind) stay
-        # index-only. It costs every row scanned a probe (a COUNT of 20,000 events by kind: 1.1
-        # against 0.46 ms without it): left out when there are none.
+        # index-only. It costs every row scanned a probe (docs/performance.md#expiry-in-a-read):
+        # left out when there are none.
         clauses = [f"{rowid_col} NOT IN (SELECT rowid FROM events WHERE expiration IS NOT NULL AND expiration <= ?)"]
         params.append(now)
     else:
@@ -554,7 +551,7 @@ def _build_query(origin: int, f: Filter, scope: ReadScope | None, now: int, limi
     # The driving index is named, not left to the planner: without statistics (a database that
     # has grown since it was opened has none) SQLite prefers an index that yields the ORDER BY
     # and scans every event of the origin in it (events_time for `ids`, events_id for the tie
-    # reads below): hundreds of milliseconds at 20k events where the named index takes 0.1 ms.
+    # reads below; docs/performance.md#the-driving-index-named).
     if searching:
         source = search.SOURCE
     elif drive_tag is None:
