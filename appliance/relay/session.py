@@ -30,16 +30,13 @@ from appliance.relay.verbs.req import DEFAULT_MAX_PENDING_COUNTS
 
 log = logging.getLogger("appliance.relay")
 
-# A reader this far behind is dropped rather than buffered without bound: so many messages, or
-# so many bytes (at least two full REQ answers, see the max_query_bytes setting), whichever first.
-# (Past max_query_bytes unread it is served no new answers meanwhile, see `Output.full`; all
-# connections together are bounded by the max_output_buffer_total setting, see Relay.shed_output.)
+# A reader this far behind (messages, or bytes: at least two full REQ answers) is dropped rather
+# than buffered without bound (before that `Output.full` pauses its answers; Relay.shed_output
+# bounds all connections together).
 DEFAULT_MAX_QUEUED = 20_000
 DEFAULT_MAX_QUEUED_BYTES = 32 * 1024 * 1024
-# How long one connection's receive loop may handle messages before it lets the event loop run
-# others. A client that pipelines thousands of messages has them all buffered: receiving each
-# returns at once without suspending, so without this one connection would hold the loop until
-# its buffer was empty and every other connection would wait (issue #14: a flood starves no one).
+# How long one connection's receive loop handles messages before it lets the event loop run others:
+# a pipelining client's buffered messages would hold the loop until drained (issue #14).
 DEFAULT_RECEIVE_SLICE = 0.002
 
 # The metered verbs (REQ, COUNT) as clients write them: their verb and subscription id can be read
