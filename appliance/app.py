@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from starlette.applications import Starlette
 from starlette.requests import HTTPConnection
 from starlette.routing import BaseRoute
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from appliance.endpoints import RelayPost, routes
 from appliance.errors import ApplianceError
@@ -36,10 +37,12 @@ if TYPE_CHECKING:
     from appliance.front import Guard, WebSocketRequest
     from appliance.gateway.config import GatewayConfig
     from appliance.gateway.service import Gateway
+    from appliance.nostr.event import Event
     from appliance.push.service import Push
     from appliance.relay.nodes import NodeFanout
     from appliance.store.instance import InstanceLock
     from appliance.store.notify import LocalBus, PgBus
+    from appliance.transports.gateway import GatewayTransport
 
 log = logging.getLogger("appliance")
 
@@ -271,7 +274,7 @@ async def lifespan(app: Appliance) -> AsyncIterator[None]:
         app.store.close()
 
 
-def asgi(app: Appliance) -> Callable[..., Awaitable[None]]:
+def asgi(app: Appliance) -> ASGIApp:
     """The ASGI application for HTTP: the endpoints (appliance.endpoints) and the plug-ins' routes,
     run by `lifespan`, with the gateway's routes on the main listener unless it has its own."""
     main = Starlette(routes=routes(app), lifespan=lambda _starlette: lifespan(app))
@@ -281,7 +284,7 @@ def asgi(app: Appliance) -> Callable[..., Awaitable[None]]:
 
     gateway = GatewayApp(app.gateway)
 
-    async def dispatch(scope, receive, send):
+    async def dispatch(scope: Scope, receive: Receive, send: Send) -> None:
         # The gateway's routes share the main listener: its host (if public_url names one) and path.
         if gateway.owns(scope):
             return await gateway(scope, receive, send)
@@ -290,7 +293,7 @@ def asgi(app: Appliance) -> Callable[..., Awaitable[None]]:
     return dispatch
 
 
-def gateway_asgi(app: Appliance) -> Callable[..., Awaitable[None]]:
+def gateway_asgi(app: Appliance) -> ASGIApp:
     """The gateway routes alone, for their own listener (`gateway_listen`)."""
     from appliance.gateway.http import GatewayApp
 
@@ -384,7 +387,7 @@ def _wire_push(app: Appliance, origins: list[Origin]) -> None:
 
     registry = app.relay.origins
 
-    def authorize(conn, origin_id: int, reader: str, ev) -> bool:
+    def authorize(conn, origin_id: int, reader: str, ev: Event) -> bool:
         """The relay's one read rule (what REQ uses), over this connection's view of the groups;
         and an event whose author is banned here now wakes no one (docs/spec-notes.md W15)."""
         try:
@@ -399,7 +402,7 @@ def _wire_push(app: Appliance, origins: list[Origin]) -> None:
             raise LookupError(f"no relay key loaded for origin {origin_id}")
         return secret
 
-    def make_gateway(origin_id: int, url: str):
+    def make_gateway(origin_id: int, url: str) -> GatewayTransport:
         """Delivery through an APNs gateway, NIP-98 signed with the origin's relay key (NIP-11 `self`)."""
         from appliance.transports.gateway import GatewayTransport
 
