@@ -92,7 +92,7 @@ SQL_MAX_ROWID = "SELECT max(rowid) FROM events"
 
 
 def count_matching(conn, origin: int, f: Filter, now: int) -> int:
-    """How many events at `origin` the filter selects (what `delete_matching` deletes)."""
+    """How many events at `origin` the filter selects (what a `Deletion` of it deletes)."""
     if _matches_nothing(f):
         return 0
     cond, params = _limited(conn, origin, f, *filter_condition(f, now))
