@@ -116,7 +116,9 @@ def diagnose(flags: dict, config_path: str | None, *, online: bool = False,
         yield _clock(settings, conn)
         yield _unless_unreadable("key file", _keyfile, settings, conn)
         credentials = list(_credential_sets(settings, origins))
-        yield from _credentials(credentials, _stored_keys(settings, conn))
+        stored = _stored_keys(settings, conn)
+        yield from _credentials(credentials, stored)
+        yield from _fcm_credentials(settings, origins, stored)
         if online:
             yield from _probes(credentials, probe_timeout)
     finally:
@@ -522,6 +524,36 @@ def _credentials(sets: list[tuple[str, str, dict]], stored: dict[str, bytes] | N
                     f"token; topic {p.get('topic')}, {p.get('environment')}")
     if not found:
         yield Check(SKIP, "apns credentials", "no APNs credentials configured")
+
+
+def _fcm_credentials(settings: Settings, origins: list, stored: dict[str, bytes] | None) -> Iterator[Check]:
+    """Each fcm profile (a draft transport) loads its service account and signs a grant; skipped
+    while push_draft_transports is off."""
+    from appliance.push.config import kind_profile
+
+    for _where, origin in origins:
+        for i, p in enumerate((origin.push or {}).get("app_profiles", []) or []):
+            if not isinstance(p, dict) or p.get("transport") != "fcm":
+                continue
+            name = f"fcm credentials {origin.origin} {p.get('id')} (draft)"
+            if not settings.push_draft_transports:
+                yield Check(SKIP, name, "push_draft_transports is off: not advertised, nothing delivered")
+                continue
+            if "service_account_stored" in p and stored is None:
+                yield Check(SKIP, name, f"service account {p['service_account_stored']} is kept in the database: "
+                            "unreadable here (see the database and key file checks)")
+                continue
+            try:
+                profile = kind_profile(p, f"push.app_profiles[{i}]", stored or {})
+                if profile is None:
+                    yield Check(FAIL, name, "no service account: its wakes wait as configuration faults")
+                    continue
+                profile.account.sign_grant(int(time.time()), profile.token_uri)
+            except (ValueError, OSError, ApplianceError) as exc:
+                yield Check(FAIL, name, str(exc))
+                continue
+            yield Check(PASS, name, f"service account {profile.account.client_email} ({profile.source}) signs a "
+                        f"grant; project {profile.project_id}, token endpoint {profile.token_uri}")
 
 
 def _apns_url(p: dict) -> str:

@@ -253,6 +253,21 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def store_service_account(conn: apsw.Connection, keyfile, data: bytes, now: int) -> str:
+    """Keep an FCM service account key file in the database, wrapped by the key file (as .p8
+    keys are); its fingerprint (`sa:...`), which an fcm profile names as `service_account_stored`."""
+    from appliance.store.credentials import save_apns_key
+    from appliance.transports.credentials import CredentialError
+    from appliance.transports.fcm import ServiceAccount
+
+    try:
+        account = ServiceAccount.parse(data)
+    except CredentialError as exc:
+        raise ConfigError("service_account", "(the uploaded service account file)", str(exc)) from None
+    save_apns_key(conn, keyfile, account.fingerprint, data, now)
+    return account.fingerprint
+
+
 def store_apns_key(conn: apsw.Connection, keyfile, pem: bytes, now: int) -> str:
     """Keep an APNs .p8 signing key in the database, wrapped by the key file; its fingerprint, which
     an app profile names as `key_stored` (the key itself is never shown again)."""

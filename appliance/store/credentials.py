@@ -1,5 +1,7 @@
-"""APNs .p8 keys uploaded through the dashboard: kept wrapped by the key file (like executor keys),
-named by a fingerprint of their public key (which is safe to show)."""
+"""Provider credentials uploaded through the dashboard: APNs .p8 keys (`p8:...`) and FCM service
+account key files (`sa:...`, a draft transport's). Kept wrapped by the key file (like executor
+keys), named by a fingerprint of their public key (which is safe to show); one table holds both,
+told apart by the fingerprint's prefix."""
 
 from __future__ import annotations
 

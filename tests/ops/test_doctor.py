@@ -188,3 +188,29 @@ def _push(tmp_path):
     config = tmp_path / "push.toml"
     config.write_text(PUSH_CONFIG)
     return config
+
+
+def test_an_fcm_profile_is_checked_only_with_the_draft_transports_on(tmp_path):
+    import json
+
+    from appliance.testing.fcm_emulator import FcmEmulator
+
+    emu = FcmEmulator()
+    emu.port = 4430  # not started: the key file only names its token endpoint
+    sa = tmp_path / "sa.json"
+    sa.write_text(json.dumps(emu.service_account("doctor-project")))
+    profile = (f'{{ id = "com.example.app/android", transport = "fcm", service_account_file = "{sa}", '
+               f'token_uri = "{emu.token_url}" }}')
+    for drafts, status, words in ((False, "SKIP", "push_draft_transports is off"),
+                                  (True, "PASS", "signs a grant; project doctor-project")):
+        config = tmp_path / f"fcm-{drafts}.toml"
+        config.write_text(f"push_draft_transports = {str(drafts).lower()}\n[push]\napp_profiles = [{profile}]\n")
+        out = cli("doctor", "--data-dir", tmp_path / "data", "--config", config)
+        name = "fcm credentials ws://127.0.0.1:7777 com.example.app/android (draft)"
+        found = [line for line in out.stdout.splitlines() if "fcm credentials" in line]
+        assert len(found) == 1 and found[0].startswith(status) and words in found[0], out.stdout
+        assert name.split(" ws://")[0] in found[0]
+    sa.write_text("{}")
+    config.write_text(f"push_draft_transports = true\n[push]\napp_profiles = [{profile}]\n")
+    out = cli("doctor", "--data-dir", tmp_path / "data", "--config", config)
+    assert out.returncode != 0 and "service_account" in out.stdout + out.stderr

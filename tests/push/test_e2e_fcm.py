@@ -5,6 +5,7 @@ what it should; the access token is cached and refreshed; test wakes and health 
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 
 import httpx
@@ -167,3 +168,56 @@ async def test_a_test_wake_from_the_dashboard_goes_through_fcm(server, fcm):
         assert health[ANDROID]["state"] == "ok"
     finally:
         dash.close()
+
+
+async def test_a_service_account_uploaded_in_the_dashboard_is_stored_wrapped_and_delivers(fcm, tmp_path):
+    from tests.admin.test_health import signed_in
+    from tests.pg import on_postgres
+
+    from tests.push.e2e_helpers import ORIGIN
+
+    # Push off at first: the dashboard turns it on with the uploaded account.
+    server = Server(tmp_path / "d3", config=f'public_url = "{ORIGIN}"\npush_draft_transports = true\n').start()
+    dash = signed_in(server)
+    try:
+        page = dash.get("/admin/descriptor?origin=1").text
+        csrf = re.search(r'name="csrf" value="([^"]+)"', page).group(1)
+        form = {"csrf": csrf, "origin": "1", "push_enabled": "on", "push_kinds": "9", "urgent_kinds": "",
+                "profile_id": ANDROID, "profile_transport": "fcm", "profile_original_0": ANDROID,
+                "cs_fcm_default": "on", "new_profile_id": ""}
+        r = dash.post("/admin/descriptor", data={k: v for k, v in form.items()})
+        assert r.status_code in (200, 303), r.text
+        account = fcm.sa_file.read_bytes()
+        r = dash.post("/admin/descriptor", data={**form, "cred_0_token_uri": fcm.emulator.token_url,
+                                                 "cred_0_fcm_url": fcm.emulator.url,
+                                                 "cred_0_ca_file": fcm.emulator.ca_file},
+                      files={"cred_0_sa": ("sa.json", b"{not json", "application/json")})
+        assert r.status_code == 400 and "not JSON" in r.text
+        r = dash.post("/admin/descriptor", data={**form, "cred_0_token_uri": fcm.emulator.token_url,
+                                                 "cred_0_fcm_url": fcm.emulator.url,
+                                                 "cred_0_ca_file": fcm.emulator.ca_file},
+                      files={"cred_0_sa": ("sa.json", account, "application/json")})
+        assert r.status_code == 303, r.text
+        page = dash.get("/admin/descriptor?origin=1").text
+        assert re.search(r"service account sa:[0-9a-f]{16} \(uploaded, in the database\)", page), page
+        key_line = json.loads(account)["private_key"].splitlines()[1].encode()
+        assert key_line.decode() not in page
+        if not on_postgres():
+            raw = (server.data_dir / "appliance.sqlite3").read_bytes()
+            wal = server.data_dir / "appliance.sqlite3-wal"
+            assert key_line not in raw and (not wal.exists() or key_line not in wal.read_bytes())
+        tok = fcm_token()
+
+        async def sent():
+            r = dash.post("/admin/descriptor/test-wake", data={"csrf": csrf, "origin": "1", "profile": ANDROID,
+                                                               "token": tok})
+            return "Sent: accepted by FCM" in r.text
+
+        for _ in range(50):  # the running appliance picks the saved descriptor up within a second
+            if await sent():
+                break
+            await asyncio.sleep(0.2)
+        assert fcm.emulator.accepted(tok)
+    finally:
+        dash.close()
+        server.stop()

@@ -10,13 +10,19 @@ import time
 from starlette.requests import Request
 from starlette.routing import Route
 
-from appliance.commands.origins import find, owned_fields, set_push, store_apns_key
+from appliance.commands.origins import find, owned_fields, set_push, store_apns_key, store_service_account
 from appliance.errors import ConfigError
 from appliance.origins import load_origins
 from appliance.store.credentials import list_apns_keys
 
 from ..web import Upload
-from appliance.push.config import build_descriptor, check_push_config, check_push_fits_relay
+from appliance.push.config import (
+    APP_PROFILE_FIELDS,
+    build_descriptor,
+    check_push_config,
+    check_push_fits_relay,
+    profile_fields,
+)
 from appliance.push.descriptor import CLASS_REGISTRY, H_GRAMMARS, LIMIT_HELP, TRANSPORTS, ExecutorKey, Limits, \
     descriptor_to_json
 
@@ -46,9 +52,41 @@ CREDENTIAL_TEXT = ("topic", "team_id", "key_id", "environment", "apns_url", "ca_
 CREDENTIALS = CREDENTIAL_TEXT + ("key_file", "key_stored")
 
 
+# An fcm profile's settings edited as text (service_account_file is write-only, as key_file).
+FCM_TEXT = ("project_id", "fcm_url", "token_uri", "ca_file")
+
+
+def _fcm_credentials(form: dict, i: int, base: dict, uploads: list) -> dict:
+    """Apply the fcm settings of profile row `i` to its entry; a service account upload is queued in
+    `uploads` as (entry, bytes, "service_account_stored")."""
+    from appliance.transports.fcm import FCM_FIELDS
+
+    if form.get(f"cred_{i}_clear") == "on":
+        return {k: v for k, v in base.items() if k not in FCM_FIELDS}
+    for name in FCM_TEXT:
+        key = f"cred_{i}_{name}"
+        if key in form:
+            value = str(form[key]).strip()
+            if value:
+                base[name] = value
+            else:
+                base.pop(name, None)
+    path = str(form.get(f"cred_{i}_service_account_file", "")).strip()
+    if path:
+        base["service_account_file"] = path
+        base.pop("service_account_stored", None)
+    upload = form.get(f"cred_{i}_sa")
+    data = upload.data if isinstance(upload, Upload) else None
+    if data:
+        base.pop("service_account_file", None)
+        uploads.append((base, data, "service_account_stored"))
+    return base
+
+
 def _credentials(form: dict, i: int, base: dict, uploads: list) -> dict:
     """Apply the credential fields of profile row `i` to its entry; a .p8 upload is queued in
-    `uploads` as (entry, bytes) for the caller to store (it names the stored key in the entry)."""
+    `uploads` as (entry, bytes, "key_stored") for the caller to store (it names the stored key in
+    the entry)."""
     if form.get(f"cred_{i}_clear") == "on":
         return {k: v for k, v in base.items() if k not in CREDENTIALS}
     for field in CREDENTIAL_TEXT:
@@ -67,7 +105,7 @@ def _credentials(form: dict, i: int, base: dict, uploads: list) -> dict:
     data = upload.data if isinstance(upload, Upload) else None
     if data:
         base.pop("key_file", None)
-        uploads.append((base, data))
+        uploads.append((base, data, "key_stored"))
     return base
 
 
@@ -87,10 +125,16 @@ def push_from_form(form: dict, current: dict, uploads: list | None = None) -> di
             continue
         base = dict(existing.get(original, {}))
         base.update({"id": str(pid).strip(), "transport": str(transport)})
+        if base["transport"] != "apns":
+            # Another transport's settings: only its own kind's fields are kept.
+            allowed = set(profile_fields(base["transport"]))
+            base = {k: v for k, v in base.items() if k in allowed}
+        else:
+            base = {k: v for k, v in base.items() if k in APP_PROFILE_FIELDS}
         if base["transport"] == "apns" and not base.get("gateway_url"):
             base = _credentials(form, i, base, uploads)
-        elif base["transport"] != "apns":
-            base = {k: v for k, v in base.items() if k not in CREDENTIALS}
+        elif base["transport"] == "fcm":
+            base = _fcm_credentials(form, i, base, uploads)
         profiles.append(base)
     new_id = str(form.get("new_profile_id", "")).strip()
     if new_id:
@@ -133,13 +177,17 @@ def push_from_form(form: dict, current: dict, uploads: list | None = None) -> di
 
 # Largest .p8 accepted (Apple's are about 250 bytes).
 MAX_P8 = 8192
+# Largest service account key file accepted (Google's are about 2.3 KiB).
+MAX_SA = 64 * 1024
 
 
 async def read_uploads(form: dict) -> None:
-    """Refuse an uploaded .p8 that is too large to be one, before anything else."""
+    """Refuse an uploaded .p8 or service account file that is too large to be one, before anything else."""
     for key, value in form.items():
         if key.endswith("_p8") and isinstance(value, Upload) and len(value.data) > MAX_P8:
             raise ConfigError("key", value.filename, "not an APNs .p8 key: the file is too large")
+        if key.endswith("_sa") and isinstance(value, Upload) and len(value.data) > MAX_SA:
+            raise ConfigError("service_account", value.filename, "not a service account key file: too large")
 
 
 def credential_summary(entry: dict, stored: dict[str, int]) -> str:
@@ -148,6 +196,8 @@ def credential_summary(entry: dict, stored: dict[str, int]) -> str:
 
     if entry.get("gateway_url"):
         return f"delivers through the APNs gateway {entry['gateway_url']}"
+    if entry.get("transport") == "fcm":
+        return fcm_summary(entry, stored)
     if entry.get("key_stored"):
         where = "uploaded, in the database" if entry["key_stored"] in stored else "uploaded key MISSING"
         return f"key {entry['key_stored']} ({where})"
@@ -176,6 +226,23 @@ def endpoint_hints() -> dict[str, str]:
     return {t: k.endpoint_hint for t, k in KINDS.items()}
 
 
+def fcm_summary(entry: dict, stored: dict[str, int]) -> str:
+    """What the dashboard says about an fcm profile's service account: never the key."""
+    from appliance.transports.credentials import CredentialError
+    from appliance.transports.fcm import ServiceAccount
+
+    if entry.get("service_account_stored"):
+        fp = entry["service_account_stored"]
+        return f"service account {fp} ({'uploaded, in the database' if fp in stored else 'uploaded account MISSING'})"
+    if entry.get("service_account_file"):
+        try:
+            account = ServiceAccount.load(entry["service_account_file"])
+        except CredentialError as exc:
+            return f"service account file unusable: {exc}"
+        return f"service account {account.client_email} {account.fingerprint} (from a file)"
+    return "no service account: wakes wait as configuration faults"
+
+
 # The form's labels, by the push table's field names (what an error names instead of the path).
 FIELD_LABELS = {
     "app_profiles": "App profiles", "push_kinds": "Push kinds", "urgent_kinds": "Urgent kinds",
@@ -186,6 +253,9 @@ PROFILE_LABELS = {
     "id": "Id", "transport": "Transport", "topic": "Topic (bundle id)", "team_id": "Team id", "key_id": "Key id",
     "key_file": ".p8 path on this server", "key_stored": ".p8 key (upload)", "environment": "Environment",
     "apns_url": "APNs URL override", "ca_file": "Extra CA file", "gateway_url": "gateway_url",
+    "service_account_file": "service account file on this server",
+    "service_account_stored": "service account (upload)", "project_id": "Project id",
+    "fcm_url": "FCM URL override", "token_uri": "Token endpoint override",
 }
 
 
@@ -281,8 +351,9 @@ def routes(admin) -> list[Route]:
         now = int(time.time())
 
         def op(conn, ctx):
-            for entry, data in uploads:  # kept wrapped by the key file; the profile names it
-                entry["key_stored"] = store_apns_key(conn, admin.app.keyfile, data, now)
+            for entry, data, field in uploads:  # kept wrapped by the key file; the profile names it
+                store = store_service_account if field == "service_account_stored" else store_apns_key
+                entry[field] = store(conn, admin.app.keyfile, data, now)
             return set_push(conn, settings, origin.id, push)
 
         try:
@@ -298,8 +369,8 @@ def routes(admin) -> list[Route]:
         try:
             await read_uploads(form)
             push = push_from_form(form, origin.push, uploads)
-            for entry, _data in uploads:
-                entry["key_stored"] = "p8:uploaded"  # stored (and named) on save
+            for entry, _data, field in uploads:  # stored (and named) on save
+                entry[field] = "sa:uploaded" if field == "service_account_stored" else "p8:uploaded"
             text, error = preview(origin, push)
         except ConfigError as exc:
             text, error = "", failing_rule(exc)
