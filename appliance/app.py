@@ -31,7 +31,7 @@ from appliance.store.backend import store_for
 from appliance.store.events import purge_expired
 from appliance.store.keyfile import KeyFile
 from appliance.store.meta import config_generation
-from appliance.store.sqlite import SqliteStore
+from appliance.store.interface import Store
 
 if TYPE_CHECKING:
     from appliance.front import Guard, WebSocketRequest
@@ -56,7 +56,7 @@ class Appliance:
     """The running appliance: everything `build` wired together."""
 
     settings: Settings
-    store: SqliteStore
+    store: Store
     relay: Relay
     groups: Groups
     keyfile: KeyFile
@@ -300,7 +300,7 @@ def gateway_asgi(app: Appliance) -> ASGIApp:
     return GatewayApp(app.gateway, match_host=False)
 
 
-def sync_search_kinds(store: SqliteStore, settings: Settings) -> None:
+def sync_search_kinds(store: Store, settings: Settings) -> None:
     """NIP-50: index the events of kinds added to `search_kinds` since the last start, and unindex
     those of kinds removed, before serving (the kinds table then follows the setting)."""
     from appliance.store.search import Rebuild
@@ -319,7 +319,7 @@ def sync_search_kinds(store: SqliteStore, settings: Settings) -> None:
                  list(rebuild.added), list(rebuild.removed), list(rebuild.kinds))
 
 
-def make_bus(store: SqliteStore) -> LocalBus | PgBus:
+def make_bus(store: Store) -> LocalBus | PgBus:
     """The node bus for this store: LISTEN/NOTIFY on PostgreSQL (every node over one database
     hears the others), nothing on SQLite (one node by construction)."""
     from appliance.store.notify import LocalBus, PgBus
@@ -436,7 +436,7 @@ def _nip29_self(app: Appliance, origin: Origin, doc: dict) -> None:
         doc["self"] = pubkey
 
 
-def ensure_relay_keys(store: SqliteStore, groups: Groups, origins: list[Origin]) -> None:
+def ensure_relay_keys(store: Store, groups: Groups, origins: list[Origin]) -> None:
     """Every origin has its relay key (NIP-29 group snapshots, NIP-98 to a gateway)."""
     for o in origins:
         store.write_sync(lambda conn, oid=o.id: groups.keys.get(conn, oid))

@@ -8,10 +8,9 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Callable, Iterable
 from urllib.parse import urlsplit
 
-import apsw
-
 from appliance.errors import ConfigError, at
 from appliance.store import origin_rows
+from appliance.store.interface import Connection
 
 POLICIES = ("public", "members")
 
@@ -226,20 +225,20 @@ def _path_under(path: str, prefix: str) -> bool:
     return path == prefix or path.startswith(prefix + "/")
 
 
-def load_origins(conn: apsw.Connection) -> list[Origin]:
+def load_origins(conn: Connection) -> list[Origin]:
     return [
         Origin.from_mapping({"origin": origin, **json.loads(config)}, id=oid, where="origin")
         for oid, origin, config in origin_rows.origin_rows(conn)
     ]
 
 
-def save_origin(conn: apsw.Connection, origin: Origin) -> Origin:
+def save_origin(conn: Connection, origin: Origin) -> Origin:
     """Insert or update an origin row (inside a write transaction); return it with its id."""
     oid = origin_rows.upsert_origin(conn, origin.origin, origin.config_json())
     return replace(origin, id=oid)
 
 
-def sync_origins(conn: apsw.Connection, declared: Iterable[Origin]) -> list[Origin]:
+def sync_origins(conn: Connection, declared: Iterable[Origin]) -> list[Origin]:
     """Make the declared origins (default + config file) exist; keep CLI-created ones."""
     for o in declared:
         save_origin(conn, o)

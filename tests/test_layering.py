@@ -102,14 +102,10 @@ def test_module_respects_layers(path):
     assert not illegal, f"{path.relative_to(PACKAGE)} ({part}) imports {sorted(illegal)}"
 
 
-# SQL lives behind the store interface (appliance/store/), so a second backend has one place to
-# answer for. Outside it, only tools that judge a SQLite *file* as such may speak SQL to it.
+# SQL lives behind the store interface (appliance/store/), so each backend has one place to answer
+# for: no statement outside it, not even a tool's that reads a database file.
 SQL_START = re.compile(r"\s*(SELECT|INSERT|UPDATE|DELETE|CREATE|PRAGMA|REPLACE|WITH|DROP|ALTER|BEGIN|COMMIT|"
                        r"SAVEPOINT|RELEASE|ROLLBACK)\s")
-FILE_TOOLS = {
-    # The crash-loop bench checks the file it killed the appliance over, independently of the store.
-    "bench/crashloop.py",
-}
 
 
 def sql_literals(path: Path) -> list[tuple[int, str]]:
@@ -118,12 +114,45 @@ def sql_literals(path: Path) -> list[tuple[int, str]]:
 
 
 def test_sql_stays_in_the_store():
-    outside = [(str(p.relative_to(PACKAGE)), *hit) for p in MODULES
-               if part_of(p) != "store" and str(p.relative_to(PACKAGE)) not in FILE_TOOLS for hit in sql_literals(p)]
+    outside = [(str(p.relative_to(PACKAGE)), *hit) for p in MODULES if part_of(p) != "store" for hit in sql_literals(p)]
     assert outside == []
 
 
-def test_the_sql_check_sees_sql():
+def test_the_sql_check_sees_sql(tmp_path):
     """The check above would catch a statement written outside the store."""
     assert sql_literals(PACKAGE / "store" / "leases.py")
-    assert sql_literals(PACKAGE / "bench" / "crashloop.py")
+    stray = tmp_path / "stray.py"
+    stray.write_text('rows = conn.execute("SELECT id FROM events WHERE kind = ?", (1,))\n')
+    assert sql_literals(stray) == [(1, "SELECT id FROM events WHERE kind = ?")]
+
+
+# Each database driver is imported by its backend's module only (and by backend.py, which picks
+# one and names their errors; the other PostgreSQL modules take psycopg from postgres.py): everything else reaches a database through appliance.store.interface.
+DRIVERS = {
+    "apsw": {"store/sqlite.py", "store/backend.py"},
+    "sqlite3": set(),
+    "psycopg": {"store/postgres.py", "store/backend.py"},
+    "psycopg_pool": {"store/postgres.py"},
+}
+
+
+def drivers_imported(path: Path) -> set[str]:
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module.split(".")[0])
+    return found & set(DRIVERS)
+
+
+def test_drivers_stay_in_their_backends():
+    stray = [(str(p.relative_to(PACKAGE)), d) for p in MODULES for d in sorted(drivers_imported(p))
+             if str(p.relative_to(PACKAGE)) not in DRIVERS[d]]
+    assert stray == []
+
+
+def test_the_driver_check_sees_imports(tmp_path):
+    stray = tmp_path / "stray.py"
+    stray.write_text("def f():\n    import apsw\n    from psycopg import sql\n    import sqlite3 as lite\n")
+    assert drivers_imported(stray) == {"apsw", "psycopg", "sqlite3"}

@@ -24,9 +24,8 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
-import apsw
-
 from appliance.store import admin as rows
+from appliance.store.interface import Connection
 
 # scrypt cost: memory-hard (128 * N * r bytes = 32 MiB), about 0.1 s on a small VPS core.
 SCRYPT_N, SCRYPT_R, SCRYPT_P = 2**15, 8, 1
@@ -88,26 +87,26 @@ def token_hash(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
-def new_setup_token(conn: apsw.Connection, now: int) -> str:
+def new_setup_token(conn: Connection, now: int) -> str:
     """Make (and store the hash of) a fresh one-time setup token; any earlier one stops working."""
     token = secrets.token_urlsafe(32)
     rows.set_setup_token(conn, token_hash(token), now + SETUP_TOKEN_TTL)
     return token
 
 
-def reset(conn: apsw.Connection, now: int) -> str:
+def reset(conn: Connection, now: int) -> str:
     """`appliance admin reset`: forget the password, end every session, return a new setup token."""
     rows.clear_password(conn, now)
     return new_setup_token(conn, now)
 
 
-def setup_token_valid(conn: apsw.Connection, token: str, now: int) -> bool:
+def setup_token_valid(conn: Connection, token: str, now: int) -> bool:
     auth = rows.auth_row(conn)
     return bool(token) and auth.setup_token_hash is not None and hmac.compare_digest(
         auth.setup_token_hash, token_hash(token)) and (auth.setup_token_expires or 0) > now
 
 
-def set_password_with_token(conn: apsw.Connection, token: str, password_hash: str, now: int) -> bool:
+def set_password_with_token(conn: Connection, token: str, password_hash: str, now: int) -> bool:
     """Spend the token and set the password in one transaction; False if the token was not valid."""
     if not rows.spend_setup_token(conn, token_hash(token), now):
         return False
@@ -143,20 +142,20 @@ class Signer:
         return bool(session_id) and bool(token) and hmac.compare_digest(self.csrf(session_id), token)
 
 
-def new_session(conn: apsw.Connection, now: int, ttl: int) -> str:
+def new_session(conn: Connection, now: int, ttl: int) -> str:
     session_id = secrets.token_urlsafe(32)
     rows.new_session(conn, token_hash(session_id), now, now + ttl)
     return session_id
 
 
-def session_valid(conn: apsw.Connection, session_id: str | None, now: int) -> bool:
+def session_valid(conn: Connection, session_id: str | None, now: int) -> bool:
     if not session_id:
         return False
     row = rows.session_row(conn, token_hash(session_id))
     return row is not None and row[1] > now
 
 
-def end_session(conn: apsw.Connection, session_id: str) -> None:
+def end_session(conn: Connection, session_id: str) -> None:
     rows.end_session(conn, token_hash(session_id))
 
 

@@ -15,7 +15,6 @@ import asyncio
 import hmac
 import time
 
-import apsw
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
@@ -24,6 +23,7 @@ from starlette.routing import Route
 from appliance import __version__
 from appliance.errors import PREFIXES
 from appliance.store import meta
+from appliance.store.sqlite import memory_used as sqlite_memory_used
 from appliance.store.meta import health_probe
 
 from .health import STATES
@@ -122,7 +122,7 @@ class Machines:
              [({}, round(time.time() - app.started_at, 1))]),
             ("appliance_origins", "Origins (communities) served.", "gauge", [({}, len(origins))]),
             ("appliance_sqlite_memory_bytes", "Memory SQLite holds now (page caches of the writer and the "
-             "readers, statements), of the process's resident memory.", "gauge", [({}, apsw.memory_used())]),
+             "readers, statements), of the process's resident memory.", "gauge", [({}, sqlite_memory_used())]),
             ("appliance_event_loop_lag_seconds", "Largest delay of the event loop's timer ticks since the last "
              "scrape (how long a ready task may wait to run).", "gauge",
              [({}, round(self.admin.loop_lag.worst(), 4))]),

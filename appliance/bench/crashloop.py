@@ -31,7 +31,6 @@ import asyncio
 import random
 import secrets
 import shutil
-import sqlite3
 import tempfile
 import time
 from collections import Counter
@@ -46,6 +45,8 @@ from appliance.bench.harness import (
     info,
     lease_event,
 )
+from appliance.store import audit
+from appliance.store.sqlite import DB_FILENAME, integrity_check, read_file
 
 ORIGIN = "ws://crash.loop"
 PROFILE = "com.example.crash/ios"
@@ -226,20 +227,13 @@ push_kinds = [9]
     def integrity(self) -> None:
         # Read-only: a read-write connection, closed last, would checkpoint the WAL into the
         # database and delete it, and the restart would never recover the state the kill left.
-        conn = sqlite3.connect(f"file:{self.data / 'appliance.sqlite3'}?mode=ro", uri=True, timeout=30)
-        try:
-            result = conn.execute("PRAGMA integrity_check").fetchall()
-        finally:
-            conn.close()
-        if result != [("ok",)]:
+        result = integrity_check(self.data / DB_FILENAME)
+        if result != ["ok"]:
             self.report.violations.append(f"kill {self.report.kills}: integrity_check {result[:5]}")
 
-    def rows(self, sql: str, args=()) -> list[tuple]:
-        conn = sqlite3.connect(f"file:{self.data / 'appliance.sqlite3'}?mode=ro", uri=True, timeout=30)
-        try:
-            return conn.execute(sql, args).fetchall()
-        finally:
-            conn.close()
+    def rows(self, fn):
+        """`fn(conn)` on a read-only connection to the database (see `integrity`)."""
+        return read_file(self.data / DB_FILENAME, fn)
 
     async def served(self, ids: list[str], client: NostrClient) -> set[str]:
         out: set[str] = set()
@@ -264,11 +258,10 @@ push_kinds = [9]
         # Wakes: every stored mention woken once, by a delivered job; wait for the lapsed claims.
         mentions = {eid: tok for eid, tok in self.sent.items() if tok is not None and eid in stored}
         self.report.mentions_stored = len(mentions)
-        hashes = dict(self.rows("SELECT endpoint, endpoint_hash FROM leases WHERE endpoint IS NOT NULL"))
+        hashes = self.rows(audit.endpoint_hashes)
         deadline = time.monotonic() + 60
         while True:
-            jobs = self.rows("SELECT id, event_id, endpoint_hash, app_profile, transport, origin, state, wake_id "
-                             "FROM wake_jobs")
+            jobs = self.rows(audit.wake_jobs)
             by_id = {j[0]: j for j in jobs}
             delivered = {j[0] for j in jobs if j[6] == "delivered"}
             covered = {j[1] for j in jobs if j[6] == "delivered" or (j[6] == "coalesced" and j[7] in delivered)}
@@ -317,9 +310,7 @@ push_kinds = [9]
     async def verify_leases(self) -> None:
         n = self.report.kills
         bad = self.report.violations
-        rows = {(r[0], r[1]): r[2:] for r in self.rows(
-            "SELECT l.pubkey, l.d, l.event_id, l.generation, l.active, w.generation FROM leases l "
-            "LEFT JOIN lease_watermarks w USING (origin, pubkey, d)")}
+        rows = {(r[0], r[1]): r[2:] for r in self.rows(audit.lease_generations)}
         for addr in self.addresses:
             c = await NostrClient.connect(self.proc.url)
             try:
@@ -365,7 +356,7 @@ push_kinds = [9]
             for _ in range(kills):
                 await self.round()
                 self.integrity()
-                wal = self.data / "appliance.sqlite3-wal"
+                wal = self.data / f"{DB_FILENAME}-wal"
                 self.report.wal_bytes.append(wal.stat().st_size if wal.exists() else 0)
                 t = time.monotonic()
                 self.proc.start()

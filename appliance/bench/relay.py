@@ -121,17 +121,17 @@ class EventFactory:
 
 def stored_already(data_dir: Path) -> int:
     """Events a kept data directory (--data-dir) already holds."""
-    import apsw
-
+    from appliance.store.backend import database_errors
     from appliance.store.events import event_counts
+    from appliance.store.sqlite import DB_FILENAME, connect
 
-    path = data_dir / "appliance.sqlite3"
+    path = data_dir / DB_FILENAME
     if not path.exists():
         return 0
-    conn = apsw.Connection(str(path), flags=apsw.SQLITE_OPEN_READONLY)
+    conn = connect(path, readonly=True)
     try:
         return sum(event_counts(conn).values())
-    except apsw.Error:
+    except database_errors():
         return 0
     finally:
         conn.close()

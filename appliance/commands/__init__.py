@@ -11,11 +11,11 @@ from typing import Callable, Iterator
 from appliance.errors import ConfigError
 from appliance.origins import Origin, OriginRegistry, UnknownOrigin
 from appliance.settings import Settings
-from appliance.store.sqlite import SqliteStore
+from appliance.store.interface import Store
 
 
 @contextlib.contextmanager
-def open_data(settings: Settings) -> Iterator[tuple[SqliteStore, OriginRegistry]]:
+def open_data(settings: Settings) -> Iterator[tuple[Store, OriginRegistry]]:
     """The data directory's store and origins, for a command run beside (or without) the server."""
     from appliance.origin_config import prepare_origins
 
@@ -51,15 +51,12 @@ def read_stored_settings(settings: Settings) -> dict:
 
     errors: tuple = (OSError,)
     try:
-        import apsw
+        from appliance.store.backend import database_errors
 
-        errors += (apsw.Error,)
+        errors += database_errors()
         if is_postgres(settings.storage):
-            import psycopg
-
             from appliance.store import pg_check
 
-            errors += (psycopg.Error,)
             conn = pg_check.connect(settings.storage)
         else:
             from appliance.store.sqlite import DB_FILENAME, connect

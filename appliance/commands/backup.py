@@ -28,12 +28,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-import apsw
-
 from appliance.errors import StoreError
 from appliance.settings import Settings
+from appliance.store.backend import database_errors
 from appliance.store.dsn import has_password, is_postgres, without_password
 from appliance.store.instance import InstanceLock
+from appliance.store.interface import Connection
 from appliance.store.keyfile import KEYFILE_NAME, KeyFile, holds_wrapped_keys, wrapped_inventory
 from appliance.store.schema import SCHEMA_VERSION
 from appliance.store.sqlite import DB_FILENAME, backup_database, open_checked
@@ -127,7 +127,7 @@ def _postgres_refusal(settings: Settings, command: str, folder: str | Path | Non
 
 # -- the key check (shared by backup, restore and doctor) ------------------------------------------
 
-def check_keyfile(conn: apsw.Connection, keyfile: KeyFile) -> int:
+def check_keyfile(conn: Connection, keyfile: KeyFile) -> int:
     """Unwrap every private key the database holds with `keyfile`; the number checked.
     StoreError naming the first key it cannot unwrap (a key file of another database)."""
     from appliance.gateway.authority import load_keyring, token_label
@@ -156,13 +156,13 @@ def check_keyfile(conn: apsw.Connection, keyfile: KeyFile) -> int:
     return n
 
 
-def _open_copy(path: Path) -> apsw.Connection:
+def _open_copy(path: Path) -> Connection:
     """A read-only connection to a database copy, after quick_check and the schema version."""
     if not path.is_file():
         raise StoreError(f"there is no database copy at {path}")
     try:
         conn, result, version = open_checked(path)
-    except apsw.Error as exc:
+    except database_errors() as exc:
         raise StoreError(f"{path} is not a usable SQLite database ({exc})") from None
     if result != ["ok"]:
         conn.close()
@@ -177,7 +177,7 @@ def _open_copy(path: Path) -> apsw.Connection:
     return conn
 
 
-def _holds_keys(conn: apsw.Connection) -> bool:
+def _holds_keys(conn: Connection) -> bool:
     inv = wrapped_inventory(conn)
     return bool(inv["relay_key_origins"] or inv["executor_key_origins"] or inv["gateway_grant_keys"]
                 or inv["gateway_tokens"] or inv["apns_keys"])

@@ -28,14 +28,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
-import apsw
-
 from appliance.errors import ApplianceError, ConfigError
 from appliance.push.config import CREDENTIAL_FIELDS
 from appliance.settings import Settings, load
+from appliance.store.backend import database_errors
 from appliance.store.dsn import is_postgres, redact
 from appliance.store.events import newest_created_at
 from appliance.store.instance import read_instance, running_pid
+from appliance.store.interface import Connection
 from appliance.store.keyfile import KEYFILE_NAME, KeyFile
 from appliance.store.schema import SCHEMA_VERSION
 from appliance.store.sqlite import DB_FILENAME, open_checked
@@ -47,16 +47,7 @@ CLOCK_FLOOR = 1735689600  # 2025-01-01T00:00:00Z
 DEFAULT_PROBE_TIMEOUT = 5.0
 
 
-def _db_errors() -> tuple[type[BaseException], ...]:
-    """The errors a read of either backend raises (psycopg only when it is installed)."""
-    try:
-        import psycopg
-    except ImportError:
-        return (apsw.Error,)
-    return (apsw.Error, psycopg.Error)
-
-
-DB_ERRORS = _db_errors()
+DB_ERRORS = database_errors()
 
 
 @dataclass(frozen=True)
@@ -128,7 +119,7 @@ def diagnose(flags: dict, config_path: str | None, *, online: bool = False,
 
 # -- origins and descriptors -----------------------------------------------------------------------
 
-def _origins(settings: Settings, conn: apsw.Connection | None, seen: list) -> Iterator[Check]:
+def _origins(settings: Settings, conn: Connection | None, seen: list) -> Iterator[Check]:
     """The origins' checks; every origin that parsed is added to `seen`."""
     from appliance.origin_config import default_origin, default_origin_id, served_default_origin
     from appliance.origins import Origin, load_origins
@@ -191,7 +182,7 @@ def _origins(settings: Settings, conn: apsw.Connection | None, seen: list) -> It
                     f"{list(desc.push_kinds)}, {len(keys)} executor key(s){off})")
 
 
-def _executor_keys(conn: apsw.Connection | None, origin_id: int | None) -> tuple:
+def _executor_keys(conn: Connection | None, origin_id: int | None) -> tuple:
     """The keys the descriptor would advertise now; a stand-in key when none exists yet (the
     first start makes one)."""
     from appliance.nostr.keys import generate_secret, public_key
@@ -275,7 +266,7 @@ def _open_database(settings: Settings) -> tuple[object | None, list[Check]]:
         return None, [Check(SKIP, "database", f"no database yet at {path} (created at first start)")]
     try:
         conn, result, version = open_checked(path, busy_timeout_ms=5000)
-    except apsw.Error as exc:
+    except DB_ERRORS as exc:
         return None, [Check(FAIL, "database", f"{path} cannot be read as SQLite: {exc}")]
     if result != ["ok"]:
         conn.close()
@@ -307,20 +298,18 @@ def _postgres(settings: Settings) -> tuple[object | None, list[Check]]:
     (every table and column of this version), `database rows` (the rows every store holds) and
     `database settings` (the server's, for this appliance). The connection is handed on only when
     the schema is this version's and whole."""
-    import psycopg
-
     from appliance.store import pg_check
 
     where = redact(settings.storage)
     try:
         conn = pg_check.connect(settings.storage)
-    except psycopg.Error as exc:
+    except DB_ERRORS as exc:
         return None, [Check(FAIL, "database", f"cannot connect to {where}: {_safe(exc, settings)}")]
     keep = False
     try:
         try:
             found = pg_check.inspect(conn)
-        except psycopg.Error as exc:
+        except DB_ERRORS as exc:
             return None, [Check(FAIL, "database", f"{where} answers but cannot be read: {_safe(exc, settings)}")]
         checks = [_server_settings(settings, found.server)]
         size = f"{found.server.size / 2**20:.1f} MiB"
@@ -362,7 +351,7 @@ def _postgres(settings: Settings) -> tuple[object | None, list[Check]]:
         checks.insert(1, Check(PASS, "database tables", f"all {len(want)} tables with their columns"))
         try:
             missing = pg_check.missing_rows(conn)
-        except psycopg.Error as exc:
+        except DB_ERRORS as exc:
             missing = [f"unreadable ({_safe(exc, settings)})"]
         if missing:
             checks.insert(2, Check(FAIL, "database rows", f"missing: {', '.join(missing)} (restore from a backup)"))
@@ -405,7 +394,7 @@ def _server_settings(settings: Settings, server) -> Check:
                  f"use, room for {nodes} node(s) of up to {need}")
 
 
-def _clock(settings: Settings, conn: apsw.Connection | None) -> Check:
+def _clock(settings: Settings, conn: Connection | None) -> Check:
     now = int(time.time())
     stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now))
     if now < CLOCK_FLOOR:
@@ -422,7 +411,7 @@ def _clock(settings: Settings, conn: apsw.Connection | None) -> Check:
     return Check(PASS, "clock", f"{stamp} (UTC)")
 
 
-def _keyfile(settings: Settings, conn: apsw.Connection | None) -> Check:
+def _keyfile(settings: Settings, conn: Connection | None) -> Check:
     from appliance.commands.backup import check_keyfile
 
     path = settings.data_path / KEYFILE_NAME
@@ -453,7 +442,7 @@ def _keyfile(settings: Settings, conn: apsw.Connection | None) -> Check:
     return Check(PASS, "key file", f"{path} mode 0600, unwraps all {checked} wrapped key(s)")
 
 
-def _holds_keys(conn: apsw.Connection) -> bool:
+def _holds_keys(conn: Connection) -> bool:
     from appliance.store.keyfile import holds_wrapped_keys
 
     try:
@@ -481,7 +470,7 @@ def _credential_sets(settings: Settings, origins: list) -> Iterator[tuple[str, s
                 yield f"gateway {p.get('id')}", f"gateway.profiles[{i}]", {**fields, "transport": "apns"}
 
 
-def _stored_keys(settings: Settings, conn: apsw.Connection | None) -> dict[str, bytes] | None:
+def _stored_keys(settings: Settings, conn: Connection | None) -> dict[str, bytes] | None:
     """The .p8 keys uploaded through the dashboard (fingerprint -> PEM); None when they cannot
     be read (no database, or a key file that does not unwrap them: the key file check says why)."""
     from appliance.store.credentials import load_apns_keys

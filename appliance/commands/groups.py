@@ -12,11 +12,10 @@ import json
 import uuid
 from typing import Callable
 
-import apsw
-
 from appliance.errors import ConfigError, Rejected
 from appliance.commands import add_list_options, find_origin, open_data, print_list
 from appliance.settings import Settings
+from appliance.store.interface import Connection
 
 
 def add_parser(parser: argparse.ArgumentParser, add_setting_flags: Callable) -> None:
@@ -49,7 +48,7 @@ def _rejected(h: str | None, exc: Rejected) -> ConfigError:
     return ConfigError("group", h, exc.wire)
 
 
-def create_group(conn: apsw.Connection, groups, origin_id: int, ctx: dict, *, h: str | None = None,
+def create_group(conn: Connection, groups, origin_id: int, ctx: dict, *, h: str | None = None,
                  name: str = "", private: bool = False, closed: bool = False, admins=()) -> str:
     """Create a group (a new lowercase UUIDv4 id unless `h` is given) with its first admins; its id."""
     from appliance.store.meta import bump_generation
@@ -65,7 +64,7 @@ def create_group(conn: apsw.Connection, groups, origin_id: int, ctx: dict, *, h:
     return h
 
 
-def edit_group(conn: apsw.Connection, groups, origin_id: int, h: str, ctx: dict, *, name: str | None = None,
+def edit_group(conn: Connection, groups, origin_id: int, h: str, ctx: dict, *, name: str | None = None,
                private: bool | None = None, closed: bool | None = None) -> None:
     from appliance.store.meta import bump_generation
 
@@ -76,7 +75,7 @@ def edit_group(conn: apsw.Connection, groups, origin_id: int, h: str, ctx: dict,
     bump_generation(conn)
 
 
-def set_member(conn: apsw.Connection, groups, origin_id: int, h: str, pubkey: str, role: str | None,
+def set_member(conn: Connection, groups, origin_id: int, h: str, pubkey: str, role: str | None,
                ctx: dict) -> None:
     """Add a member (role '' or 'admin') or remove one (role None)."""
     from appliance.store.meta import bump_generation

@@ -11,12 +11,11 @@ import json
 import time
 from typing import Callable
 
-import apsw
-
 from appliance.errors import ConfigError
 from appliance.commands import add_list_options, find_origin, open_data, print_list, when
 from appliance.origins import Origin
 from appliance.settings import Settings
+from appliance.store.interface import Connection
 
 
 def add_parser(parser: argparse.ArgumentParser, add_setting_flags: Callable) -> None:
@@ -45,7 +44,7 @@ def _push_origin(origin: Origin) -> Origin:
     return origin
 
 
-def rotate_key(conn: apsw.Connection, keyfile, origin: Origin, now: int):
+def rotate_key(conn: Connection, keyfile, origin: Origin, now: int):
     """Make a new current executor key; the old one retires for max_lease_ttl + allowed_skew."""
     from appliance.push import keys as keystore
     from appliance.push.config import push_limits
@@ -58,7 +57,7 @@ def rotate_key(conn: apsw.Connection, keyfile, origin: Origin, now: int):
     return row
 
 
-def erase_key(conn: apsw.Connection, origin: Origin, key_id: str, now: int) -> None:
+def erase_key(conn: Connection, origin: Origin, key_id: str, now: int) -> None:
     """Erase a retired key's private material now, if no active lease depends on it."""
     from appliance.push import keys as keystore
     from appliance.store.meta import bump_generation

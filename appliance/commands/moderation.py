@@ -19,8 +19,6 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-import apsw
-
 from appliance.errors import ConfigError
 from appliance.origins import Origin, normalize_ip
 from appliance.settings import Settings
@@ -29,6 +27,7 @@ from appliance.store import admin as notes
 from appliance.store.fingerprints import FINGERPRINT_HEX, matching, seen_pubkeys
 
 from .origins import change_list, edit_origin, find
+from appliance.store.interface import Connection
 
 _HEX = frozenset("0123456789abcdef")
 
@@ -49,7 +48,7 @@ class PubkeyRef:
         return self.fingerprint or self.pubkey
 
 
-def resolve_pubkey(conn: apsw.Connection, value: Any, *, origin: Origin | None = None,
+def resolve_pubkey(conn: Connection, value: Any, *, origin: Origin | None = None,
                    fingerprint_key: bytes | None = None, what: str = "pubkey") -> PubkeyRef:
     """A pubkey given as 64 hex characters, as `npub1...`, or as a fingerprint (`pk:...`) of a
     pubkey this instance has seen (at `origin` first, then anywhere). An unknown fingerprint, or
@@ -86,7 +85,7 @@ def resolve_pubkey(conn: apsw.Connection, value: Any, *, origin: Origin | None =
                       "fingerprint pk:... as the dashboard shows it")
 
 
-def _pubkey(conn: apsw.Connection, value: Any, origin: str | int, fingerprint_key: bytes | None) -> PubkeyRef:
+def _pubkey(conn: Connection, value: Any, origin: str | int, fingerprint_key: bytes | None) -> PubkeyRef:
     return resolve_pubkey(conn, value, origin=find(conn, origin), fingerprint_key=fingerprint_key)
 
 
@@ -117,7 +116,7 @@ def _now() -> int:
 # -- pubkeys ----------------------------------------------------------------------------------------
 
 
-def ban_pubkey(conn: apsw.Connection, settings: Settings, origin: str | int, pubkey: str,
+def ban_pubkey(conn: Connection, settings: Settings, origin: str | int, pubkey: str,
                reason: str | None = None, *, fingerprint_key: bytes | None = None) -> Origin:
     pubkey = _pubkey(conn, pubkey, origin, fingerprint_key).pubkey
     o = find(conn, origin)
@@ -129,7 +128,7 @@ def ban_pubkey(conn: apsw.Connection, settings: Settings, origin: str | int, pub
     return saved
 
 
-def unban_pubkey(conn: apsw.Connection, settings: Settings, origin: str | int, pubkey: str, *,
+def unban_pubkey(conn: Connection, settings: Settings, origin: str | int, pubkey: str, *,
                  fingerprint_key: bytes | None = None) -> Origin:
     pubkey = _pubkey(conn, pubkey, origin, fingerprint_key).pubkey
     o = find(conn, origin)
@@ -137,7 +136,7 @@ def unban_pubkey(conn: apsw.Connection, settings: Settings, origin: str | int, p
     return change_list(conn, settings, o.id, "block", remove=[pubkey])
 
 
-def allow_pubkey(conn: apsw.Connection, settings: Settings, origin: str | int, pubkey: str,
+def allow_pubkey(conn: Connection, settings: Settings, origin: str | int, pubkey: str,
                  reason: str | None = None, *, fingerprint_key: bytes | None = None) -> Origin:
     pubkey = _pubkey(conn, pubkey, origin, fingerprint_key).pubkey
     o = find(conn, origin)
@@ -149,7 +148,7 @@ def allow_pubkey(conn: apsw.Connection, settings: Settings, origin: str | int, p
     return saved
 
 
-def unallow_pubkey(conn: apsw.Connection, settings: Settings, origin: str | int, pubkey: str, *,
+def unallow_pubkey(conn: Connection, settings: Settings, origin: str | int, pubkey: str, *,
                    fingerprint_key: bytes | None = None) -> Origin:
     pubkey = _pubkey(conn, pubkey, origin, fingerprint_key).pubkey
     o = find(conn, origin)
@@ -157,7 +156,7 @@ def unallow_pubkey(conn: apsw.Connection, settings: Settings, origin: str | int,
     return change_list(conn, settings, o.id, "allow", remove=[pubkey])
 
 
-def list_pubkeys(conn: apsw.Connection, origin: str | int, which: str) -> list[tuple[str, str]]:
+def list_pubkeys(conn: Connection, origin: str | int, which: str) -> list[tuple[str, str]]:
     """(pubkey, reason) on the origin's `block` or `allow` list."""
     o = find(conn, origin)
     reasons = notes.notes(conn, o.id, "banned_pubkey" if which == "block" else "allowed_pubkey")
@@ -167,7 +166,7 @@ def list_pubkeys(conn: apsw.Connection, origin: str | int, which: str) -> list[t
 # -- events -------------------------------------------------------------------------------------------
 
 
-def ban_event(conn: apsw.Connection, settings: Settings, origin: str | int, event_id: str,
+def ban_event(conn: Connection, settings: Settings, origin: str | int, event_id: str,
               reason: str | None = None) -> Origin:
     """Delete the stored event and refuse it from now on."""
     from appliance.store.events import delete_event
@@ -181,14 +180,14 @@ def ban_event(conn: apsw.Connection, settings: Settings, origin: str | int, even
     return saved
 
 
-def unban_event(conn: apsw.Connection, settings: Settings, origin: str | int, event_id: str) -> Origin:
+def unban_event(conn: Connection, settings: Settings, origin: str | int, event_id: str) -> Origin:
     event_id = _hex64(event_id, "event id")
     o = find(conn, origin)
     notes.drop_note(conn, o.id, "banned_event", event_id)
     return change_list(conn, settings, o.id, "ban_events", remove=[event_id])
 
 
-def allow_event(conn: apsw.Connection, settings: Settings, origin: str | int, event_id: str,
+def allow_event(conn: Connection, settings: Settings, origin: str | int, event_id: str,
                 reason: str | None = None) -> Origin:
     """Lift a ban and note the approval (there is no moderation queue to release it from)."""
     saved = unban_event(conn, settings, origin, event_id)
@@ -196,12 +195,12 @@ def allow_event(conn: apsw.Connection, settings: Settings, origin: str | int, ev
     return saved
 
 
-def unallow_event(conn: apsw.Connection, origin: str | int, event_id: str) -> None:
+def unallow_event(conn: Connection, origin: str | int, event_id: str) -> None:
     event_id = _hex64(event_id, "event id")
     notes.drop_note(conn, find(conn, origin).id, "allowed_event", event_id)
 
 
-def list_events(conn: apsw.Connection, origin: str | int, which: str) -> list[tuple[str, str]]:
+def list_events(conn: Connection, origin: str | int, which: str) -> list[tuple[str, str]]:
     """(event id, reason) banned (`which` = "banned") or allowed ("allowed")."""
     o = find(conn, origin)
     if which == "banned":
@@ -213,7 +212,7 @@ def list_events(conn: apsw.Connection, origin: str | int, which: str) -> list[tu
 # -- kinds ---------------------------------------------------------------------------------------------
 
 
-def allow_kind(conn: apsw.Connection, settings: Settings, origin: str | int, kind: int) -> Origin:
+def allow_kind(conn: Connection, settings: Settings, origin: str | int, kind: int) -> Origin:
     kind = _kind(kind)
     o = find(conn, origin)
     if kind in o.block_kinds:
@@ -221,7 +220,7 @@ def allow_kind(conn: apsw.Connection, settings: Settings, origin: str | int, kin
     return change_list(conn, settings, o.id, "allow_kinds", add=[kind])
 
 
-def disallow_kind(conn: apsw.Connection, settings: Settings, origin: str | int, kind: int) -> Origin:
+def disallow_kind(conn: Connection, settings: Settings, origin: str | int, kind: int) -> Origin:
     kind = _kind(kind)
     o = find(conn, origin)
     if kind in o.allow_kinds:
@@ -229,7 +228,7 @@ def disallow_kind(conn: apsw.Connection, settings: Settings, origin: str | int, 
     return change_list(conn, settings, o.id, "block_kinds", add=[kind])
 
 
-def clear_kind(conn: apsw.Connection, settings: Settings, origin: str | int, kind: int) -> Origin:
+def clear_kind(conn: Connection, settings: Settings, origin: str | int, kind: int) -> Origin:
     """Take a kind off both lists (the dashboard's "remove")."""
     kind = _kind(kind)
     change_list(conn, settings, origin, "allow_kinds", remove=[kind])
@@ -239,7 +238,7 @@ def clear_kind(conn: apsw.Connection, settings: Settings, origin: str | int, kin
 # -- client addresses -------------------------------------------------------------------------------------
 
 
-def block_ip(conn: apsw.Connection, settings: Settings, origin: str | int, ip: str,
+def block_ip(conn: Connection, settings: Settings, origin: str | int, ip: str,
              reason: str | None = None) -> Origin:
     ip = normalize_ip(ip)
     saved = change_list(conn, settings, origin, "block_ips", add=[ip])
@@ -247,14 +246,14 @@ def block_ip(conn: apsw.Connection, settings: Settings, origin: str | int, ip: s
     return saved
 
 
-def unblock_ip(conn: apsw.Connection, settings: Settings, origin: str | int, ip: str) -> Origin:
+def unblock_ip(conn: Connection, settings: Settings, origin: str | int, ip: str) -> Origin:
     ip = normalize_ip(ip)
     saved = change_list(conn, settings, origin, "block_ips", remove=[ip])
     notes.drop_note(conn, saved.id, "blocked_ip", ip)
     return saved
 
 
-def list_blocked_ips(conn: apsw.Connection, origin: str | int) -> list[tuple[str, str]]:
+def list_blocked_ips(conn: Connection, origin: str | int) -> list[tuple[str, str]]:
     o = find(conn, origin)
     reasons = notes.notes(conn, o.id, "blocked_ip")
     return [(ip, reasons.get(ip, ("", 0))[0]) for ip in sorted(o.block_ips)]
@@ -263,7 +262,7 @@ def list_blocked_ips(conn: apsw.Connection, origin: str | int) -> list[tuple[str
 # -- relay information ------------------------------------------------------------------------------------
 
 
-def change_info(conn: apsw.Connection, settings: Settings, origin: str | int, field: str, value: Any) -> Origin:
+def change_info(conn: Connection, settings: Settings, origin: str | int, field: str, value: Any) -> Origin:
     """NIP-11 name, description or icon of the origin."""
     if field not in ("name", "description", "icon"):
         raise ConfigError("field", field, "one of name, description, icon")

@@ -13,12 +13,11 @@ import argparse
 import json
 from typing import Any, Callable, Iterable
 
-import apsw
-
 from appliance.commands import add_list_options, print_list
 from appliance.errors import ConfigError
 from appliance.origins import Origin, check_routes, load_origins, save_origin
 from appliance.settings import Settings
+from appliance.store.interface import Connection
 
 # Fields an operator edits as a whole (lists have `change_list`).
 EDITABLE = ("hosts", "path", "name", "description", "contact", "pubkey", "icon", "access_policy", "auth_required")
@@ -76,7 +75,7 @@ def _fields(args: argparse.Namespace) -> dict:
 # -- the edits ------------------------------------------------------------------------------------
 
 
-def find(conn: apsw.Connection, origin: str | int) -> Origin:
+def find(conn: Connection, origin: str | int) -> Origin:
     """An origin by its origin string or id, as an int or as the digits `origins list` shows
     (ConfigError if there is none)."""
     for o in load_origins(conn):
@@ -85,14 +84,14 @@ def find(conn: apsw.Connection, origin: str | int) -> Origin:
     raise ConfigError("origin", origin, "no such origin; `appliance origins list` shows them")
 
 
-def owned_fields(conn: apsw.Connection, settings: Settings, origin: Origin) -> frozenset[str]:
+def owned_fields(conn: Connection, settings: Settings, origin: Origin) -> frozenset[str]:
     """The fields of `origin` the configuration owns (rewritten from it at every start)."""
     from appliance.origin_config import config_owned
 
     return config_owned(conn, settings).get(origin.id, frozenset())
 
 
-def _refuse_owned(conn: apsw.Connection, settings: Settings, origin: Origin, fields: Iterable[str]) -> None:
+def _refuse_owned(conn: Connection, settings: Settings, origin: Origin, fields: Iterable[str]) -> None:
     owned = owned_fields(conn, settings, origin)
     for name in fields:
         if name in owned:
@@ -101,7 +100,7 @@ def _refuse_owned(conn: apsw.Connection, settings: Settings, origin: Origin, fie
                               "rewrites it at every start: change it there")
 
 
-def _save(conn: apsw.Connection, settings: Settings, origin: Origin) -> Origin:
+def _save(conn: Connection, settings: Settings, origin: Origin) -> Origin:
     """Validate in depth (push descriptor rules, relay limits, routes), save, bump the generation."""
     from appliance.push.config import check_push_config, check_push_fits_relay
     from appliance.store.meta import bump_generation
@@ -122,7 +121,7 @@ def _save(conn: apsw.Connection, settings: Settings, origin: Origin) -> Origin:
     return saved
 
 
-def add_origin(conn: apsw.Connection, settings: Settings, data: dict[str, Any]) -> Origin:
+def add_origin(conn: Connection, settings: Settings, data: dict[str, Any]) -> Origin:
     """Create an origin from `data` (the fields of `Origin.from_mapping`)."""
     origin = Origin.from_mapping(data)
     if any(o.origin == origin.origin for o in load_origins(conn)):
@@ -130,7 +129,7 @@ def add_origin(conn: apsw.Connection, settings: Settings, data: dict[str, Any]) 
     return _save(conn, settings, origin)
 
 
-def edit_origin(conn: apsw.Connection, settings: Settings, origin: str | int, changes: dict[str, Any]) -> Origin:
+def edit_origin(conn: Connection, settings: Settings, origin: str | int, changes: dict[str, Any]) -> Origin:
     """Change some of an origin's fields (`EDITABLE`)."""
     current = find(conn, origin)
     unknown = sorted(set(changes) - set(EDITABLE))
@@ -145,7 +144,7 @@ def edit_origin(conn: apsw.Connection, settings: Settings, origin: str | int, ch
     return _save(conn, settings, Origin.from_mapping(data, id=current.id, where=current.origin))
 
 
-def change_list(conn: apsw.Connection, settings: Settings, origin: str | int, name: str, *,
+def change_list(conn: Connection, settings: Settings, origin: str | int, name: str, *,
                 add: Iterable = (), remove: Iterable = ()) -> Origin:
     """Add values to and remove values from one of an origin's lists (`LISTS`), validated."""
     if name not in LISTS:
@@ -161,7 +160,7 @@ def change_list(conn: apsw.Connection, settings: Settings, origin: str | int, na
     return _save(conn, settings, Origin.from_mapping(data, id=current.id, where=current.origin))
 
 
-def set_push(conn: apsw.Connection, settings: Settings, origin: str | int, push: dict[str, Any]) -> Origin:
+def set_push(conn: Connection, settings: Settings, origin: str | int, push: dict[str, Any]) -> Origin:
     """Replace an origin's push table (the NIP-PL descriptor settings; {} disables push), after
     every descriptor rule (ConfigError naming the failing rule)."""
     current = find(conn, origin)
@@ -253,7 +252,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
-def store_service_account(conn: apsw.Connection, keyfile, data: bytes, now: int) -> str:
+def store_service_account(conn: Connection, keyfile, data: bytes, now: int) -> str:
     """Keep an FCM service account key file in the database, wrapped by the key file (as .p8
     keys are); its fingerprint (`sa:...`), which an fcm profile names as `service_account_stored`."""
     from appliance.store.credentials import save_apns_key
@@ -268,7 +267,7 @@ def store_service_account(conn: apsw.Connection, keyfile, data: bytes, now: int)
     return account.fingerprint
 
 
-def store_apns_key(conn: apsw.Connection, keyfile, pem: bytes, now: int) -> str:
+def store_apns_key(conn: Connection, keyfile, pem: bytes, now: int) -> str:
     """Keep an APNs .p8 signing key in the database, wrapped by the key file; its fingerprint, which
     an app profile names as `key_stored` (the key itself is never shown again)."""
     from appliance.store.credentials import save_apns_key

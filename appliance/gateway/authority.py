@@ -12,9 +12,8 @@ import enum
 import hashlib
 from dataclasses import dataclass
 
-import apsw
-
 from appliance.store import gateway as rows
+from appliance.store.interface import Connection
 from appliance.store.keyfile import KeyFile
 
 from .grants import Grant, Keyring, new_key_id
@@ -31,7 +30,7 @@ class Outcome(enum.Enum):
 # -- challenges ----------------------------------------------------------------------------------
 
 
-def put_challenge(conn: apsw.Connection, challenge_id: str, value: bytes, expires_at: int, now: int,
+def put_challenge(conn: Connection, challenge_id: str, value: bytes, expires_at: int, now: int,
                   max_pending: int) -> Outcome:
     """Store a new challenge unless `max_pending` unexpired ones already wait (unauthenticated route)."""
     if rows.pending_challenges(conn, now, max_pending) >= max_pending:
@@ -40,7 +39,7 @@ def put_challenge(conn: apsw.Connection, challenge_id: str, value: bytes, expire
     return Outcome.OK
 
 
-def consume_challenge(conn: apsw.Connection, challenge_id: str, value: bytes, now: int) -> bool:
+def consume_challenge(conn: Connection, challenge_id: str, value: bytes, now: int) -> bool:
     """Single use: True (and gone) if that id holds that value and has not expired."""
     return rows.consume_challenge(conn, challenge_id, hashlib.sha256(value).digest(), now)
 
@@ -73,12 +72,12 @@ def token_digest(token: bytes) -> bytes:
     return hashlib.sha256(token).digest()
 
 
-def installation(conn: apsw.Connection, handle: str) -> Installation | None:
+def installation(conn: Connection, handle: str) -> Installation | None:
     row = rows.installation_row(conn, handle)
     return Installation(*row) if row else None
 
 
-def _token_free(conn: apsw.Connection, profile: str, digest: bytes, now: int, owner: str | None) -> bool:
+def _token_free(conn: Connection, profile: str, digest: bytes, now: int, owner: str | None) -> bool:
     """Whether (profile, SHA-256(token)) is free for `owner`; an expired holder is removed first."""
     row = rows.token_owner(conn, profile, digest)
     if row is None or row[0] == owner:
@@ -89,7 +88,7 @@ def _token_free(conn: apsw.Connection, profile: str, digest: bytes, now: int, ow
     return False
 
 
-def enroll(conn: apsw.Connection, *, handle: str, challenge_id: str, challenge: bytes, profile: str,
+def enroll(conn: Connection, *, handle: str, challenge_id: str, challenge: bytes, profile: str,
            key_id: bytes, public_key: bytes, token: bytes, keyfile: KeyFile, expires_at: int, now: int) -> Outcome:
     """Consume the challenge, then create the installation unless its key or token is taken."""
     if not consume_challenge(conn, challenge_id, challenge, now):
@@ -103,7 +102,7 @@ def enroll(conn: apsw.Connection, *, handle: str, challenge_id: str, challenge: 
     return Outcome.OK
 
 
-def begin_asserted(conn: apsw.Connection, *, handle: str, challenge_id: str, challenge: bytes, counter: int,
+def begin_asserted(conn: Connection, *, handle: str, challenge_id: str, challenge: bytes, counter: int,
                    now: int) -> Outcome:
     """The common start of every assertion route, after the signature verified: the counter must still
     be above the stored one (strictly increasing, atomically), then the challenge is consumed."""
@@ -114,7 +113,7 @@ def begin_asserted(conn: apsw.Connection, *, handle: str, challenge_id: str, cha
     return Outcome.OK
 
 
-def rotate_endpoint(conn: apsw.Connection, inst: Installation, *, epoch: int, new_epoch: int, token: bytes,
+def rotate_endpoint(conn: Connection, inst: Installation, *, epoch: int, new_epoch: int, token: bytes,
                     keyfile: KeyFile, now: int) -> Outcome:
     digest = token_digest(token)
     if not _token_free(conn, inst.app_profile, digest, now, inst.handle):
@@ -124,7 +123,7 @@ def rotate_endpoint(conn: apsw.Connection, inst: Installation, *, epoch: int, ne
     return Outcome.OK if rotated else Outcome.NOT_AUTHORIZED
 
 
-def revoke_installation(conn: apsw.Connection, inst: Installation, *, epoch: int, new_epoch: int,
+def revoke_installation(conn: Connection, inst: Installation, *, epoch: int, new_epoch: int,
                         now: int) -> Outcome:
     """Invalidate the installation and every delegation at once; the token custody is erased.
     Repeating a revocation that already took effect (same epochs) succeeds again."""
@@ -138,7 +137,7 @@ def revoke_installation(conn: apsw.Connection, inst: Installation, *, epoch: int
 # -- delegations ---------------------------------------------------------------------------------
 
 
-def delegate(conn: apsw.Connection, inst: Installation, *, relay_pubkey: str, epoch: int, generation: int,
+def delegate(conn: Connection, inst: Installation, *, relay_pubkey: str, epoch: int, generation: int,
              not_before: int, expires_at: int, grant_key_id: str) -> Outcome:
     """Record the delegation if it names the current epoch, ends within the installation's lifetime
     and raises the (installation, relay) generation; the sealing key remembers the grant's expiry."""
@@ -150,7 +149,7 @@ def delegate(conn: apsw.Connection, inst: Installation, *, relay_pubkey: str, ep
     return Outcome.OK
 
 
-def revoke_delegation(conn: apsw.Connection, inst: Installation, *, relay_pubkey: str, generation: int,
+def revoke_delegation(conn: Connection, inst: Installation, *, relay_pubkey: str, generation: int,
                       now: int) -> Outcome:
     """Revoke the current delegation generation; repeating it succeeds again."""
     if rows.revoke_delegation(conn, inst.handle, relay_pubkey, generation, now):
@@ -172,7 +171,7 @@ class Admission:
     token: bytes | None = None  # wrapped
 
 
-def admit_delivery(conn: apsw.Connection, *, event_id: str, event_expires_at: int, signer: str,
+def admit_delivery(conn: Connection, *, event_id: str, event_expires_at: int, signer: str,
                    grant: Grant | None, request_id: str, request_expires_at: int, enabled: frozenset[str],
                    quota_window: int, quota_max: int, now: int) -> Admission:
     """The delivery reservation transaction; its commit is send-begin.
@@ -208,7 +207,7 @@ def admit_delivery(conn: apsw.Connection, *, event_id: str, event_expires_at: in
     return Admission(Outcome.OK, inst.handle, inst.endpoint_epoch, inst.token)
 
 
-def release_reservation(conn: apsw.Connection, signer: str, request_id: str) -> None:
+def release_reservation(conn: Connection, signer: str, request_id: str) -> None:
     """A transient or configuration outcome releases the reservation after provider processing, so a
     fresh NIP-98 event may retry the job. A terminal outcome keeps the row committed at send-begin
     as it is: no write at all."""
@@ -237,17 +236,17 @@ def _grant_label(key_id: str) -> str:
     return f"gateway-grant-key:{key_id}"
 
 
-def grant_keys(conn: apsw.Connection) -> list[GrantKeyRow]:
+def grant_keys(conn: Connection) -> list[GrantKeyRow]:
     return [GrantKeyRow(kid, state, created, retired, max_exp, wrapped is not None)
             for kid, wrapped, state, created, retired, max_exp in rows.grant_key_rows(conn)]
 
 
-def ensure_grant_key(conn: apsw.Connection, keyfile: KeyFile, now: int) -> None:
+def ensure_grant_key(conn: Connection, keyfile: KeyFile, now: int) -> None:
     if not any(k.state == "current" for k in grant_keys(conn)):
         _new_grant_key(conn, keyfile, now)
 
 
-def _new_grant_key(conn: apsw.Connection, keyfile: KeyFile, now: int) -> str:
+def _new_grant_key(conn: Connection, keyfile: KeyFile, now: int) -> str:
     import secrets
 
     kid = new_key_id(now)
@@ -255,13 +254,13 @@ def _new_grant_key(conn: apsw.Connection, keyfile: KeyFile, now: int) -> str:
     return kid
 
 
-def rotate_grant_key(conn: apsw.Connection, keyfile: KeyFile, now: int) -> str:
+def rotate_grant_key(conn: Connection, keyfile: KeyFile, now: int) -> str:
     """A new current sealing key; the old one keeps opening the grants it sealed until they expire."""
     rows.retire_grant_key(conn, now)
     return _new_grant_key(conn, keyfile, now)
 
 
-def load_keyring(conn: apsw.Connection, keyfile: KeyFile, now: int) -> Keyring:
+def load_keyring(conn: Connection, keyfile: KeyFile, now: int) -> Keyring:
     current: tuple[str, bytes] | None = None
     older: dict[str, bytes] = {}
     for kid, wrapped, state, _created, _retired, max_exp in rows.grant_key_rows(conn):
@@ -278,7 +277,7 @@ def load_keyring(conn: apsw.Connection, keyfile: KeyFile, now: int) -> Keyring:
 
 # -- retention -----------------------------------------------------------------------------------
 
-def maintain(conn: apsw.Connection, now: int, quota_window: int) -> int:
+def maintain(conn: Connection, now: int, quota_window: int) -> int:
     """Drop what no rule needs any more; erase grant keys whose grants have all expired.
     Returns how many key secrets were erased (the caller scrubs the WAL then)."""
     return rows.maintain(conn, now, quota_window)

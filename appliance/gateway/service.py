@@ -24,6 +24,7 @@ import orjson
 
 from appliance.errors import ConfigError
 from appliance.nostr.nip98 import HttpAuthError, verify_http_auth
+from appliance.store.interface import Store
 from appliance.transports.apns import ApnsTransport
 from appliance.transports.base import (
     ACCEPTED,
@@ -38,7 +39,6 @@ from appliance.transports.base import (
 )
 from appliance.transports.credentials import CredentialError, ProviderToken
 from appliance.store.keyfile import KeyFile
-from appliance.store.sqlite import SqliteStore
 
 from . import authority as auth
 from . import transcript as tr
@@ -82,7 +82,7 @@ def _json(obj: Any) -> bytes:
 class Gateway:
     """The Public APNs Gateway Profile over the appliance's store and key file."""
 
-    def __init__(self, config: GatewayConfig, store: SqliteStore, keyfile: KeyFile, *, roots=None,
+    def __init__(self, config: GatewayConfig, store: Store, keyfile: KeyFile, *, roots=None,
                  clock: Callable[[], float] = time.time, transports: dict[str, Transport] | None = None,
                  max_pending_challenges: int = DEFAULT_MAX_PENDING_CHALLENGES):
         self.config = config

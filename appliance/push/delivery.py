@@ -32,13 +32,13 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
-import apsw
 import orjson
 
 from appliance.nostr.event import InvalidEvent, parse_event
 from appliance.errors import StorageFull
 from appliance.store import wakes
 from appliance.store.faultlog import FaultLog
+from appliance.store.interface import Connection
 from appliance.store.wakes import WakeJob
 from appliance.transports import (
     ACCEPTED,
@@ -119,7 +119,7 @@ def describe(outcome: Outcome) -> str:
                                                                         else "")
 
 
-def note_health(conn: apsw.Connection, origin: int, app_profile: str, outcome: Outcome, now: float) -> None:
+def note_health(conn: Connection, origin: int, app_profile: str, outcome: Outcome, now: float) -> None:
     """An attempt's outcome (a wake's or a test wake's) in its profile's health: an accepted one
     clears the profile's alerts; FAILING_AFTER transient failures in a row, or a host refusing the
     connection, make the profile failing and raise an alert (cleared by the next accepted one); a
@@ -213,7 +213,7 @@ class Delivery:
 
     # -- the claim (a write transaction) -----------------------------------------------------------
 
-    def _verdict(self, conn: apsw.Connection, job: WakeJob, lease: tuple | None, raw: str | None,
+    def _verdict(self, conn: Connection, job: WakeJob, lease: tuple | None, raw: str | None,
                  ev_expiration: int | None, now: float, parsed: dict | None = None) -> tuple[str | None, str | None]:
         """(None, lease row) if the job may still wake its endpoint, else (reason, None). `lease`
         (generation, active, expiration, invalidated_at, app_profile, transport, endpoint,
@@ -249,7 +249,7 @@ class Delivery:
             return "event not readable by the lease author", None
         return None, lease
 
-    def claim(self, conn: apsw.Connection, now: float, limit: int) -> list[Wake]:
+    def claim(self, conn: Connection, now: float, limit: int) -> list[Wake]:
         out: list[Wake] = []
         due = wakes.due_wakes_checked(conn, now, limit)
         members = wakes.members_checked(conn, [job.id for job, *_ in due])
@@ -305,7 +305,7 @@ class Delivery:
 
     # -- the outcome (a write transaction) ---------------------------------------------------------
 
-    def record(self, conn: apsw.Connection, wake: Wake, outcome: Outcome, latency_ms: float | None,
+    def record(self, conn: Connection, wake: Wake, outcome: Outcome, latency_ms: float | None,
                now: float) -> None:
         job, s = wake.job, self.settings
         wakes.log_attempt(conn, job, at=now, cls=wake.cls, attempt=wake.attempt, outcome=outcome.kind,
@@ -363,7 +363,7 @@ class Delivery:
         log.warning("wake refused as a permanent request fault job=%s origin=%d app_profile=%s: %s", job.id,
                     job.origin, job.app_profile, what)
 
-    def record_many(self, conn: apsw.Connection, items: list[tuple[Wake, Outcome, float | None]], now: float) -> None:
+    def record_many(self, conn: Connection, items: list[tuple[Wake, Outcome, float | None]], now: float) -> None:
         """`record` for each (wake, outcome, latency_ms) in order; runs of accepted attempts are
         written together (the same rows, a statement per step for the run)."""
         run: list = []

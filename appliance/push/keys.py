@@ -12,11 +12,10 @@ from __future__ import annotations
 import secrets
 import time
 
-import apsw
-
 from appliance.nostr.keys import generate_secret, public_key
 from appliance.store import executor_keys as rows
 from appliance.store.executor_keys import KeyRow, dependent_leases, list_keys
+from appliance.store.interface import Connection
 from appliance.store.keyfile import KeyFile
 from appliance.store.meta import node_lock
 
@@ -34,7 +33,7 @@ def new_key_id(now: int) -> str:
     return time.strftime("%Y-%m-%d", time.gmtime(now)) + "-" + secrets.token_hex(3)
 
 
-def create_current(conn: apsw.Connection, keyfile: KeyFile, origin: int, now: int) -> KeyRow:
+def create_current(conn: Connection, keyfile: KeyFile, origin: int, now: int) -> KeyRow:
     secret = generate_secret()
     kid = new_key_id(now)
     rows.insert_current(conn, origin, kid, public_key(secret),
@@ -42,7 +41,7 @@ def create_current(conn: apsw.Connection, keyfile: KeyFile, origin: int, now: in
     return next(k for k in list_keys(conn, origin) if k.key_id == kid)
 
 
-def ensure_current(conn: apsw.Connection, keyfile: KeyFile, origin: int, now: int) -> None:
+def ensure_current(conn: Connection, keyfile: KeyFile, origin: int, now: int) -> None:
     """Generate the first executor key of a push-enabled origin (inside a write transaction).
     Several nodes reloading a new origin at once: one makes the key, the others then see it."""
     node_lock(conn, f"executor-keys:{origin}")
@@ -50,14 +49,14 @@ def ensure_current(conn: apsw.Connection, keyfile: KeyFile, origin: int, now: in
         create_current(conn, keyfile, origin, now)
 
 
-def rotate(conn: apsw.Connection, keyfile: KeyFile, origin: int, limits: Limits, now: int) -> KeyRow:
+def rotate(conn: Connection, keyfile: KeyFile, origin: int, limits: Limits, now: int) -> KeyRow:
     """Make a new current key; the old one retires for max_lease_ttl + allowed_skew."""
     node_lock(conn, f"executor-keys:{origin}")
     rows.retire_current(conn, origin, now, now + limits.max_lease_ttl + limits.allowed_skew)
     return create_current(conn, keyfile, origin, now)
 
 
-def erase(conn: apsw.Connection, origin: int, key_id: str, now: int) -> None:
+def erase(conn: Connection, origin: int, key_id: str, now: int) -> None:
     """Erase a retired key's private material at once (it stops decrypting and is no longer
     advertised); only when no accepted lease depends on it. The current key is never erased."""
     row = next((k for k in list_keys(conn, origin) if k.key_id == key_id), None)
@@ -80,7 +79,7 @@ def advertised(rows: list[KeyRow], now: int) -> tuple[ExecutorKey, ...]:
     return tuple(out)
 
 
-def load_secrets(conn: apsw.Connection, keyfile: KeyFile, origin: int) -> dict[str, tuple[str, KeyRow]]:
+def load_secrets(conn: Connection, keyfile: KeyFile, origin: int) -> dict[str, tuple[str, KeyRow]]:
     """key_id -> (secret_hex, row) for keys that still hold private material."""
     out: dict[str, tuple[str, KeyRow]] = {}
     by_id = {k.key_id: k for k in list_keys(conn, origin)}

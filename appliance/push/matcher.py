@@ -22,17 +22,17 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Callable
 
-import apsw
 import orjson
 
 from appliance.nostr.event import Event
 from appliance.nostr.filters import Filter, matches, parse_filter
 
 from .descriptor import CLASS_RANK, Descriptor
+from appliance.store.interface import Connection
 from appliance.store.leases import Candidate, candidate_leases
 
 # (conn, origin id, reader pubkey, event) -> may that reader read the event at that origin now?
-Authorize = Callable[[apsw.Connection, int, str, Event], bool]
+Authorize = Callable[[Connection, int, str, Event], bool]
 
 
 @dataclass(frozen=True)
@@ -111,7 +111,7 @@ class Matcher:
             self._parsed.move_to_end(cand.event_id)
         return subs
 
-    def match(self, conn: apsw.Connection, origin: int, descriptor: Descriptor, push_kinds: frozenset[int],
+    def match(self, conn: Connection, origin: int, descriptor: Descriptor, push_kinds: frozenset[int],
               ev: Event, now: int) -> list[Match]:
         if ev.kind not in push_kinds:
             return []

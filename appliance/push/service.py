@@ -19,16 +19,14 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any, Awaitable, Callable
 
-import apsw
-
 from appliance.errors import ConfigError, Rejected
 from appliance.nostr import nip44
 from appliance.origins import Origin
 from appliance.push.workers import LeaseValidator
 from appliance.store import executor_keys, leases, wakes
 from appliance.store.credentials import load_apns_keys
+from appliance.store.interface import Connection, Store
 from appliance.store.keyfile import KeyFile
-from appliance.store.sqlite import SqliteStore
 
 from . import keys as keystore
 from . import state
@@ -86,7 +84,7 @@ def lease_fingerprints(keyfile: KeyFile):
 class Push:
     CONV_CACHE = 65536
 
-    def __init__(self, store: SqliteStore, keyfile: KeyFile, *, workers: int = 1,
+    def __init__(self, store: Store, keyfile: KeyFile, *, workers: int = 1,
                  relay_max_content_length: int | None = None, authorize: Authorize | None = None,
                  delivery: DeliverySettings | None = None, transports: ProfileTransports | None = None,
                  draft_transports: bool = False):
@@ -153,7 +151,7 @@ class Push:
                                                    drafts=self.draft_transports)
         self.origins = loaded
 
-    def maintain(self, conn: apsw.Connection, now: int) -> int:
+    def maintain(self, conn: Connection, now: int) -> int:
         """Purge-loop work (inside a write transaction): expire keys, erase secrets, GC state.
         Returns how many secrets were erased (the caller then scrubs the WAL of them)."""
         _expired, erased = executor_keys.expire_and_erase(conn, now)
@@ -230,7 +228,7 @@ class Push:
 
     # -- in-transaction hooks ----------------------------------------------------------------------------
 
-    def check(self, conn: apsw.Connection, origin: int, ev, ctx: dict) -> None:
+    def check(self, conn: Connection, origin: int, ev, ctx: dict) -> None:
         lease = ctx.get("lease")
         op = self.origins.get(origin)
         if lease is None or op is None:
@@ -238,7 +236,7 @@ class Push:
         ctx["push_watermark"] = state.check_stateful(conn, origin, lease, op.descriptor.limits,
                                                      ctx.get("push_now", int(time.time())))
 
-    def stored(self, conn: apsw.Connection, origin: int, ev, ctx: dict) -> None:
+    def stored(self, conn: Connection, origin: int, ev, ctx: dict) -> None:
         """The "event stored" hook, inside the event's write transaction."""
         if ev.kind == LEASE_KIND:
             self._lease_stored(conn, origin, ev, ctx)
@@ -276,7 +274,7 @@ class Push:
         if created:  # after the commit: the workers look for due wakes
             ctx.setdefault("after_commit", []).append(self.delivery.nudge)
 
-    def stored_batch(self, conn: apsw.Connection, origin: int, run: list) -> None:
+    def stored_batch(self, conn: Connection, origin: int, run: list) -> None:
         """Before the "event stored" hooks of events written together (store.events, the batched
         path): match them all and lock every endpoint they wake at once, in the one global order
         (several nodes: no write of the batch then asks for a lock below one it holds); each
@@ -295,7 +293,7 @@ class Push:
         if keys:
             wakes.lock_endpoints(conn, keys)
 
-    def _lease_stored(self, conn: apsw.Connection, origin: int, ev, ctx: dict) -> None:
+    def _lease_stored(self, conn: Connection, origin: int, ev, ctx: dict) -> None:
         lease = ctx.get("lease")
         op = self.origins.get(origin)
         if lease is None or op is None:  # cannot happen: the check hook refused it

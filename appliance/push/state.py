@@ -7,7 +7,6 @@ stored event, the lease row and the watermark byte-for-byte unchanged.
 
 from __future__ import annotations
 
-import apsw
 import orjson
 
 from appliance.errors import Rejected
@@ -22,6 +21,7 @@ from .acceptance import (
 )
 from .descriptor import LEASE_KIND, Limits
 from .errors import LeaseRejected
+from appliance.store.interface import Connection
 
 def _reject(exc: LeaseRejected) -> Rejected:
     return Rejected.from_wire(exc.message)
@@ -30,7 +30,7 @@ def _reject(exc: LeaseRejected) -> Rejected:
 _NO_WATERMARK = object()
 
 
-def check_stateful(conn: apsw.Connection, origin: int, lease: AcceptedLease, limits: Limits, now: int):
+def check_stateful(conn: Connection, origin: int, lease: AcceptedLease, limits: Limits, now: int):
     """Step 7 (endpoint uniqueness, lease quota; active leases only) then step 8.
 
     Returns the address's watermark row (or None) for `apply_lease` in the same transaction."""
@@ -74,7 +74,7 @@ def selectors(lease: AcceptedLease) -> set[tuple[str, str]]:
     return out
 
 
-def apply_lease(conn: apsw.Connection, origin: int, lease: AcceptedLease, limits: Limits, now: int,
+def apply_lease(conn: Connection, origin: int, lease: AcceptedLease, limits: Limits, now: int,
                 watermark=_NO_WATERMARK) -> None:
     """Write effective state, watermark and match index for an accepted lease.
 

@@ -12,14 +12,13 @@ import re
 import time
 from typing import Callable, Iterable
 
-import apsw
-
 from appliance.errors import Rejected
 from appliance.nostr.event import Event, is_event_id as is_pubkey, sign_event
 from appliance.nostr.keys import generate_secret, public_key
 from appliance.store import groups as store_groups
 from appliance.store.events import address_rows, group_of, store_event
 from appliance.store.groups import Group, read_group
+from appliance.store.interface import Connection
 from appliance.store.keyfile import KeyFile
 from appliance.store.meta import node_lock
 
@@ -43,7 +42,7 @@ class GroupState:
         self._groups: dict[tuple[int, str], Group] = {}
         self._private: dict[int, set[str]] = {}
 
-    def load(self, conn: apsw.Connection) -> None:
+    def load(self, conn: Connection) -> None:
         self._groups = store_groups.all_groups(conn)
         self._reindex()
 
@@ -100,7 +99,7 @@ class RelayKeys:
         cached = self._cache.get(origin)
         return cached[0] if cached else None
 
-    def get(self, conn: apsw.Connection, origin: int) -> tuple[str, str]:
+    def get(self, conn: Connection, origin: int) -> tuple[str, str]:
         """(secret_hex, pubkey) of the origin's relay key, created on first use."""
         cached = self._cache.get(origin)
         if cached is not None:
@@ -134,7 +133,7 @@ class Groups:
         """The events `check` must see: group-scoped ones and the group protocol kinds."""
         return ev.kind in _GROUP_PROTOCOL_KINDS or group_of(ev) is not None
 
-    def check(self, conn: apsw.Connection, origin: int, ev: Event, ctx: dict) -> None:
+    def check(self, conn: Connection, origin: int, ev: Event, ctx: dict) -> None:
         # Runs for every event taking the one-by-one path, whatever `wants` says: events whose
         # h tag is not a NIP-29 group (Marmot group messages) are not this hook's business.
         if ev.kind not in _GROUP_PROTOCOL_KINDS and group_of(ev) is None:
@@ -189,7 +188,7 @@ class Groups:
         if ev.pubkey not in group.members:
             raise Rejected("restricted", "not a member of this group")
 
-    def _moderate(self, conn: apsw.Connection, origin: int, group: Group, ev: Event) -> None:
+    def _moderate(self, conn: Connection, origin: int, group: Group, ev: Event) -> None:
         h = group.h
         if ev.kind == PUT_USER:
             for tag in ev.tags:
@@ -227,7 +226,7 @@ class Groups:
 
     # -- state changes usable from events and from the CLI -------------------------------------
 
-    def create(self, conn: apsw.Connection, origin: int, h: str, *, creator: str | None, ctx: dict,
+    def create(self, conn: Connection, origin: int, h: str, *, creator: str | None, ctx: dict,
                name: str = "", private: bool = False, closed: bool = False) -> None:
         grammar = self.h_grammar(origin)
         valid = H_GRAMMARS.get(grammar)
@@ -242,7 +241,7 @@ class Groups:
             store_groups.put_member(conn, origin, h, creator, "admin")
         self.changed(conn, origin, h, ctx)
 
-    def edit(self, conn: apsw.Connection, origin: int, h: str, ctx: dict, *, name: str | None = None,
+    def edit(self, conn: Connection, origin: int, h: str, ctx: dict, *, name: str | None = None,
              private: bool | None = None, closed: bool | None = None) -> None:
         """Change a group's name and flags (what a 9002 event does); for operators."""
         g = read_group(conn, origin, h)
@@ -253,7 +252,7 @@ class Groups:
                                   private=g.private if private is None else private)
         self.changed(conn, origin, h, ctx)
 
-    def set_member(self, conn: apsw.Connection, origin: int, h: str, pubkey: str, role: str | None, ctx: dict) -> None:
+    def set_member(self, conn: Connection, origin: int, h: str, pubkey: str, role: str | None, ctx: dict) -> None:
         """Add (role '' or 'admin') or remove (role None) a member; for the CLI."""
         if not is_pubkey(pubkey):
             raise Rejected("invalid", f"{pubkey!r} is not a pubkey (64 lowercase hex characters)")
@@ -268,7 +267,7 @@ class Groups:
             store_groups.put_member(conn, origin, h, pubkey, role)
         self.changed(conn, origin, h, ctx)
 
-    def changed(self, conn: apsw.Connection, origin: int, h: str, ctx: dict) -> None:
+    def changed(self, conn: Connection, origin: int, h: str, ctx: dict) -> None:
         """After a change: regenerate the relay-signed snapshots and queue the state update."""
         group = read_group(conn, origin, h)
         snapshots = self._snapshots(conn, origin, h, group)
@@ -277,7 +276,7 @@ class Groups:
         # Other nodes over the same database reload this group (appliance.relay.nodes).
         ctx.setdefault("groups_changed", []).append((origin, h))
 
-    def _snapshots(self, conn: apsw.Connection, origin: int, h: str, group: Group | None) -> list[Event]:
+    def _snapshots(self, conn: Connection, origin: int, h: str, group: Group | None) -> list[Event]:
         secret, pub = self.keys.get(conn, origin)
         now = int(time.time())
         out: list[Event] = []

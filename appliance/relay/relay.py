@@ -38,7 +38,8 @@ from appliance.relay.subscriptions import SubscriptionIndex
 from appliance.settings import Settings
 from appliance.relay.marmot import MARMOT_KINDS, check_marmot_event
 from appliance.store.events import PendingEvent, WriteHooks, batchable, count_events, query_events, query_rows
-from appliance.store.sqlite import SqliteStore, trim_heap
+from appliance.store.interface import Store
+from appliance.store.readpool import trim_heap
 
 log = logging.getLogger("appliance.relay")
 
@@ -102,7 +103,7 @@ class Relay:
     """Everything the websocket sessions share."""
 
     settings: Settings
-    store: SqliteStore
+    store: Store
     origins: OriginRegistry
     groups: GroupView = field(default_factory=NoGroups)
     admission: dict[int, Admission] = field(default_factory=dict)

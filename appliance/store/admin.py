@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from typing import Any
+from appliance.store.interface import Connection
 
-import apsw
 
 SQL_AUTH = "SELECT password_hash, setup_token_hash, setup_token_expires, changed_at FROM admin_auth WHERE id = 1"
 SQL_SET_PASSWORD = (
@@ -58,58 +58,58 @@ class AuthRow:
     changed_at: int
 
 
-def auth_row(conn: apsw.Connection) -> AuthRow:
+def auth_row(conn: Connection) -> AuthRow:
     return AuthRow(*conn.execute(SQL_AUTH).fetchone())
 
 
-def set_password(conn: apsw.Connection, password_hash: str, now: int) -> None:
+def set_password(conn: Connection, password_hash: str, now: int) -> None:
     """Set the password; any setup token is spent and every session ends."""
     conn.execute(SQL_SET_PASSWORD, (password_hash, now))
     conn.execute(SQL_END_ALL_SESSIONS)
 
 
-def set_setup_token(conn: apsw.Connection, token_hash: str, expires: int) -> None:
+def set_setup_token(conn: Connection, token_hash: str, expires: int) -> None:
     conn.execute(SQL_SET_TOKEN, (token_hash, expires))
 
 
-def clear_password(conn: apsw.Connection, now: int) -> None:
+def clear_password(conn: Connection, now: int) -> None:
     """Forget the password and end every session (`appliance admin reset`)."""
     conn.execute(SQL_CLEAR_PASSWORD, (now,))
     conn.execute(SQL_END_ALL_SESSIONS)
 
 
-def spend_setup_token(conn: apsw.Connection, token_hash: str, now: int) -> bool:
+def spend_setup_token(conn: Connection, token_hash: str, now: int) -> bool:
     conn.execute(SQL_SPEND_TOKEN, (token_hash, now))
     return conn.changes() == 1
 
 
-def session_row(conn: apsw.Connection, id_hash: str) -> tuple[int, int] | None:
+def session_row(conn: Connection, id_hash: str) -> tuple[int, int] | None:
     return conn.execute(SQL_SESSION, (id_hash,)).fetchone()
 
 
-def new_session(conn: apsw.Connection, id_hash: str, now: int, expires: int) -> None:
+def new_session(conn: Connection, id_hash: str, now: int, expires: int) -> None:
     conn.execute(SQL_PURGE_SESSIONS, (now,))
     conn.execute(SQL_NEW_SESSION, (id_hash, now, expires))
 
 
-def end_session(conn: apsw.Connection, id_hash: str) -> None:
+def end_session(conn: Connection, id_hash: str) -> None:
     conn.execute(SQL_END_SESSION, (id_hash,))
 
 
-def notes(conn: apsw.Connection, origin: int, subject: str) -> dict[str, tuple[str, int]]:
+def notes(conn: Connection, origin: int, subject: str) -> dict[str, tuple[str, int]]:
     """value -> (reason, created_at) of one origin's notes on one subject."""
     return {value: (reason, created) for value, reason, created in conn.execute(SQL_NOTES, (origin, subject))}
 
 
-def save_note(conn: apsw.Connection, origin: int, subject: str, value: str, reason: str, now: int) -> None:
+def save_note(conn: Connection, origin: int, subject: str, value: str, reason: str, now: int) -> None:
     conn.execute(SQL_SAVE_NOTE, (origin, subject, value, reason, now))
 
 
-def drop_note(conn: apsw.Connection, origin: int, subject: str, value: str) -> None:
+def drop_note(conn: Connection, origin: int, subject: str, value: str) -> None:
     conn.execute(SQL_DROP_NOTE, (origin, subject, value))
 
 
-def spend_auth_event(conn: apsw.Connection, event_id: str, expires_at: int, now: int) -> bool:
+def spend_auth_event(conn: Connection, event_id: str, expires_at: int, now: int) -> bool:
     """Spend a NIP-86 call's authorization event (kept until `expires_at`); False if it was spent
     before, by this node or another. Spent events whose window has closed go first."""
     conn.execute(SQL_PURGE_AUTH_EVENTS, (now,))
@@ -117,13 +117,13 @@ def spend_auth_event(conn: apsw.Connection, event_id: str, expires_at: int, now:
     return conn.changes() == 1
 
 
-def stored_settings(conn: apsw.Connection) -> dict[str, Any]:
+def stored_settings(conn: Connection) -> dict[str, Any]:
     return {name: json.loads(value) for name, value in conn.execute(SQL_STORED_SETTINGS)}
 
 
-def save_setting(conn: apsw.Connection, name: str, value: Any) -> None:
+def save_setting(conn: Connection, name: str, value: Any) -> None:
     conn.execute(SQL_SAVE_SETTING, (name, json.dumps(value)))
 
 
-def drop_setting(conn: apsw.Connection, name: str) -> None:
+def drop_setting(conn: Connection, name: str) -> None:
     conn.execute(SQL_DROP_SETTING, (name,))

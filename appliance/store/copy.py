@@ -12,14 +12,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import apsw
-import psycopg
-from psycopg import sql
 
 from appliance.errors import StoreError
 from appliance.store import pg_schema
 from appliance.store.dsn import redact
-from appliance.store.postgres import _message
+from appliance.store.interface import Connection
+from appliance.store.postgres import _message, psycopg
+
+sql = psycopg.sql
 
 # The ordinary tables: not the search index (an FTS5 virtual table and its shadow tables; PostgreSQL's
 # own index, events_search, is written by its trigger as the events are copied).
@@ -39,7 +39,7 @@ class TableCount:
     postgresql: int
 
 
-def copy_to_postgres(src: apsw.Connection, dsn: str) -> list[TableCount]:
+def copy_to_postgres(src: Connection, dsn: str) -> list[TableCount]:
     """Copy every table of the SQLite database `src` (at the current schema) into the empty
     PostgreSQL database at `dsn`; the per-table row counts on both sides (all equal, or StoreError)."""
     try:
@@ -81,7 +81,7 @@ def copy_to_postgres(src: apsw.Connection, dsn: str) -> list[TableCount]:
         raw.close()
 
 
-def _copy_table(src: apsw.Connection, raw: psycopg.Connection, table: str, columns: list[str]) -> int:
+def _copy_table(src: Connection, raw: psycopg.Connection, table: str, columns: list[str]) -> int:
     """COPY one table's rows across; returns how many were read from SQLite."""
     # Names from the database's own schema (sqlite_schema), quoted as identifiers on both sides.
     select = "SELECT " + ", ".join(f'"{c}"' for c in columns) + f' FROM "{table}"'

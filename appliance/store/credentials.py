@@ -5,9 +5,8 @@ told apart by the fingerprint's prefix."""
 
 from __future__ import annotations
 
-import apsw
-
 from .keyfile import KeyFile
+from appliance.store.interface import Connection
 
 SQL_SAVE = (
     "INSERT INTO apns_keys (fingerprint, wrapped, created_at) VALUES (?, ?, ?) "
@@ -21,14 +20,14 @@ def _label(fingerprint: str) -> str:
     return f"apns-key:{fingerprint}"
 
 
-def save_apns_key(conn: apsw.Connection, keyfile: KeyFile, fingerprint: str, pem: bytes, now: int) -> None:
+def save_apns_key(conn: Connection, keyfile: KeyFile, fingerprint: str, pem: bytes, now: int) -> None:
     conn.execute(SQL_SAVE, (fingerprint, keyfile.wrap(pem, label=_label(fingerprint)), now))
 
 
-def load_apns_keys(conn: apsw.Connection, keyfile: KeyFile) -> dict[str, bytes]:
+def load_apns_keys(conn: Connection, keyfile: KeyFile) -> dict[str, bytes]:
     """fingerprint -> PEM of every stored key."""
     return {fp: keyfile.unwrap(wrapped, label=_label(fp)) for fp, wrapped in conn.execute(SQL_ALL)}
 
 
-def list_apns_keys(conn: apsw.Connection) -> list[tuple[str, int]]:
+def list_apns_keys(conn: Connection) -> list[tuple[str, int]]:
     return conn.execute(SQL_LIST).fetchall()

@@ -10,7 +10,6 @@ from dataclasses import dataclass, field
 from operator import itemgetter
 from typing import Callable, Iterable
 
-import apsw
 import orjson
 
 from appliance.errors import AlreadyStored, Rejected
@@ -18,6 +17,7 @@ from appliance.nostr.event import Event, is_addressable, is_event_id, is_replace
 from appliance.nostr.filters import Filter
 from appliance.store import search
 from appliance.store.dialect import postgres_variant
+from appliance.store.interface import Connection
 
 # NIP-PL, Lease and Key Lifecycle: "relays MUST ignore deletion requests targeting this kind".
 UNDELETABLE_KINDS = frozenset({30350})
@@ -56,9 +56,9 @@ class StoreResult:
     extra: dict = field(default_factory=dict)
 
 
-Hook = Callable[[apsw.Connection, int, Event, dict], None]
+Hook = Callable[[Connection, int, Event, dict], None]
 # Before the `stored` hooks of events written together: (conn, origin, [(event, context), ...]).
-BatchHook = Callable[[apsw.Connection, int, list], None]
+BatchHook = Callable[[Connection, int, list], None]
 
 
 @dataclass
@@ -123,7 +123,7 @@ SQL_RECORD_DELETION = (
 SQL_EXPIRED_ROWS = "SELECT rowid FROM events WHERE expiration IS NOT NULL AND expiration <= ? LIMIT ?"
 
 
-def address_rows(conn: apsw.Connection, origin: int, pubkey: str, kind: int, d: str) -> list[tuple[int, str, int]]:
+def address_rows(conn: Connection, origin: int, pubkey: str, kind: int, d: str) -> list[tuple[int, str, int]]:
     """(rowid, id, created_at) of what is stored at an addressable coordinate."""
     return conn.execute(SQL_ADDRESS, (origin, pubkey, kind, d)).fetchall()
 
@@ -141,13 +141,13 @@ def coordinate(kind: int, pubkey: str, d: str) -> str:
     return f"{kind}:{pubkey}:{d}"
 
 
-def delete_row(conn: apsw.Connection, rowid: int) -> None:
+def delete_row(conn: Connection, rowid: int) -> None:
     conn.execute(SQL_DELETE_TAGS, (rowid,))
     conn.execute(SQL_DELETE_ROW, (rowid,))
 
 
 def store_event(
-    conn: apsw.Connection,
+    conn: Connection,
     origin: int,
     ev: Event,
     *,
@@ -231,7 +231,7 @@ def _tag_rows(rowid: int, origin: int, ev: Event) -> Iterable[tuple]:
                 yield (rowid, origin, tag[0], tag[1], ev.created_at, ev.kind)
 
 
-def _apply_deletion(conn: apsw.Connection, origin: int, ev: Event) -> list[str]:
+def _apply_deletion(conn: Connection, origin: int, ev: Event) -> list[str]:
     """NIP-09: delete the author's own events named by `e` and `a` tags; remember the targets."""
     deleted: list[str] = []
     for tag in ev.tags:
@@ -325,14 +325,14 @@ class PendingEvent:
             self.context.update(self._given)
         return self.context
 
-    def __call__(self, conn: apsw.Connection) -> StoreResult:
+    def __call__(self, conn: Connection) -> StoreResult:
         """The one-by-one path (also the fallback when a batch cannot be written together)."""
         self.fresh()
         return store_event(conn, self.origin, self.ev, raw=self.raw, expiration=self.expiration, now=self.now,
                            hooks=self.hooks, context=self.context)
 
 
-def store_events_batch(conn: apsw.Connection, items: list["PendingEvent"]) -> list:
+def store_events_batch(conn: Connection, items: list["PendingEvent"]) -> list:
     """Store batchable events together; one StoreResult or Rejected per item, in order."""
     results: list = [None] * len(items)
     by_origin: dict[int, list[int]] = {}
@@ -381,7 +381,7 @@ def store_events_batch(conn: apsw.Connection, items: list["PendingEvent"]) -> li
 PendingEvent.run_batch = staticmethod(store_events_batch)  # the writer groups these
 
 
-def delete_event(conn: apsw.Connection, origin: int, event_id: str) -> bool:
+def delete_event(conn: Connection, origin: int, event_id: str) -> bool:
     """Delete one stored event by id (an operator's ban); whether it was stored."""
     row = conn.execute(SQL_ROW_BY_ID, (origin, event_id)).fetchone()
     if row is None:
@@ -390,7 +390,7 @@ def delete_event(conn: apsw.Connection, origin: int, event_id: str) -> bool:
     return True
 
 
-def purge_expired(conn: apsw.Connection, now: int, batch: int = 1000) -> int:
+def purge_expired(conn: Connection, now: int, batch: int = 1000) -> int:
     """Delete up to `batch` events whose NIP-40 expiration has passed."""
     rows = conn.execute(SQL_EXPIRED_ROWS, (now, batch)).fetchall()
     for (rowid,) in rows:
@@ -619,7 +619,7 @@ def _matches_nothing(f: Filter) -> bool:
 
 
 def query_events(
-    conn: apsw.Connection,
+    conn: Connection,
     origin: int,
     filters: list[Filter],
     scope: ReadScope,
@@ -638,7 +638,7 @@ def query_events(
 
 
 def query_rows(
-    conn: apsw.Connection,
+    conn: Connection,
     origin: int,
     filters: list[Filter],
     scope: ReadScope,
@@ -668,7 +668,7 @@ def query_rows(
     return [(eid, raw) for eid, (_c, raw) in ordered]
 
 
-def _search_answer(conn: apsw.Connection, origin: int, f: Filter, scope: ReadScope, now: int, limit: int,
+def _search_answer(conn: Connection, origin: int, f: Filter, scope: ReadScope, now: int, limit: int,
                    share: int | None, raw_bytes: bool) -> list[tuple]:
     """A search filter's answer (NIP-50): (created_at, id, raw), the most relevant first, then the
     newest, then the lowest id; at most `limit` events and, past the first, `share` bytes."""
@@ -686,7 +686,7 @@ def _search_answer(conn: apsw.Connection, origin: int, f: Filter, scope: ReadSco
     return out
 
 
-def _filter_answer(conn: apsw.Connection, origin: int, f: Filter, scope: ReadScope, now: int, limit: int,
+def _filter_answer(conn: Connection, origin: int, f: Filter, scope: ReadScope, now: int, limit: int,
                    share: int | None, raw_bytes: bool) -> list[tuple]:
     """One filter's answer, (created_at, id, raw) newest first and on equal created_at lowest id
     first (NIP-01), at most `limit` events and, past the first, `share` bytes.
@@ -771,7 +771,7 @@ def _whole_answer(fetched: list[tuple], limit: int, share: int | None) -> bool:
     return share is None or sum(map(len, map(_RAW, fetched))) <= share
 
 
-def negentropy_rows(conn: apsw.Connection, origin: int, f: Filter, scope: ReadScope, now: int,
+def negentropy_rows(conn: Connection, origin: int, f: Filter, scope: ReadScope, now: int,
                     cap: int) -> Iterable[tuple[int, str]]:
     """NIP-77: (created_at, id) of the events `f` selects that `scope` may read, in ascending
     created_at (the ids of one second in any order, an id possibly repeated), at most `cap` rows
@@ -783,7 +783,7 @@ def negentropy_rows(conn: apsw.Connection, origin: int, f: Filter, scope: ReadSc
     return conn.execute(sql, params)
 
 
-def count_events(conn: apsw.Connection, origin: int, filters: list[Filter], scope: ReadScope, now: int) -> int:
+def count_events(conn: Connection, origin: int, filters: list[Filter], scope: ReadScope, now: int) -> int:
     """NIP-45 COUNT: distinct events matching any filter (limits do not apply), counted by SQLite
     in one statement (several filters: the UNION of their rows), never by collecting ids here."""
     live = [f for f in filters if not _matches_nothing(f)]
@@ -828,12 +828,12 @@ SQL_TOP_AUTHORS_SINCE = (
 SQL_EVENT_COUNTS = "SELECT origin, count(*) FROM events GROUP BY origin"
 
 
-def top_authors(conn: apsw.Connection, origin: int, since: int, limit: int = 10) -> list[tuple[str, int]]:
+def top_authors(conn: Connection, origin: int, since: int, limit: int = 10) -> list[tuple[str, int]]:
     """The authors with the most stored events created since `since` (events_time index range)."""
     return conn.execute(SQL_TOP_AUTHORS_SINCE, (origin, since, limit)).fetchall()
 
 
-def event_counts(conn: apsw.Connection) -> dict[int, int]:
+def event_counts(conn: Connection) -> dict[int, int]:
     """Stored events per origin."""
     return dict(conn.execute(SQL_EVENT_COUNTS).fetchall())
 

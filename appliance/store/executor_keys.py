@@ -4,8 +4,8 @@ The lifecycle rules live in `appliance.push.keys`; this module only reads and wr
 from __future__ import annotations
 
 from dataclasses import dataclass
+from appliance.store.interface import Connection
 
-import apsw
 
 SQL_KEYS = (
     "SELECT key_id, pubkey, wrapped, state, created_at, became_retiring_at, accept_until "
@@ -56,22 +56,22 @@ class KeyRow:
                 "private_key_held": self.has_secret}
 
 
-def list_keys(conn: apsw.Connection, origin: int) -> list[KeyRow]:
+def list_keys(conn: Connection, origin: int) -> list[KeyRow]:
     return [
         KeyRow(kid, pub, state, created, retiring_at, until, wrapped is not None)
         for kid, pub, wrapped, state, created, retiring_at, until in conn.execute(SQL_KEYS, (origin,))
     ]
 
 
-def insert_current(conn: apsw.Connection, origin: int, key_id: str, pubkey: str, wrapped: bytes, now: int) -> None:
+def insert_current(conn: Connection, origin: int, key_id: str, pubkey: str, wrapped: bytes, now: int) -> None:
     conn.execute(SQL_INSERT, (origin, key_id, pubkey, wrapped, now))
 
 
-def retire_current(conn: apsw.Connection, origin: int, now: int, accept_until: int) -> None:
+def retire_current(conn: Connection, origin: int, now: int, accept_until: int) -> None:
     conn.execute(SQL_RETIRE, (now, accept_until, origin))
 
 
-def expire_and_erase(conn: apsw.Connection, now: int) -> tuple[int, int]:
+def expire_and_erase(conn: Connection, now: int) -> tuple[int, int]:
     """Close retiring keys' acceptance windows; erase expired secrets no active lease uses.
     Returns (keys expired, secrets erased)."""
     conn.execute(SQL_EXPIRE, (now,))
@@ -80,15 +80,15 @@ def expire_and_erase(conn: apsw.Connection, now: int) -> tuple[int, int]:
     return expired, conn.changes()
 
 
-def dependent_leases(conn: apsw.Connection, origin: int, now: int) -> dict[str, int]:
+def dependent_leases(conn: Connection, origin: int, now: int) -> dict[str, int]:
     """key id -> how many active, unexpired leases were encrypted to it."""
     return dict(conn.execute(SQL_DEPENDENT_LEASES, (origin, now)).fetchall())
 
 
-def erase_one(conn: apsw.Connection, origin: int, key_id: str) -> None:
+def erase_one(conn: Connection, origin: int, key_id: str) -> None:
     conn.execute(SQL_ERASE_ONE, (origin, key_id))
 
 
-def wrapped_secrets(conn: apsw.Connection, origin: int) -> list[tuple[str, bytes]]:
+def wrapped_secrets(conn: Connection, origin: int) -> list[tuple[str, bytes]]:
     """(key_id, wrapped secret) of the keys that still hold private material."""
     return conn.execute(SQL_WRAPPED, (origin,)).fetchall()

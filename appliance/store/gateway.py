@@ -4,8 +4,9 @@ views the dashboard shows. The rules live in `appliance.gateway.authority`; this
 and writes rows. Nothing here returns an APNs token in the clear."""
 
 from __future__ import annotations
+from appliance.store.interface import Connection
 
-import apsw
+
 
 SQL_PENDING_CHALLENGES = (
     "SELECT count(*) FROM (SELECT 1 FROM gateway_challenges WHERE expires_at > ? LIMIT ?)"
@@ -89,61 +90,61 @@ SQL_PURGE_QUOTA = "DELETE FROM gateway_endpoint_quota WHERE window_start <= ?"
 
 # -- challenges ----------------------------------------------------------------------------------
 
-def pending_challenges(conn: apsw.Connection, now: int, cap: int) -> int:
+def pending_challenges(conn: Connection, now: int, cap: int) -> int:
     """Unexpired challenges waiting, counted up to `cap`."""
     (pending,) = conn.execute(SQL_PENDING_CHALLENGES, (now, cap)).fetchone()
     return pending
 
 
-def put_challenge(conn: apsw.Connection, challenge_id: str, digest: bytes, expires_at: int) -> None:
+def put_challenge(conn: Connection, challenge_id: str, digest: bytes, expires_at: int) -> None:
     conn.execute(SQL_PUT_CHALLENGE, (challenge_id, digest, expires_at))
 
 
-def consume_challenge(conn: apsw.Connection, challenge_id: str, digest: bytes, now: int) -> bool:
+def consume_challenge(conn: Connection, challenge_id: str, digest: bytes, now: int) -> bool:
     conn.execute(SQL_CONSUME_CHALLENGE, (challenge_id, digest, now))
     return conn.changes() == 1
 
 
 # -- installations -------------------------------------------------------------------------------
 
-def installation_row(conn: apsw.Connection, handle: str) -> tuple | None:
+def installation_row(conn: Connection, handle: str) -> tuple | None:
     """(handle, app_profile, public_key, sign_count, endpoint_epoch, token, token_sha256, expires_at,
     revoked_at) of an installation."""
     return conn.execute(SQL_INSTALLATION, (handle,)).fetchone()
 
 
-def key_id_taken(conn: apsw.Connection, key_id: bytes) -> bool:
+def key_id_taken(conn: Connection, key_id: bytes) -> bool:
     return conn.execute(SQL_KEY_ID_TAKEN, (key_id,)).fetchone() is not None
 
 
-def token_owner(conn: apsw.Connection, profile: str, digest: bytes) -> tuple[str, int] | None:
+def token_owner(conn: Connection, profile: str, digest: bytes) -> tuple[str, int] | None:
     """(handle, expires_at) of the installation holding (profile, SHA-256(token)), if any."""
     return conn.execute(SQL_TOKEN_OWNER, (profile, digest)).fetchone()
 
 
-def delete_installation(conn: apsw.Connection, handle: str) -> None:
+def delete_installation(conn: Connection, handle: str) -> None:
     conn.execute(SQL_DELETE_INSTALLATION, (handle,))
 
 
-def insert_installation(conn: apsw.Connection, *, handle: str, profile: str, key_id: bytes, public_key: bytes,
+def insert_installation(conn: Connection, *, handle: str, profile: str, key_id: bytes, public_key: bytes,
                         epoch: int, wrapped_token: bytes, digest: bytes, expires_at: int, now: int) -> None:
     conn.execute(SQL_INSERT_INSTALLATION, (handle, profile, key_id, public_key, epoch, wrapped_token, digest,
                                            expires_at, now))
 
 
-def advance_counter(conn: apsw.Connection, handle: str, counter: int) -> bool:
+def advance_counter(conn: Connection, handle: str, counter: int) -> bool:
     """Raise the stored sign counter to `counter` if it is strictly above it."""
     conn.execute(SQL_ADVANCE_COUNTER, (counter, handle, counter))
     return conn.changes() == 1
 
 
-def rotate_token(conn: apsw.Connection, handle: str, epoch: int, new_epoch: int, wrapped_token: bytes,
+def rotate_token(conn: Connection, handle: str, epoch: int, new_epoch: int, wrapped_token: bytes,
                  digest: bytes) -> bool:
     conn.execute(SQL_ROTATE, (new_epoch, wrapped_token, digest, handle, epoch))
     return conn.changes() == 1
 
 
-def revoke_installation(conn: apsw.Connection, handle: str, epoch: int, new_epoch: int, now: int) -> bool:
+def revoke_installation(conn: Connection, handle: str, epoch: int, new_epoch: int, now: int) -> bool:
     """Revoke the installation at `epoch` and every delegation it made; False if it was not at `epoch`."""
     conn.execute(SQL_REVOKE_INSTALLATION, (new_epoch, now, handle, epoch))
     if conn.changes() != 1:
@@ -154,72 +155,72 @@ def revoke_installation(conn: apsw.Connection, handle: str, epoch: int, new_epoc
 
 # -- delegations ---------------------------------------------------------------------------------
 
-def delegation_row(conn: apsw.Connection, handle: str, relay_pubkey: str) -> tuple | None:
+def delegation_row(conn: Connection, handle: str, relay_pubkey: str) -> tuple | None:
     """(endpoint_epoch, generation, not_before, expires_at, revoked_at)."""
     return conn.execute(SQL_DELEGATION, (handle, relay_pubkey)).fetchone()
 
 
-def upsert_delegation(conn: apsw.Connection, handle: str, relay_pubkey: str, epoch: int, generation: int,
+def upsert_delegation(conn: Connection, handle: str, relay_pubkey: str, epoch: int, generation: int,
                       not_before: int, expires_at: int) -> bool:
     """Record the delegation if its generation is above the stored one."""
     conn.execute(SQL_UPSERT_DELEGATION, (handle, relay_pubkey, epoch, generation, not_before, expires_at))
     return conn.changes() == 1
 
 
-def revoke_delegation(conn: apsw.Connection, handle: str, relay_pubkey: str, generation: int, now: int) -> bool:
+def revoke_delegation(conn: Connection, handle: str, relay_pubkey: str, generation: int, now: int) -> bool:
     conn.execute(SQL_REVOKE_DELEGATION, (now, handle, relay_pubkey, generation))
     return conn.changes() == 1
 
 
-def raise_key_expiry(conn: apsw.Connection, grant_key_id: str, expires_at: int) -> None:
+def raise_key_expiry(conn: Connection, grant_key_id: str, expires_at: int) -> None:
     conn.execute(SQL_RAISE_KEY_EXPIRY, (expires_at, grant_key_id))
 
 
 # -- delivery fences -----------------------------------------------------------------------------
 
-def burn_event(conn: apsw.Connection, event_id: str, expires_at: int) -> bool:
+def burn_event(conn: Connection, event_id: str, expires_at: int) -> bool:
     """Burn a NIP-98 event id; False if it was burned before (a replay)."""
     conn.execute(SQL_BURN_EVENT, (event_id, expires_at))
     return conn.changes() == 1
 
 
-def quota(conn: apsw.Connection, profile: str, digest: bytes) -> tuple[int, int] | None:
+def quota(conn: Connection, profile: str, digest: bytes) -> tuple[int, int] | None:
     """(window_start, admitted) of an endpoint's quota window."""
     return conn.execute(SQL_QUOTA, (profile, digest)).fetchone()
 
 
-def set_quota(conn: apsw.Connection, profile: str, digest: bytes, window_start: int, admitted: int) -> None:
+def set_quota(conn: Connection, profile: str, digest: bytes, window_start: int, admitted: int) -> None:
     conn.execute(SQL_QUOTA_SET, (profile, digest, window_start, admitted))
 
 
-def reserve(conn: apsw.Connection, relay_pubkey: str, request_id: str, expires_at: int) -> bool:
+def reserve(conn: Connection, relay_pubkey: str, request_id: str, expires_at: int) -> bool:
     """Reserve (relay, request id); False if it is in flight or finished."""
     conn.execute(SQL_RESERVE, (relay_pubkey, request_id, expires_at))
     return conn.changes() == 1
 
 
-def release(conn: apsw.Connection, relay_pubkey: str, request_id: str) -> None:
+def release(conn: Connection, relay_pubkey: str, request_id: str) -> None:
     conn.execute(SQL_RELEASE, (relay_pubkey, request_id))
 
 
 # -- grant keys ----------------------------------------------------------------------------------
 
-def grant_key_rows(conn: apsw.Connection) -> list[tuple]:
+def grant_key_rows(conn: Connection) -> list[tuple]:
     """(key_id, wrapped, state, created_at, retired_at, max_expires_at), oldest first."""
     return conn.execute(SQL_GRANT_KEYS).fetchall()
 
 
-def insert_grant_key(conn: apsw.Connection, key_id: str, wrapped: bytes, now: int) -> None:
+def insert_grant_key(conn: Connection, key_id: str, wrapped: bytes, now: int) -> None:
     conn.execute(SQL_INSERT_GRANT_KEY, (key_id, wrapped, now))
 
 
-def retire_grant_key(conn: apsw.Connection, now: int) -> None:
+def retire_grant_key(conn: Connection, now: int) -> None:
     conn.execute(SQL_RETIRE_GRANT_KEY, (now,))
 
 
 # -- retention -----------------------------------------------------------------------------------
 
-def maintain(conn: apsw.Connection, now: int, quota_window: int) -> int:
+def maintain(conn: Connection, now: int, quota_window: int) -> int:
     """Drop what no rule needs any more; erase grant keys whose grants have all expired.
     Returns how many key secrets were erased (the caller scrubs the WAL then)."""
     for sql in SQL_PURGE:
@@ -256,35 +257,35 @@ SQL_QUOTA_USAGE = (
 )
 
 
-def installations(conn: apsw.Connection, limit: int = 100, offset: int = 0) -> list[dict]:
+def installations(conn: Connection, limit: int = 100, offset: int = 0) -> list[dict]:
     keys = ("handle", "app_profile", "endpoint_epoch", "token_sha256", "sign_count", "created_at", "expires_at",
             "revoked_at")
     return [dict(zip(keys, row)) for row in conn.execute(SQL_INSTALLATIONS, (limit, offset))]
 
 
-def installation_counts(conn: apsw.Connection, now: int) -> list[tuple[str, int, int, int]]:
+def installation_counts(conn: Connection, now: int) -> list[tuple[str, int, int, int]]:
     """(app profile, active, revoked, rows) per profile."""
     return [(p, a or 0, r or 0, n) for p, a, r, n in conn.execute(SQL_INSTALLATION_COUNTS, (now,))]
 
 
-def delegations(conn: apsw.Connection, limit: int = 100, offset: int = 0) -> list[dict]:
+def delegations(conn: Connection, limit: int = 100, offset: int = 0) -> list[dict]:
     keys = ("handle", "relay_pubkey", "endpoint_epoch", "generation", "not_before", "expires_at", "revoked_at")
     return [dict(zip(keys, row)) for row in conn.execute(SQL_DELEGATIONS, (limit, offset))]
 
 
-def delegation_count(conn: apsw.Connection, now: int) -> tuple[int, int]:
+def delegation_count(conn: Connection, now: int) -> tuple[int, int]:
     """(rows, active)."""
     n, active = conn.execute(SQL_DELEGATION_COUNT, (now,)).fetchone()
     return n or 0, active or 0
 
 
-def reservations(conn: apsw.Connection, now: int, limit: int = 20) -> list[tuple[str, int, int, int]]:
+def reservations(conn: Connection, now: int, limit: int = 20) -> list[tuple[str, int, int, int]]:
     """(relay pubkey, reservations, those still fencing their request id, latest expiry) for the busiest
     relays. A reservation is kept from send-begin (in flight, then a terminal outcome) until its
     request's expiry; transient outcomes delete theirs."""
     return [(pk, n, t or 0, e) for pk, n, t, e in conn.execute(SQL_RESERVATIONS, (now, limit))]
 
 
-def quota_usage(conn: apsw.Connection, limit: int = 20) -> list[tuple[str, bytes, int, int]]:
+def quota_usage(conn: Connection, limit: int = 20) -> list[tuple[str, bytes, int, int]]:
     """(app profile, token digest, window start, admitted) for the most used endpoints."""
     return conn.execute(SQL_QUOTA_USAGE, (limit,)).fetchall()

@@ -4,7 +4,7 @@ snapshots. The rules live in `appliance.relay.groups`; this module only reads an
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-import apsw
+from appliance.store.interface import Connection
 
 SQL_GROUP = "SELECT name, about, picture, closed, private FROM groups WHERE origin = ? AND h = ?"
 SQL_GROUPS = "SELECT origin, h, name, about, picture, closed, private FROM groups"
@@ -44,7 +44,7 @@ class Group:
         return self.members.get(pubkey) == "admin"
 
 
-def read_group(conn: apsw.Connection, origin: int, h: str) -> Group | None:
+def read_group(conn: Connection, origin: int, h: str) -> Group | None:
     row = conn.execute(SQL_GROUP, (origin, h)).fetchone()
     if row is None:
         return None
@@ -53,11 +53,11 @@ def read_group(conn: apsw.Connection, origin: int, h: str) -> Group | None:
     return Group(h, name, about, picture, bool(closed), bool(private), members)
 
 
-def group_exists(conn: apsw.Connection, origin: int, h: str) -> bool:
+def group_exists(conn: Connection, origin: int, h: str) -> bool:
     return conn.execute(SQL_GROUP, (origin, h)).fetchone() is not None
 
 
-def all_groups(conn: apsw.Connection) -> dict[tuple[int, str], Group]:
+def all_groups(conn: Connection) -> dict[tuple[int, str], Group]:
     """Every origin's groups with their members, keyed by (origin, h)."""
     groups: dict[tuple[int, str], Group] = {}
     for origin, h, name, about, picture, closed, private in conn.execute(SQL_GROUPS):
@@ -69,45 +69,45 @@ def all_groups(conn: apsw.Connection) -> dict[tuple[int, str], Group]:
     return groups
 
 
-def create_group(conn: apsw.Connection, origin: int, h: str, *, name: str, closed: bool, private: bool,
+def create_group(conn: Connection, origin: int, h: str, *, name: str, closed: bool, private: bool,
                  now: int) -> None:
     conn.execute(SQL_CREATE, (origin, h, name, "", "", int(closed), int(private), now))
 
 
-def update_group(conn: apsw.Connection, origin: int, h: str, *, name: str, about: str, picture: str,
+def update_group(conn: Connection, origin: int, h: str, *, name: str, about: str, picture: str,
                  closed: bool, private: bool) -> None:
     conn.execute(SQL_UPDATE, (name, about, picture, int(closed), int(private), origin, h))
 
 
-def put_member(conn: apsw.Connection, origin: int, h: str, pubkey: str, role: str) -> None:
+def put_member(conn: Connection, origin: int, h: str, pubkey: str, role: str) -> None:
     conn.execute(SQL_PUT, (origin, h, pubkey, role))
 
 
-def remove_member(conn: apsw.Connection, origin: int, h: str, pubkey: str) -> None:
+def remove_member(conn: Connection, origin: int, h: str, pubkey: str) -> None:
     conn.execute(SQL_REMOVE, (origin, h, pubkey))
 
 
-def drop_group(conn: apsw.Connection, origin: int, h: str) -> None:
+def drop_group(conn: Connection, origin: int, h: str) -> None:
     conn.execute(SQL_DROP, (origin, h))
 
 
-def group_event_rows(conn: apsw.Connection, origin: int, h: str) -> list[int]:
+def group_event_rows(conn: Connection, origin: int, h: str) -> list[int]:
     """Row ids of every stored event filed under the group."""
     return [r for (r,) in conn.execute(SQL_GROUP_EVENT_ROWS, (origin, h)).fetchall()]
 
 
-def group_event_row(conn: apsw.Connection, origin: int, h: str, event_id: str) -> int | None:
+def group_event_row(conn: Connection, origin: int, h: str, event_id: str) -> int | None:
     row = conn.execute(SQL_GROUP_EVENT_BY_ID, (origin, h, event_id)).fetchone()
     return row[0] if row is not None else None
 
 
-def relay_key(conn: apsw.Connection, origin: int) -> tuple[str, bytes] | None:
+def relay_key(conn: Connection, origin: int) -> tuple[str, bytes] | None:
     """(pubkey, wrapped secret) of the origin's relay key, if it has one."""
     row = conn.execute(SQL_RELAY_KEY, (origin,)).fetchone()
     return (row[0], row[1]) if row is not None else None
 
 
-def save_relay_key(conn: apsw.Connection, origin: int, pubkey: str, wrapped: bytes) -> None:
+def save_relay_key(conn: Connection, origin: int, pubkey: str, wrapped: bytes) -> None:
     conn.execute(SQL_SAVE_RELAY_KEY, (origin, pubkey, wrapped))
 
 
@@ -117,7 +117,7 @@ class StoredGroups:
     wake workers use it, so membership is judged as of their own transaction, not as of the last
     in-memory update."""
 
-    def __init__(self, conn: apsw.Connection):
+    def __init__(self, conn: Connection):
         self.conn = conn
 
     def is_private(self, origin_id: int, group: str) -> bool:

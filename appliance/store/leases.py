@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import apsw
 import orjson
 
 from appliance.store import wakes
+from appliance.store.interface import Connection
 
 # One pass over the author's unexpired active leases at other addresses (<= max_leases_per_pubkey rows):
 # (how many, how many hold the same (app_profile, transport, endpoint_hash)).
@@ -37,7 +37,7 @@ SQL_INSERT_SELECTOR = (
 )
 
 
-def other_active(conn: apsw.Connection, origin: int, pubkey: str, d: str, app_profile: str, transport: str,
+def other_active(conn: Connection, origin: int, pubkey: str, d: str, app_profile: str, transport: str,
                  endpoint_hash: str, now: int) -> tuple[int, int]:
     """(the author's unexpired active leases at other addresses, how many hold this endpoint)."""
     others, conflicts = conn.execute(
@@ -45,36 +45,36 @@ def other_active(conn: apsw.Connection, origin: int, pubkey: str, d: str, app_pr
     return others, conflicts
 
 
-def stored_lease_events(conn: apsw.Connection, origin: int, pubkey: str, kind: int, d: str) -> list[tuple[str, int]]:
+def stored_lease_events(conn: Connection, origin: int, pubkey: str, kind: int, d: str) -> list[tuple[str, int]]:
     """(id, created_at) of the lease events stored at the address."""
     return conn.execute(SQL_STORED_WINNER, (origin, pubkey, kind, d)).fetchall()
 
 
-def watermark(conn: apsw.Connection, origin: int, pubkey: str, d: str) -> tuple | None:
+def watermark(conn: Connection, origin: int, pubkey: str, d: str) -> tuple | None:
     """(generation, last_active_expiration, tombstone_accepted_at) at the address, if any."""
     return conn.execute(SQL_WATERMARK, (origin, pubkey, d)).fetchone()
 
 
-def put_lease(conn: apsw.Connection, row: tuple) -> None:
+def put_lease(conn: Connection, row: tuple) -> None:
     """Replace the effective lease row (columns of SQL_UPSERT_LEASE, in order)."""
     conn.execute(SQL_UPSERT_LEASE, row)
 
 
-def put_watermark(conn: apsw.Connection, origin: int, pubkey: str, d: str, generation: int,
+def put_watermark(conn: Connection, origin: int, pubkey: str, d: str, generation: int,
                   last_active: int | None, tombstone_at: int | None, retain_until: int) -> None:
     conn.execute(SQL_UPSERT_WATERMARK, (origin, pubkey, d, generation, last_active, tombstone_at, retain_until))
 
 
-def delete_selectors(conn: apsw.Connection, origin: int, pubkey: str, d: str) -> None:
+def delete_selectors(conn: Connection, origin: int, pubkey: str, d: str) -> None:
     conn.execute(SQL_DELETE_SELECTORS, (origin, pubkey, d))
 
 
-def insert_selectors(conn: apsw.Connection, origin: int, pubkey: str, d: str, pairs) -> None:
+def insert_selectors(conn: Connection, origin: int, pubkey: str, d: str, pairs) -> None:
     """Index the lease under each (selector type, value) pair."""
     conn.executemany(SQL_INSERT_SELECTOR, [(origin, t, v, pubkey, d) for t, v in pairs])
 
 
-def purge(conn: apsw.Connection, now: int) -> int:
+def purge(conn: Connection, now: int) -> int:
     """Drop expired lease rows (and their index) and watermarks past their retention."""
     conn.execute(
         "DELETE FROM lease_selectors WHERE EXISTS (SELECT 1 FROM leases l WHERE l.origin = lease_selectors.origin "
@@ -122,7 +122,7 @@ class Candidate:
     expiration: int
 
 
-def candidate_leases(conn: apsw.Connection, origin: int, author: str, p_values, h_values, now: int
+def candidate_leases(conn: Connection, origin: int, author: str, p_values, h_values, now: int
                      ) -> list[Candidate]:
     """Leases at `origin` whose `authors`, `#p` or `#h` selectors name the event's author, one of
     its p tags or one of its h tags (the only selectors a lease filter can narrow by)."""
@@ -143,7 +143,7 @@ class EffectiveLease:
     endpoint_hash: str | None
 
 
-def effective_lease(conn: apsw.Connection, origin: int, pubkey: str, d: str) -> EffectiveLease | None:
+def effective_lease(conn: Connection, origin: int, pubkey: str, d: str) -> EffectiveLease | None:
     """The effective state at a lease address now (None: no lease there any more)."""
     row = conn.execute(SQL_EFFECTIVE, (origin, pubkey, d)).fetchone()
     if row is None:
@@ -153,7 +153,7 @@ def effective_lease(conn: apsw.Connection, origin: int, pubkey: str, d: str) -> 
                           endpoint_hash)
 
 
-def invalidate_generation(conn: apsw.Connection, origin: int, pubkey: str, d: str, generation: int,
+def invalidate_generation(conn: Connection, origin: int, pubkey: str, d: str, generation: int,
                           now: float) -> bool:
     """The transport said this generation's endpoint is dead: no wake for it until a newer
     generation replaces the lease row (NIP-PL, Lease and Key Lifecycle: endpoint rotation)."""
@@ -212,7 +212,7 @@ def _lease_dict(r: tuple) -> dict:
     return out
 
 
-def list_leases(conn: apsw.Connection, now: int, *, origin: int | None = None, app_profile: str | None = None,
+def list_leases(conn: Connection, now: int, *, origin: int | None = None, app_profile: str | None = None,
                 transport: str | None = None, state: str | None = None, expiring_within: int | None = None,
                 limit: int = 100, offset: int = 0) -> list[dict]:
     """Lease rows for the operator, newest first, filtered (every value bound)."""
@@ -238,12 +238,12 @@ def list_leases(conn: apsw.Connection, now: int, *, origin: int | None = None, a
     return [_lease_dict(r) for r in conn.execute(sql, (*args, limit, offset))]
 
 
-def get_lease(conn: apsw.Connection, origin: int, pubkey: str, d: str) -> dict | None:
+def get_lease(conn: Connection, origin: int, pubkey: str, d: str) -> dict | None:
     row = conn.execute(SQL_LEASE_COLUMNS + " WHERE origin = ? AND pubkey = ? AND d = ?", (origin, pubkey, d)).fetchone()
     return None if row is None else _lease_dict(row)
 
 
-def revoke_lease(conn: apsw.Connection, origin: int, pubkey: str, d: str, now: int) -> bool:
+def revoke_lease(conn: Connection, origin: int, pubkey: str, d: str, now: int) -> bool:
     """An operator ends an active lease now: no further wakes; a newer lease from its author
     replaces it as usual. Whether there was an active lease to revoke."""
     conn.execute(SQL_REVOKE, (now, origin, pubkey, d))
@@ -254,11 +254,11 @@ def revoke_lease(conn: apsw.Connection, origin: int, pubkey: str, d: str, now: i
     return True
 
 
-def top_lease_authors(conn: apsw.Connection, origin: int, now: int, limit: int = 10) -> list[tuple[str, int]]:
+def top_lease_authors(conn: Connection, origin: int, now: int, limit: int = 10) -> list[tuple[str, int]]:
     """The authors holding the most active leases at an origin."""
     return conn.execute(SQL_LEASES_PER_AUTHOR, (origin, now, limit)).fetchall()
 
 
-def lease_totals(conn: apsw.Connection, now: int) -> dict[int, tuple[int, int, int]]:
+def lease_totals(conn: Connection, now: int) -> dict[int, tuple[int, int, int]]:
     """origin -> (active, inactive unexpired, rows)."""
     return {o: (a or 0, i or 0, n) for o, a, i, n in conn.execute(SQL_LEASE_TOTALS, (now, now))}

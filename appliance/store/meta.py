@@ -4,8 +4,8 @@ health check's probe row."""
 from __future__ import annotations
 
 import hashlib
+from appliance.store.interface import Connection, is_sqlite
 
-import apsw
 
 SQL_BUMP_GENERATION = "UPDATE meta SET value = CAST(value AS INTEGER) + 1 WHERE name = 'config_generation'"
 SQL_GENERATION = "SELECT value FROM meta WHERE name = 'config_generation'"
@@ -17,25 +17,25 @@ SQL_META = "SELECT value FROM meta WHERE name = ?"
 SQL_SET_META = "INSERT INTO meta (name, value) VALUES (?, ?) ON CONFLICT (name) DO UPDATE SET value = excluded.value"
 
 
-def meta_value(conn: apsw.Connection, name: str) -> str | None:
+def meta_value(conn: Connection, name: str) -> str | None:
     """A value of the `meta` table (None: not set)."""
     row = conn.execute(SQL_META, (name,)).fetchone()
     return row[0] if row else None
 
 
-def set_meta(conn: apsw.Connection, name: str, value: str) -> None:
+def set_meta(conn: Connection, name: str, value: str) -> None:
     conn.execute(SQL_SET_META, (name, value))
 
 
 SQL_READ_PROBE = "SELECT 1"
 
 
-def read_probe(conn: apsw.Connection) -> None:
+def read_probe(conn: Connection) -> None:
     """The cheapest real read: the health check's proof that a reader answers."""
     conn.execute(SQL_READ_PROBE).fetchone()
 
 
-def bump_generation(conn: apsw.Connection) -> None:
+def bump_generation(conn: Connection) -> None:
     """Tell a running appliance that origins, groups or keys changed outside it (the CLI)."""
     conn.execute(SQL_BUMP_GENERATION)
 
@@ -57,7 +57,7 @@ def node_lock(conn, *names: str) -> None:
     transaction holds (`HeldLocks`), and a key below the highest one held raises `LockOrder`,
     on which the writer commits what came before, and runs the operation again in a transaction
     that takes all the keys it needs first, in order (store.writer)."""
-    if isinstance(conn, apsw.Connection):
+    if is_sqlite(conn):
         return
     keys = sorted({lock_key(name) for name in names})
     held: HeldLocks | None = getattr(conn, "locks", None)
@@ -165,7 +165,7 @@ class HeldLocks:
             self.release(name.rstrip(";"))
 
 
-def config_generation(conn: apsw.Connection) -> int:
+def config_generation(conn: Connection) -> int:
     row = conn.execute(SQL_GENERATION).fetchone()
     return int(row[0]) if row else 0
 
@@ -175,7 +175,7 @@ def health_probe(now: float):
     It is marked `probe`: the writer does not take it as proof that writes fit again after the
     disk filled up, since one small row often still fits where events do not."""
 
-    def op(conn: apsw.Connection) -> None:
+    def op(conn: Connection) -> None:
         conn.execute(SQL_HEALTH_PROBE, (f"{now:.3f}",))
 
     op.probe = True

@@ -92,7 +92,7 @@ class PgBus:
     async def send(self, payload: str) -> None:
         """NOTIFY now, outside any transaction; a failure is logged, never raised (the sender's
         own node has what it sent)."""
-        import psycopg
+        from appliance.store.postgres import psycopg
 
         async with self._send_lock:
             for attempt in (1, 2):
@@ -110,7 +110,7 @@ class PgBus:
 
     async def run(self, deliver: Deliver, connected: Connected) -> None:
         """LISTEN until cancelled (see the module docstring)."""
-        import psycopg
+        from appliance.store.postgres import psycopg
 
         pause = self.backoff_first
         queue: asyncio.Queue[str] = asyncio.Queue()

@@ -2,8 +2,9 @@
 `Origin` model and its rules live in `appliance.origins`; this module only reads and writes rows."""
 
 from __future__ import annotations
+from appliance.store.interface import Connection
 
-import apsw
+
 
 SQL_ALL = "SELECT id, origin, config FROM origins ORDER BY id"
 SQL_UPSERT = (
@@ -13,17 +14,17 @@ SQL_UPSERT = (
 SQL_REWRITE = "UPDATE origins SET origin = ?, config = ? WHERE id = ?"
 
 
-def origin_rows(conn: apsw.Connection) -> list[tuple[int, str, str]]:
+def origin_rows(conn: Connection) -> list[tuple[int, str, str]]:
     """(id, origin, config JSON) of every origin, oldest first."""
     return conn.execute(SQL_ALL).fetchall()
 
 
-def upsert_origin(conn: apsw.Connection, origin: str, config: str) -> int:
+def upsert_origin(conn: Connection, origin: str, config: str) -> int:
     """Insert or update the row of `origin`; its id."""
     (oid,) = conn.execute(SQL_UPSERT, (origin, config)).fetchone()
     return oid
 
 
-def rewrite_origin(conn: apsw.Connection, oid: int, origin: str, config: str) -> None:
+def rewrite_origin(conn: Connection, oid: int, origin: str, config: str) -> None:
     """Give the row `oid` a new origin URL and configuration (the default origin follows public_url)."""
     conn.execute(SQL_REWRITE, (origin, config, oid))

@@ -9,9 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import apsw
-
 from appliance.store import pg_schema, schema
+from appliance.store.interface import Connection
 
 # Seconds the doctor waits for the database server to answer a connection.
 DEFAULT_CONNECT_TIMEOUT = 5
@@ -70,9 +69,7 @@ class Inspection:
 
 def connect(dsn: str, *, timeout: float = DEFAULT_CONNECT_TIMEOUT):
     """A PgConnection inside one READ ONLY transaction (the caller closes it: nothing to commit)."""
-    import psycopg
-
-    from appliance.store.postgres import PgConnection, _configure
+    from appliance.store.postgres import PgConnection, _configure, psycopg
 
     raw = psycopg.connect(dsn, autocommit=True, connect_timeout=max(1, int(timeout)))
     _configure(raw)
@@ -97,7 +94,9 @@ def inspect(conn) -> Inspection:
 
 def expected_columns() -> dict[str, list[str]]:
     """Every table of the current schema with its columns, in order (schema_version included)."""
-    lite = apsw.Connection(":memory:")
+    from appliance.store.sqlite import in_memory
+
+    lite = in_memory()
     try:
         schema.migrate(lite)
         want = {t: [c for (c,) in lite.execute(SQL_LITE_COLUMNS, (t,))]

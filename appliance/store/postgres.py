@@ -19,17 +19,24 @@ from pathlib import Path
 from typing import Any, Callable, TypeVar
 from urllib.parse import urlsplit
 
-import psycopg
-import psycopg.errors
-from psycopg.adapt import Loader
-from psycopg_pool import ConnectionPool
-
 from appliance.errors import Rejected, StoreError
+from appliance.store.interface import POSTGRES_DRIVER_MISSING, DriverMissing, QueryTimeout
+
+try:  # the `postgresql` extra; the other PostgreSQL modules take psycopg from here
+    import psycopg
+    import psycopg.errors
+    import psycopg.sql
+    from psycopg.adapt import Loader
+    from psycopg_pool import ConnectionPool
+except ImportError:
+    raise DriverMissing(POSTGRES_DRIVER_MISSING) from None
+
 from appliance.store import dialect, pg_schema
 from appliance.store.dsn import redact
 from appliance.store.meta import HeldLocks
-from appliance.store.sqlite import QueryTimeout, ReadPool
+from appliance.store.readpool import ReadPool
 from appliance.store.writer import Writer, WriterFront
+from appliance.store.interface import Connection
 
 log = logging.getLogger("appliance.store")
 
@@ -105,6 +112,7 @@ _CONTROL = frozenset(("BE", "CO", "RO", "SA", "RE", "EN", "AB"))
 class PgConnection:
     """A psycopg connection with the subset of apsw.Connection the store functions use."""
 
+    backend = "postgresql"  # interface.is_sqlite
     __slots__ = ("raw", "_changes", "_rowid", "deadline", "timeout", "_nest", "locks")
 
     def __init__(self, raw: psycopg.Connection):

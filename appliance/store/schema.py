@@ -5,9 +5,8 @@ from __future__ import annotations
 import logging
 import time
 
-import apsw
-
 from appliance.errors import SchemaTooNew, StoreError
+from appliance.store.interface import Connection
 
 log = logging.getLogger("appliance.store")
 
@@ -482,7 +481,7 @@ MIGRATIONS: tuple[str, ...] = (
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
-def migrate(conn: apsw.Connection) -> int:
+def migrate(conn: Connection) -> int:
     """Bring the database to SCHEMA_VERSION; return the version found before."""
     found = conn.execute("PRAGMA user_version").fetchone()[0]
     if found == 0 and conn.execute("SELECT count(*) FROM sqlite_schema WHERE type = 'table'").fetchone()[0]:

@@ -18,7 +18,7 @@ def database_url(admin_url: str, name: str) -> str:
 def create_scratch_database(admin_url: str, prefix: str = "appliance_scratch_") -> tuple[str, str]:
     """A new empty database: (its name, its URL). The name is ours (a prefix and random hex), never
     a caller's string, so it is safe to put in the statement."""
-    import psycopg
+    from appliance.store.postgres import psycopg
 
     name = prefix + uuid.uuid4().hex[:12]
     with psycopg.connect(admin_url, autocommit=True) as admin:
@@ -27,7 +27,7 @@ def create_scratch_database(admin_url: str, prefix: str = "appliance_scratch_") 
 
 
 def drop_databases(admin_url: str, names: list[str]) -> None:
-    import psycopg
+    from appliance.store.postgres import psycopg
 
     with psycopg.connect(admin_url, autocommit=True) as admin:
         for name in names:

@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import asyncio
-import itertools
 import logging
 import os
 import resource
 import threading
 import time
-import weakref
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
@@ -17,6 +14,8 @@ import apsw
 import apsw.bestpractice
 
 from appliance.errors import StoreError
+from appliance.store.interface import QueryTimeout
+from appliance.store.readpool import INLINE_STALLED, ReadPool, trim_heap  # noqa: F401 - trim_heap re-exported
 from appliance.store.faultlog import FaultLog
 from appliance.store.schema import migrate
 from appliance.store.writer import Writer, WriterFront
@@ -31,31 +30,16 @@ DB_FILENAME = "appliance.sqlite3"
 CHECKPOINT_INTERVAL = 1.0
 # SQLite VM steps between checks of a read's deadline: a few microseconds of work each.
 PROGRESS_STEPS = 10_000
-# Reads one owner (a connection) may have started at once; its others wait behind every other
-# owner's first read (see ReadPool).
-DEFAULT_READS_PER_OWNER = 2
-# Uninterrupted work a read may do while others wait before it pauses for them (strfry's
-# queryTimesliceBudgetMicroseconds is 10 ms too).
-DEFAULT_READ_SLICE = 0.010
-# Reader threads (and connections) at most: one per started read, running or paused.
-DEFAULT_MAX_READER_THREADS = 24
 # Page cache of each reader connection. Small: there can be many of them (ReadPool), the OS page
 # cache holds the file anyway, and a query's working set is a few index pages. (Memory-mapping
 # the file instead would count it once per connection in the process's RSS.)
 READER_CACHE_KIB = 4 * 1024
-# Reader threads beyond `reader_threads` (started for paused reads) end after this long idle, and
-# their connections' memory goes back.
-READER_IDLE_SECONDS = 5.0
 # Bounds of a read run on the event loop's own thread, which saves a small REQ two thread hand-offs
 # (SqliteStore._read_inline): docs/performance.md#inline_max_steps
 INLINE_MAX_STEPS = 64_000
 INLINE_MAX_CPU_SECONDS = 0.004
 INLINE_MAX_SECONDS = 0.025
 INLINE_CHECK_STEPS = 1_000
-INLINE_COOLDOWN = 10.0  # seconds a read too long for the loop sends its owner's next reads to the threads
-# What `SqliteStore._read_inline` returns for a read abandoned without its owner's next reads
-# leaving the loop (see INLINE_COOLDOWN); None is a read too long for the loop.
-INLINE_STALLED = "stalled"
 # The page cache of the loop's own connection, which answers most REQs: larger than a reader's
 # (there is one of it); no mmap, which cost more than it saved: docs/performance.md#inline_cache_kib
 INLINE_CACHE_KIB = 32 * 1024
@@ -63,10 +47,6 @@ INLINE_CACHE_KIB = 32 * 1024
 # instead of read system calls (the file never shrinks while serving; a failed read there is
 # SIGBUS and a restart): docs/performance.md#writer_mmap_bytes
 WRITER_MMAP_BYTES = 2 * 1024 * 1024 * 1024
-
-
-class QueryTimeout(StoreError):
-    """A read ran past its time budget and was abandoned."""
 
 
 # WAL file size kept after a checkpoint; larger WALs are truncated back to this.
@@ -156,353 +136,6 @@ def connect(path: Path, *, sync_mode: str = "full", readonly: bool = False, read
     return conn
 
 
-class _Read:
-    """One read: waiting to start, running on a reader thread, or paused between time slices.
-
-    Its result goes to an asyncio future (`fut`) or, for callers that want no task and no
-    future per read (a REQ), to `done(result, exc)` called on the loop."""
-
-    __slots__ = ("fn", "deadline", "timeout", "owner", "seq", "fut", "loop", "resume", "slice_start", "done",
-                 "cancelled", "started", "evicted")
-
-    def __init__(self, fn, deadline, timeout, owner, seq, fut, loop, done=None):
-        self.fn, self.deadline, self.timeout, self.owner, self.seq, self.fut, self.loop = (
-            fn, deadline, timeout, owner, seq, fut, loop)
-        self.done = done
-        self.cancelled = False
-        self.resume: threading.Event | None = None  # set while paused
-        self.slice_start = 0.0
-        self.started = 0.0  # when it got its thread
-        self.evicted = False  # gave its thread up to another owner's first read (see ReadPool)
-
-    def cancel(self) -> None:
-        """Its answer is not wanted: a read not started yet never runs, a started one is
-        abandoned at its next progress check (its slot taken until then) and `done` is not called."""
-        self.cancelled = True
-
-    def is_cancelled(self) -> bool:
-        return self.cancelled or (self.fut is not None and self.fut.cancelled())
-
-
-class ReadPool:
-    """Reader threads shared fairly between owners (websocket connections), in time slices.
-
-    At most `active` reads run at once (each holds a run slot). The next read to get a slot
-    belongs to the owner with the fewest reads running, oldest first: an owner's second read
-    waits behind every other owner's first. A read that has run `slice_seconds` while others wait
-    pauses (SQLite's progress handler blocks its thread, its snapshot kept) and goes to the back of
-    the queue, so an expensive query is paused, not allowed to block (strfry's query time slices).
-    Among owners with as many running, the one served longest ago goes first (round robin). An
-    owner never has more than `per_owner` reads started. A read's time budget counts from when
-    it was submitted, waiting and pauses included. A read whose waiter was cancelled before it
-    started never runs; one already started is abandoned at its next progress check (every
-    PROGRESS_STEPS VM steps), so a CLOSE sent right after a REQ (a pipelining client's pattern)
-    frees the thread and its owner's slot instead of building an answer nobody waits for.
-
-    Threads: one per started read (running or paused), created as needed up to `max_threads`,
-    each with its own connection; idle ones wait for the next read. When every thread holds a
-    started read, an owner's first read takes the thread of a paused read (the one whose owner has
-    the most started, then the one that has run longest), which is abandoned as too long
-    (QueryTimeout): a handful of connections with heavy queries cannot pin every thread, and the
-    paused reads keep resuming meanwhile (a read that cannot start never holds the others up).
-    """
-
-    def __init__(self, store: "SqliteStore", active: int, per_owner: int = DEFAULT_READS_PER_OWNER,
-                 max_threads: int | None = None, slice_seconds: float = DEFAULT_READ_SLICE):
-        self._store = store
-        self._active_max = active
-        self._per_owner = per_owner
-        self._max_threads = max_threads or max(active, DEFAULT_MAX_READER_THREADS)
-        self._slice = slice_seconds
-        self._cv = threading.Condition(threading.Lock())
-        self._queue: list[_Read] = []  # waiting to start or to resume
-        self._active: dict[Any, int] = {}  # owner -> reads holding a run slot
-        self._started: dict[Any, int] = {}  # owner -> reads started and not finished
-        # owner -> when it last got a run slot, while it has reads started or waiting: among
-        # owners with as few running, the one served longest ago goes first (round robin).
-        self._last: dict[Any, int] = {}
-        self._dispatches = itertools.count()
-        self.active = 0
-        self._idle: list["_ReaderThread"] = []
-        self._threads: list["_ReaderThread"] = []
-        self._seq = itertools.count()
-        self._stopping = False
-        self.pauses = 0
-        self.evictions = 0
-        self.inline_reads = 0  # run on the loop's thread (see INLINE_MAX_STEPS)
-        self.inline_abandoned = 0  # started there, abandoned: handed to the reader threads
-        self.inline_stalled = 0  # of those, stalled (preempted, busy), not too long: no cooldown
-        # owner -> until when its reads skip the loop (one of them was too long for it)
-        self._inline_until: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-        self._evicting = 0  # evicted reads still unwinding (their threads about to be free)
-        with self._cv:  # the run slots' threads now, so no read waits for a connection to open
-            for n in range(active):
-                thread = _ReaderThread(self, n)
-                self._threads.append(thread)
-                self._idle.append(thread)
-
-    def submit(self, fn: Callable[[apsw.Connection], T], timeout: float | None, owner: Any,
-               inline: bool = False) -> asyncio.Future:
-        """`fn(conn)` on a reader thread; the future resolves with its result. With `inline`, a
-        short read may run on the loop's thread instead (see INLINE_MAX_STEPS)."""
-        loop = asyncio.get_running_loop()
-        fut = loop.create_future()
-        read = _Read(fn, time.monotonic() + timeout if timeout else None, timeout,
-                     owner if owner is not None else object(), next(self._seq), fut, loop)
-        if not (inline and self._run_inline(read)):
-            self._enter(read)
-        return fut
-
-    def submit_then(self, fn: Callable[[apsw.Connection], T], done: Callable[[Any, BaseException | None], None],
-                    timeout: float | None, owner: Any, inline: bool = False) -> _Read:
-        """Like `submit`, but `done(result, exc)` is called on the loop (always in a later
-        callback, never from within this call); cancel with the returned read's `cancel()`."""
-        read = _Read(fn, time.monotonic() + timeout if timeout else None, timeout,
-                     owner if owner is not None else object(), next(self._seq), None,
-                     asyncio.get_running_loop(), done)
-        if not (inline and self._run_inline(read)):
-            self._enter(read)
-        return read
-
-    def _run_inline(self, read: _Read) -> bool:
-        """Run `read` on this, the loop's, thread if it may: nothing waits for a reader, its owner
-        has no read started (an owner's reads never exceed `per_owner`, inline or not) and none of
-        its reads was too long for the loop lately. True when it ran (the outcome is delivered as
-        a reader thread delivers it); False when it is for the reader threads."""
-        owner = read.owner
-        # Unlocked peeks: reads are queued and started only from this thread, so a stale answer
-        # here merely sends a read to the reader threads.
-        if self._stopping or self._queue or owner in self._started:
-            return False
-        try:
-            until = self._inline_until.get(owner)
-        except TypeError:  # an anonymous owner (not weakly referenceable): the reader threads
-            return False
-        if until is not None:
-            if time.monotonic() < until:
-                return False
-            del self._inline_until[owner]
-        outcome = self._store._read_inline(read.fn, read.timeout)
-        if outcome is INLINE_STALLED:  # the reader threads do it; the owner's next read may not
-            self.inline_abandoned += 1
-            self.inline_stalled += 1
-            return False
-        if outcome is None:  # too long for the loop: the reader threads do it, and its next reads
-            self.inline_abandoned += 1
-            self._inline_until[owner] = time.monotonic() + INLINE_COOLDOWN
-            return False
-        self.inline_reads += 1
-        result, exc = outcome
-        if read.fut is not None:
-            _settle(read.fut, result, exc)
-        else:
-            read.loop.call_soon(_call_done, read, result, exc)
-        return True
-
-    def _enter(self, read: _Read) -> None:
-        with self._cv:
-            self._queue.append(read)
-            self._dispatch()
-
-    # -- scheduling (lock held) ----------------------------------------------------------------
-
-    def _pickable(self, read: _Read) -> bool:
-        return read.resume is not None or self._started.get(read.owner, 0) < self._per_owner
-
-    def _pick(self, can_start: bool) -> tuple[_Read | None, _Read | None]:
-        """(the most deserving read that can run now, the most deserving new read that could not
-        start for want of a thread). Without a free thread only paused reads can run."""
-        best = best_key = None
-        blocked = blocked_key = None
-        queue = self._queue
-        i = 0
-        while i < len(queue):
-            read = queue[i]
-            if read.resume is None and read.is_cancelled():
-                queue.pop(i)  # its waiter is gone and it never started
-                if read.owner not in self._started and not any(r.owner is read.owner for r in queue):
-                    self._last.pop(read.owner, None)
-                continue
-            if self._pickable(read):
-                key = (self._active.get(read.owner, 0), self._last.get(read.owner, -1), read.seq)
-                if read.resume is None and not can_start:
-                    if blocked_key is None or key < blocked_key:
-                        blocked, blocked_key = read, key
-                elif best_key is None or key < best_key:
-                    best, best_key = read, key
-            i += 1
-        return best, blocked
-
-    def _can_start(self) -> bool:
-        return bool(self._idle) or len(self._threads) < self._max_threads
-
-    def _dispatch(self) -> None:
-        """Give free run slots to the most deserving waiting reads."""
-        while self.active < self._active_max and not self._stopping:
-            read, blocked = self._pick(self._can_start())
-            if blocked is not None and not self._started.get(blocked.owner) and not self._evicting \
-                    and self._evict_for(blocked):
-                continue  # the queue changed: pick again
-            if read is None:
-                return
-            if read.resume is None:  # a new read needs a thread of its own
-                if self._idle:
-                    thread = self._idle.pop()
-                else:
-                    thread = _ReaderThread(self, len(self._threads))
-                    self._threads.append(thread)
-                self._started[read.owner] = self._started.get(read.owner, 0) + 1
-                read.started = time.monotonic()
-                thread.give(read)
-            self._queue.remove(read)
-            self.active += 1
-            self._active[read.owner] = self._active.get(read.owner, 0) + 1
-            self._last[read.owner] = next(self._dispatches)
-            read.slice_start = time.monotonic()
-            if read.resume is not None:
-                resume, read.resume = read.resume, None
-                resume.set()
-
-    def _evict_for(self, newcomer: _Read) -> bool:
-        """Every thread holds a started read and `newcomer` is its owner's first: abandon a paused
-        read (its owner's most, then the longest running) so its thread comes free. False when
-        none is paused (the running ones pause or end within a slice)."""
-        paused = [r for r in self._queue if r.resume is not None and r.owner is not newcomer.owner]
-        if not paused:
-            return False
-        victim = max(paused, key=lambda r: (self._started.get(r.owner, 0), -r.started))
-        self._queue.remove(victim)
-        victim.evicted = True
-        self._evicting += 1
-        self.evictions += 1
-        # It unwinds holding a run slot, given back when it finishes (see _finished).
-        self.active += 1
-        self._active[victim.owner] = self._active.get(victim.owner, 0) + 1
-        resume, victim.resume = victim.resume, None
-        resume.set()
-        return True
-
-    def _release_slot(self, read: _Read) -> None:
-        self.active -= 1
-        n = self._active[read.owner] - 1
-        if n:
-            self._active[read.owner] = n
-        else:
-            del self._active[read.owner]
-
-    def _finished(self, read: _Read, thread: "_ReaderThread") -> None:
-        with self._cv:
-            if read.evicted:
-                self._evicting -= 1
-            self._release_slot(read)
-            n = self._started[read.owner] - 1
-            if n:
-                self._started[read.owner] = n
-            else:
-                del self._started[read.owner]
-                if not any(r.owner is read.owner for r in self._queue):
-                    self._last.pop(read.owner, None)  # its next read is a first read again
-            self._idle.append(thread)
-            self._dispatch()
-
-    # -- time slices (reader threads, from SQLite's progress handler) ----------------------------
-
-    def maybe_pause(self, read: _Read) -> bool:
-        """Called every PROGRESS_STEPS VM steps of `read`: past its slice, with a read waiting
-        that could run, step aside until it is this read's turn again. True: abandon the read
-        (its thread went to another owner's first read)."""
-        if not self._queue or time.monotonic() - read.slice_start < self._slice:
-            return False
-        with self._cv:
-            if not any(self._pickable(r) for r in self._queue if r is not read):
-                read.slice_start = time.monotonic()
-                return False
-            resume = read.resume = threading.Event()
-            read.seq = next(self._seq)  # to the back of the queue
-            self._queue.append(read)
-            self._release_slot(read)
-            self.pauses += 1
-            self._dispatch()
-        timeout = None if read.deadline is None else max(0.0, read.deadline - time.monotonic())
-        if not resume.wait(timeout):
-            with self._cv:
-                if read.resume is resume:  # still waiting: leave the queue, take a slot back
-                    read.resume = None
-                    self._queue.remove(read)
-                    self.active += 1
-                    self._active[read.owner] = self._active.get(read.owner, 0) + 1
-                    return False  # the caller's deadline check abandons the read
-            resume.wait()  # dispatched (or evicted) meanwhile: the slot is ours already
-        return read.evicted
-
-    def _retire(self, thread: "_ReaderThread") -> bool:
-        """An extra thread idle for READER_IDLE_SECONDS leaves (True), unless a read was just
-        given to it."""
-        with self._cv:
-            if thread._ready.is_set() or thread not in self._idle:
-                return False
-            self._idle.remove(thread)
-            self._threads.remove(thread)
-            return True
-
-    def stop(self) -> None:
-        with self._cv:
-            self._stopping = True
-            for thread in self._threads:
-                thread.give(None)
-        for thread in self._threads:
-            thread.join()
-
-
-class _ReaderThread(threading.Thread):
-    """One reader connection and the thread that runs reads on it."""
-
-    def __init__(self, pool: ReadPool, n: int):
-        super().__init__(name=f"appliance-reader-{n}", daemon=True)
-        self.pool = pool
-        self.n = n
-        self._next: list = []
-        self._ready = threading.Event()
-        self.start()
-
-    def give(self, read: _Read | None) -> None:
-        self._next.append(read)
-        self._ready.set()
-
-    def run(self) -> None:
-        pool = self.pool
-        store = pool._store
-        conn = store._reader()
-        try:
-            while True:
-                if not self._ready.wait(None if self.n < pool._active_max else READER_IDLE_SECONDS):
-                    if pool._retire(self):
-                        trim_heap()
-                        return
-                    continue
-                self._ready.clear()
-                read = self._next.pop()
-                if read is None:
-                    return
-                try:
-                    if read.deadline is not None and time.monotonic() >= read.deadline:
-                        raise QueryTimeout(f"query took longer than {read.timeout:g} s (waiting for a reader)")
-                    result, exc = store._read_on(conn, read.fn, read.deadline, read.timeout,
-                                                 lambda read=read: read.is_cancelled() or pool.maybe_pause(read)), None
-                except BaseException as e:  # noqa: BLE001 - handed to the waiter
-                    result, exc = None, e
-                pool._finished(read, self)
-                try:
-                    if read.fut is not None:
-                        read.loop.call_soon_threadsafe(_settle, read.fut, result, exc)
-                    elif not read.cancelled:
-                        read.loop.call_soon_threadsafe(_call_done, read, result, exc)
-                except RuntimeError:  # the loop is closed (shutdown)
-                    pass
-        finally:
-            store._forget_reader(conn)
-
-
 # Linux counts block reads per thread; elsewhere the process's count (more reads count as the disk's).
 _RUSAGE_WHO = getattr(resource, "RUSAGE_THREAD", resource.RUSAGE_SELF)
 
@@ -512,28 +145,30 @@ def _blocks_read() -> int:
     return resource.getrusage(_RUSAGE_WHO).ru_inblock
 
 
-def trim_heap() -> None:
-    """Hand freed heap memory back to the OS (glibc keeps it otherwise); a no-op elsewhere."""
+
+def memory_used() -> int:
+    """Bytes SQLite holds in memory (page caches of the writer and readers, statements)."""
+    return apsw.memory_used()
+
+
+def in_memory() -> apsw.Connection:
+    """A plain SQLite database in memory (no file, no pragmas): a scratch schema to compare with."""
+    return apsw.Connection(":memory:")
+
+
+def read_file(path: Path, fn: Callable[[apsw.Connection], T]) -> T:
+    """`fn(conn)` on a read-only connection to the database file `path` (closed after: a read-only
+    connection never checkpoints the WAL, so what a killed appliance left stays as it was)."""
+    conn = connect(path, readonly=True)
     try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
+        return fn(conn)
+    finally:
+        conn.close()
 
 
-def _call_done(read: _Read, result: Any, exc: BaseException | None) -> None:
-    if not read.cancelled:  # cancelled while the result was on its way
-        read.done(result, exc)
-
-
-def _settle(fut: asyncio.Future, result: Any, exc: BaseException | None) -> None:
-    if fut.cancelled():
-        return
-    if exc is not None:
-        fut.set_exception(exc)
-    else:
-        fut.set_result(result)
+def integrity_check(path: Path) -> list[str]:
+    """SQLite's integrity_check of the database file `path`, read-only: ["ok"] when sound."""
+    return read_file(path, lambda conn: [r[0] for r in conn.execute("PRAGMA integrity_check")])
 
 
 def open_checked(path: Path, *, busy_timeout_ms: int = 0) -> tuple[apsw.Connection, list[str], int]:
@@ -616,6 +251,14 @@ def _private_files(path: Path) -> None:
             pass
 
 
+class SqliteWriter(Writer):
+    """The one writer on SQLite: BEGIN IMMEDIATE takes the write lock when the batch starts."""
+
+    BEGIN = "BEGIN IMMEDIATE"
+    ERRORS = (apsw.Error,)
+    FULL_ERRORS = (apsw.FullError,)
+
+
 class SqliteStore(WriterFront):
     """The appliance's storage: run writes through the single writer, reads on reader threads."""
 
@@ -665,7 +308,7 @@ class SqliteStore(WriterFront):
         self._restart_after = 0.0
         self._checkpointing = threading.Lock()  # one checkpoint at a time: PASSIVE or the writer's RESTART
         self._write_conn.set_wal_hook(self._wal_hook)
-        self._writer = Writer(self._write_conn, self.write_batch)
+        self._writer = SqliteWriter(self._write_conn, self.write_batch)
         self._writer.after_commit = self._restart_wal
         self._writer.start()
         self._checkpointer = threading.Thread(target=self._checkpoint_loop, name="appliance-checkpoint", daemon=True)

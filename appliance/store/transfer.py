@@ -13,7 +13,9 @@ from __future__ import annotations
 from typing import Iterator
 
 from appliance.nostr.filters import Filter
+from appliance.store.backend import value_errors
 from appliance.store.events import _in, delete_row
+from appliance.store.interface import Connection, is_sqlite
 
 # Events per page of an export, and per write transaction of a delete.
 DEFAULT_PAGE = 5000
@@ -144,9 +146,7 @@ IMPORT_CACHE_KIB = 256 * 1024
 
 def widen_cache(conn) -> None:
     """Give this (the import's own) SQLite writer connection IMPORT_CACHE_KIB of page cache."""
-    import apsw
-
-    if isinstance(conn, apsw.Connection):
+    if is_sqlite(conn):
         conn.execute(f"PRAGMA cache_size = -{IMPORT_CACHE_KIB}")
 
 
@@ -189,18 +189,4 @@ def store_imported(conn, items: list) -> list:
     return results
 
 
-def _db_errors() -> tuple[type[BaseException], ...]:
-    """The drivers' statement errors (a batch that fails on one is written again one by one)."""
-    import apsw
-
-    errors: list[type[BaseException]] = [apsw.ConstraintError, apsw.MismatchError]
-    try:
-        import psycopg
-    except ImportError:
-        pass
-    else:
-        errors.append(psycopg.DataError)
-    return tuple(errors)
-
-
-_DB_ERRORS = _db_errors()
+_DB_ERRORS = value_errors()

@@ -24,10 +24,10 @@ import threading
 import time
 from typing import Any, Callable, NamedTuple
 
-import apsw
 import orjson
 
 from appliance.store.dialect import postgres_variant
+from appliance.store.interface import Connection, is_sqlite
 from appliance.store.meta import node_lock
 
 __all__ = [
@@ -315,7 +315,7 @@ def new_job_id() -> str:
 
 # -- writes (inside the writer transaction) -------------------------------------------------------
 
-def insert_job(conn: apsw.Connection, *, job_id: str, origin: int, app_profile: str, transport: str,
+def insert_job(conn: Connection, *, job_id: str, origin: int, app_profile: str, transport: str,
                endpoint_hash: str, event_id: str, lease_pubkey: str, lease_d: str, generation: int, cls: str,
                now: float, useful_age: float, min_interval: float, claim_for: float | None = None) -> str | None:
     """Write the job of one (endpoint, event) match; the state it got, None if it already existed.
@@ -365,7 +365,7 @@ def endpoint_lock_name(key: tuple) -> str:
     return f"wake-endpoint:{o}:{p}:{t}:{h}"
 
 
-def _endpoint(conn: apsw.Connection, key: tuple) -> tuple[float | None, str | None]:
+def _endpoint(conn: Connection, key: tuple) -> tuple[float | None, str | None]:
     """(when the last wake went to the endpoint, its pending wake) - the pending wake only if the
     hint still names a pending job. (A stale hint - the wake was sent, dropped, dead-lettered -
     only means a new match starts a new wake, under the rate cap, instead of joining one.)"""
@@ -378,7 +378,7 @@ def _endpoint(conn: apsw.Connection, key: tuple) -> tuple[float | None, str | No
     return last_sent, pending
 
 
-def _note_pending(conn: apsw.Connection, rows: list[tuple]) -> None:
+def _note_pending(conn: Connection, rows: list[tuple]) -> None:
     """These jobs (origin, app_profile, transport, endpoint_hash, id) are pending again (a retry, a
     released claim, orphans of a cancelled wake): later matches for their endpoints join them.
     A decision about their endpoints like any other: under their node locks (several nodes), so a
@@ -389,7 +389,7 @@ def _note_pending(conn: apsw.Connection, rows: list[tuple]) -> None:
         conn.executemany(SQL_NOTE_PENDING, rows)
 
 
-def due_wakes(conn: apsw.Connection, now: float, limit: int) -> list[WakeJob]:
+def due_wakes(conn: Connection, now: float, limit: int) -> list[WakeJob]:
     """Pending wakes whose time came, and claims that lapsed, oldest due first."""
     return [_job(r) for r in conn.execute(SQL_DUE, (now, limit))]
 
@@ -404,10 +404,10 @@ def _checked(row: tuple) -> tuple[WakeJob, tuple | None, str | None, int | None]
     return job, (None if lease[0] is None else lease), row[_N_JOB + 8], row[_N_JOB + 9]
 
 
-def due_wakes_checked(conn: apsw.Connection, now: float, limit: int) -> list[tuple]:
+def due_wakes_checked(conn: Connection, now: float, limit: int) -> list[tuple]:
     """`due_wakes`, each with its lease row (generation, active, expiration, invalidated_at,
     app_profile, transport, endpoint, endpoint_hash) and its event (raw, expiration)."""
-    if isinstance(conn, apsw.Connection):
+    if is_sqlite(conn):
         return [_checked(r) for r in conn.execute(SQL_DUE_CHECKED, (now, limit))]
     due = [_checked(r) for r in conn.execute(SQL_DUE_CHECKED_PG, (now, limit))]
     # Other nodes: wait for any transaction still deciding about these endpoints (a match joining
@@ -416,7 +416,7 @@ def due_wakes_checked(conn: apsw.Connection, now: float, limit: int) -> list[tup
     return due
 
 
-def members_checked(conn: apsw.Connection, wake_ids: list[str]) -> dict[str, list[tuple]]:
+def members_checked(conn: Connection, wake_ids: list[str]) -> dict[str, list[tuple]]:
     """The coalesced jobs of these wakes, as `due_wakes_checked` gives them, by wake id."""
     out: dict[str, list[tuple]] = {}
     if wake_ids:
@@ -426,12 +426,12 @@ def members_checked(conn: apsw.Connection, wake_ids: list[str]) -> dict[str, lis
     return out
 
 
-def job_checked(conn: apsw.Connection, job_id: str) -> tuple | None:
+def job_checked(conn: Connection, job_id: str) -> tuple | None:
     row = conn.execute(SQL_JOB_CHECKED, (job_id,)).fetchone()
     return None if row is None else _checked(row)
 
 
-def claim_wakes(conn: apsw.Connection, jobs: list[WakeJob], now: float, visibility: float) -> None:
+def claim_wakes(conn: Connection, jobs: list[WakeJob], now: float, visibility: float) -> None:
     """`claim_wake` for many at once (one statement, and two per (origin, app profile, transport))."""
     if not jobs:
         return
@@ -448,12 +448,12 @@ def claim_wakes(conn: apsw.Connection, jobs: list[WakeJob], now: float, visibili
         conn.execute(SQL_NOTE_SENT_NEW, (origin, app_profile, transport, now, hashes_json))
 
 
-def wake_members(conn: apsw.Connection, wake_id: str) -> list[WakeJob]:
+def wake_members(conn: Connection, wake_id: str) -> list[WakeJob]:
     """The jobs coalesced into a pending wake."""
     return [_job(r) for r in conn.execute(SQL_MEMBERS, (wake_id,))]
 
 
-def claim_wake(conn: apsw.Connection, job: WakeJob, now: float, visibility: float) -> None:
+def claim_wake(conn: Connection, job: WakeJob, now: float, visibility: float) -> None:
     """Mark a wake as being sent (until now + visibility) and note the send for the rate cap.
     (The wake's class is not written: each job keeps its own match's class, and a wake's class is
     the highest among the jobs that pass the re-check before each attempt.)"""
@@ -461,13 +461,13 @@ def claim_wake(conn: apsw.Connection, job: WakeJob, now: float, visibility: floa
     conn.execute(SQL_NOTE_SENT, (*job.endpoint_key, now, job.id))
 
 
-def set_state(conn: apsw.Connection, job_id: str, state: str, now: float, error: str | None = None) -> None:
+def set_state(conn: Connection, job_id: str, state: str, now: float, error: str | None = None) -> None:
     """A final state for a job (and the finish time of the jobs coalesced into it)."""
     conn.execute(SQL_SET_STATE, (state, now, error, job_id))
     conn.execute(SQL_FINISH_MEMBERS, (now, job_id))
 
 
-def release(conn: apsw.Connection, job_ids: list[str], now: float) -> int:
+def release(conn: Connection, job_ids: list[str], now: float) -> int:
     """Give back claims of wakes never sent, or whose sends were abandoned (a graceful stop):
     pending again, due at `now` (the same job ids, so the same apns-id). A job whose outcome was
     recorded meanwhile is no longer claimed and keeps it."""
@@ -476,29 +476,29 @@ def release(conn: apsw.Connection, job_ids: list[str], now: float) -> int:
     return len(released)
 
 
-def extend_claims(conn: apsw.Connection, job_ids: list[str], until: float) -> None:
+def extend_claims(conn: Connection, job_ids: list[str], until: float) -> None:
     """Claims the claiming process still holds (queued or being sent) stay its own until `until`."""
     conn.execute(SQL_EXTEND_CLAIMS, (until, orjson.dumps(job_ids).decode()))
 
 
-def count_attempt(conn: apsw.Connection, job_id: str) -> None:
+def count_attempt(conn: Connection, job_id: str) -> None:
     """One more provider attempt against the job's budget (configuration faults are not counted)."""
     conn.execute(SQL_COUNT_ATTEMPT, (job_id,))
 
 
-def shift_due(conn: apsw.Connection, seconds: float, now: float) -> int:
+def shift_due(conn: Connection, seconds: float, now: float) -> int:
     """The wall clock went back `seconds`: bring waiting wakes (retries, rate-capped, claims) that
     many seconds closer, so each waits as long as it would have; the number moved."""
     conn.execute(SQL_SHIFT_DUE, (seconds, now))
     return conn.changes()
 
 
-def reschedule(conn: apsw.Connection, job_id: str, due_at: float, error: str | None) -> None:
+def reschedule(conn: Connection, job_id: str, due_at: float, error: str | None) -> None:
     """Back to pending, due at `due_at` (a retry keeps the job's id: the same apns-id)."""
     _note_pending(conn, conn.execute(SQL_RESCHEDULE, (due_at, error, job_id)).fetchall())
 
 
-def cancel_lease_jobs(conn: apsw.Connection, origin: int, pubkey: str, d: str, now: float, why: str) -> int:
+def cancel_lease_jobs(conn: Connection, origin: int, pubkey: str, d: str, now: float, why: str) -> int:
     """Cancel the undelivered jobs of a lease address (revoked or replaced)."""
     cancelled = conn.execute(SQL_CANCEL_LEASE, (now, why, origin, pubkey, d)).fetchall()
     for job_id, due_at, was_wake in cancelled:
@@ -507,7 +507,7 @@ def cancel_lease_jobs(conn: apsw.Connection, origin: int, pubkey: str, d: str, n
     return len(cancelled)
 
 
-def _adopt_orphans(conn: apsw.Connection, wake_id: str, due_at: float) -> None:
+def _adopt_orphans(conn: Connection, wake_id: str, due_at: float) -> None:
     """The jobs of other leases that had joined a cancelled wake stay one wake: they join the
     endpoint's pending wake if it has another, else the oldest of them becomes the wake, due when
     the cancelled one was (so neither the rate cap nor a retry's backoff is skipped), and the rest
@@ -525,7 +525,7 @@ def _adopt_orphans(conn: apsw.Connection, wake_id: str, due_at: float) -> None:
     conn.execute(SQL_MOVE_ORPHANS, (pending, wake_id))
 
 
-def log_attempt(conn: apsw.Connection, job: WakeJob, *, at: float, cls: str, attempt: int, outcome: str,
+def log_attempt(conn: Connection, job: WakeJob, *, at: float, cls: str, attempt: int, outcome: str,
                 status: int | None, reason: str | None, latency_ms: float | None, detail: str = "",
                 lease: str | None = None) -> None:
     """One attempt in the delivery log; `lease` is how the row names the lease (default `job.lease`;
@@ -534,7 +534,7 @@ def log_attempt(conn: apsw.Connection, job: WakeJob, *, at: float, cls: str, att
                            outcome, status, reason, latency_ms, detail))
 
 
-def record_delivered(conn: apsw.Connection, attempts: list[tuple], now: float,
+def record_delivered(conn: Connection, attempts: list[tuple], now: float,
                      lease_of: Callable[[WakeJob], str] | None = None) -> None:
     """Accepted attempts (job, class, attempt, status, reason, latency_ms, detail), all at `now`: what
     `log_attempt`, `count_attempt`, `set_state(..., "delivered")` and `clear_alerts` do for each,
@@ -552,20 +552,20 @@ def record_delivered(conn: apsw.Connection, attempts: list[tuple], now: float,
         note_outcome(conn, origin, app_profile, "accepted", "accepted", False, now)
 
 
-def raise_alert(conn: apsw.Connection, origin: int, app_profile: str, reason: str, detail: str,
+def raise_alert(conn: Connection, origin: int, app_profile: str, reason: str, detail: str,
                 status: int | None, now: float) -> bool:
     """Record a configuration fault; True if the alert is new (or came back after clearing)."""
     _count, fresh = conn.execute(SQL_ALERT, (origin, app_profile, reason, detail, status, now, now)).fetchone()
     return bool(fresh)
 
 
-def dismiss_alert(conn: apsw.Connection, origin: int, app_profile: str, reason: str, now: float) -> bool:
+def dismiss_alert(conn: Connection, origin: int, app_profile: str, reason: str, now: float) -> bool:
     """The operator has seen an alert: hidden until it clears and comes back. Whether it was shown."""
     conn.execute(SQL_DISMISS_ALERT, (now, origin, app_profile, reason))
     return conn.changes() == 1
 
 
-def note_outcome(conn: apsw.Connection, origin: int, app_profile: str, kind: str, detail: str, refused: bool,
+def note_outcome(conn: Connection, origin: int, app_profile: str, kind: str, detail: str, refused: bool,
                  now: float) -> tuple[int, bool]:
     """Record one attempt in its profile's health; (transient failures in a row, host refused)."""
     failures = 1 if kind == "transient" else 0
@@ -574,19 +574,19 @@ def note_outcome(conn: apsw.Connection, origin: int, app_profile: str, kind: str
     return failures, bool(refused)
 
 
-def transport_health(conn: apsw.Connection) -> dict[tuple[int, str], dict[str, Any]]:
+def transport_health(conn: Connection) -> dict[tuple[int, str], dict[str, Any]]:
     """Every profile's health row by (origin, app profile)."""
     keys = ("origin", "app_profile", "failures", "refused", "last_at", "last_outcome", "last_detail", "ok_at")
     return {(r[0], r[1]): dict(zip(keys, r)) for r in conn.execute(SQL_HEALTH_ROWS)}
 
 
-def clear_alerts(conn: apsw.Connection, origin: int, app_profile: str, now: float) -> int:
+def clear_alerts(conn: Connection, origin: int, app_profile: str, now: float) -> int:
     """A wake for this profile was accepted: its alerts are over."""
     conn.execute(SQL_CLEAR_ALERTS, (now, origin, app_profile))
     return conn.changes()
 
 
-def purge(conn: apsw.Connection, now: float, retention: float) -> int:
+def purge(conn: Connection, now: float, retention: float) -> int:
     """Drop finished jobs, log rows, rate state and cleared alerts older than `retention` seconds."""
     cutoff = now - retention
     n = 0
@@ -599,12 +599,12 @@ def purge(conn: apsw.Connection, now: float, retention: float) -> int:
 
 # -- reads ------------------------------------------------------------------------------------------
 
-def next_due(conn: apsw.Connection) -> float | None:
+def next_due(conn: Connection) -> float | None:
     """When the next pending wake (or lapsing claim) is due; None if there is none."""
     return conn.execute(SQL_NEXT_DUE).fetchone()[0]
 
 
-def list_jobs(conn: apsw.Connection, *, state: str | None = None, origin: int | None = None,
+def list_jobs(conn: Connection, *, state: str | None = None, origin: int | None = None,
               limit: int = 100, before: float | None = None) -> list[WakeJob]:
     """Jobs, newest first; filtered by state, origin, created before `before` (paging)."""
     where, args = [], []
@@ -624,7 +624,7 @@ def list_jobs(conn: apsw.Connection, *, state: str | None = None, origin: int | 
     return [_job(r) for r in conn.execute(sql, (*args, limit))]
 
 
-def job_counts(conn: apsw.Connection, origin: int | None = None) -> dict[str, int]:
+def job_counts(conn: Connection, origin: int | None = None) -> dict[str, int]:
     """How many jobs are in each state (every state listed, zeros included)."""
     counts = dict.fromkeys(JOB_STATES, 0)
     if origin is None:
@@ -642,7 +642,7 @@ _LOG_FILTERS = {"origin": "origin = ?", "outcome": "outcome = ?", "app_profile":
                 "before_id": "id < ?"}
 
 
-def delivery_log(conn: apsw.Connection, *, limit: int = 100, **filters: Any) -> list[dict[str, Any]]:
+def delivery_log(conn: Connection, *, limit: int = 100, **filters: Any) -> list[dict[str, Any]]:
     """Attempts, newest first. Filters: origin, outcome, app_profile, transport, job_id, since,
     until (times), before_id (paging)."""
     unknown = set(filters) - set(_LOG_FILTERS)
@@ -661,7 +661,7 @@ _ALERT_COLUMNS = ("origin", "app_profile", "reason", "detail", "status", "first_
                   "dismissed_at")
 
 
-def alerts(conn: apsw.Connection, *, active_only: bool = True) -> list[dict[str, Any]]:
+def alerts(conn: Connection, *, active_only: bool = True) -> list[dict[str, Any]]:
     """Configuration-fault alerts, most recent first; only uncleared ones unless asked."""
     sql = f"SELECT {', '.join(_ALERT_COLUMNS)} FROM push_alerts"
     if active_only:
@@ -703,7 +703,7 @@ SQL_LAST_OUTCOMES = (
 )
 
 
-def retry_dead(conn: apsw.Connection, job_id: str, now: float, useful_age: float) -> bool:
+def retry_dead(conn: Connection, job_id: str, now: float, useful_age: float) -> bool:
     """The operator sends a dead-lettered wake again: due now, a fresh useful age and attempt count
     (it joins its endpoint's pending wake if there is one). Whether it was dead."""
     row = conn.execute(SQL_DEAD_JOB, (job_id,)).fetchone()
@@ -719,30 +719,30 @@ def retry_dead(conn: apsw.Connection, job_id: str, now: float, useful_age: float
     return True
 
 
-def discard_dead(conn: apsw.Connection, job_id: str, now: float) -> bool:
+def discard_dead(conn: Connection, job_id: str, now: float) -> bool:
     """The operator gives up on a dead-lettered wake (kept, cancelled, until the log retention)."""
     conn.execute(SQL_DISCARD_DEAD, (now, "discarded by the operator", job_id))
     return conn.changes() == 1
 
 
-def queue_summary(conn: apsw.Connection) -> dict[str, int]:
+def queue_summary(conn: Connection) -> dict[str, int]:
     """Wakes waiting (pending or being sent), of which retrying after a failure, and dead-lettered."""
     queued, retrying, dead = conn.execute(SQL_QUEUE_SUMMARY).fetchone()
     return {"queued": queued, "failed": retrying, "dead": dead}
 
 
-def outcome_counts(conn: apsw.Connection, since: float, origin: int | None = None) -> dict[str, int]:
+def outcome_counts(conn: Connection, since: float, origin: int | None = None) -> dict[str, int]:
     rows = conn.execute(SQL_OUTCOME_COUNTS, (since,)) if origin is None else \
         conn.execute(SQL_OUTCOME_COUNTS_ORIGIN, (since, origin))
     return dict(rows.fetchall())
 
 
-def latency_by_minute(conn: apsw.Connection, since: float) -> list[tuple[int, int, float, float]]:
+def latency_by_minute(conn: Connection, since: float) -> list[tuple[int, int, float, float]]:
     """(minute start, attempts, mean latency ms, slowest ms) since `since`."""
     return conn.execute(SQL_LATENCY_MINUTES, (since,)).fetchall()
 
 
-def last_outcomes(conn: apsw.Connection, since: float) -> list[dict[str, Any]]:
+def last_outcomes(conn: Connection, since: float) -> list[dict[str, Any]]:
     keys = ("origin", "app_profile", "transport", "outcome", "status", "reason", "at")
     return [dict(zip(keys, r)) for r in conn.execute(SQL_LAST_OUTCOMES, (since,))]
 
@@ -750,7 +750,7 @@ def last_outcomes(conn: apsw.Connection, since: float) -> list[dict[str, Any]]:
 SQL_JOBS_BY_ID = f"SELECT {_JOB_COLUMNS} FROM wake_jobs WHERE id IN (SELECT value FROM json_each(?))"
 
 
-def jobs_by_id(conn: apsw.Connection, ids) -> dict[str, WakeJob]:
+def jobs_by_id(conn: Connection, ids) -> dict[str, WakeJob]:
     import json
 
     return {j.id: j for j in map(_job, conn.execute(SQL_JOBS_BY_ID, (json.dumps(list(ids)),)))}

@@ -9,16 +9,15 @@ import threading
 import time
 from typing import Any, Callable, TypeVar
 
-import apsw
-
 from appliance.errors import StorageFull
 from appliance.store.faultlog import FaultLog
+from appliance.store.interface import Connection
 from appliance.store.meta import LockOrder
 
 log = logging.getLogger("appliance.store")
 
 T = TypeVar("T")
-WriteOp = Callable[[apsw.Connection], Any]
+WriteOp = Callable[[Connection], Any]
 
 _STOP = object()
 
@@ -39,8 +38,8 @@ class Writer:
     `_run_together`): that is how plain events are written a batch at a time. Futures resolve only
     after COMMIT returned: an `OK true` sent on that signal is durable.
 
-    The connection is apsw's or one with its surface (postgres.PgConnection); a backend names its
-    own BEGIN and error classes (class attributes below).
+    A backend subclasses it to name its own BEGIN and its driver's error classes (class
+    attributes below: sqlite.SqliteWriter, postgres.PgWriter).
 
     Node locks (PostgreSQL, several nodes: meta.node_lock) are taken in one global order. An
     operation that asks for a key below one its transaction holds raises `LockOrder`: its own
@@ -51,11 +50,11 @@ class Writer:
     rolled-back savepoint is never delivered, and its future is resolved once.
     """
 
-    BEGIN = "BEGIN IMMEDIATE"
-    ERRORS: tuple[type[BaseException], ...] = (apsw.Error,)
-    FULL_ERRORS: tuple[type[BaseException], ...] = (apsw.FullError,)
+    BEGIN = "BEGIN"
+    ERRORS: tuple[type[BaseException], ...] = ()  # the driver's errors
+    FULL_ERRORS: tuple[type[BaseException], ...] = ()  # of those, a full disk
 
-    def __init__(self, conn: apsw.Connection, batch_max: int = 500):
+    def __init__(self, conn: Connection, batch_max: int = 500):
         self._conn = conn
         self._batch_max = batch_max
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
@@ -225,13 +224,13 @@ class Writer:
     def before_batch(self) -> None:
         """Writer thread, before each transaction: a backend may reconnect here."""
 
-    def _run_one(self, conn: apsw.Connection, op: WriteOp, fut, loop, outcomes: list) -> None:
+    def _run_one(self, conn: Connection, op: WriteOp, fut, loop, outcomes: list) -> None:
         try:
             self._one(conn, op, fut, loop, outcomes)
         except LockOrder as order:
             self._run_in_order(conn, order, outcomes, lambda: self._one(conn, op, fut, loop, outcomes))
 
-    def _one(self, conn: apsw.Connection, op: WriteOp, fut, loop, outcomes: list) -> None:
+    def _one(self, conn: Connection, op: WriteOp, fut, loop, outcomes: list) -> None:
         """Run `op` in its own savepoint; LockOrder leaves nothing of it and goes to the caller."""
         conn.execute("SAVEPOINT op")
         try:
@@ -265,7 +264,7 @@ class Writer:
             except LockOrder as more:  # it asked for yet another key below: the whole set, again
                 keys |= more.keys
 
-    def _run_together(self, conn: apsw.Connection, run_fn, run: list, outcomes: list) -> bool:
+    def _run_together(self, conn: Connection, run_fn, run: list, outcomes: list) -> bool:
         """Run consecutive ops sharing a `run_batch` function in one go.
 
         `run_batch(conn, ops)` returns one result or exception per op and must leave the database
@@ -277,7 +276,7 @@ class Writer:
         except LockOrder as order:
             return self._run_in_order(conn, order, outcomes, lambda: self._together(conn, run_fn, run, outcomes))
 
-    def _together(self, conn: apsw.Connection, run_fn, run: list, outcomes: list) -> bool:
+    def _together(self, conn: Connection, run_fn, run: list, outcomes: list) -> bool:
         conn.execute("SAVEPOINT together")
         try:
             results = run_fn(conn, [op for op, _f, _l in run])
@@ -360,8 +359,8 @@ class TransactionLost(Exception):
         self.cause = cause
 
 
-def _undo(conn: apsw.Connection, savepoint: str, cause: BaseException,
-          errors: tuple[type[BaseException], ...] = (apsw.Error,)) -> None:
+def _undo(conn: Connection, savepoint: str, cause: BaseException,
+          errors: tuple[type[BaseException], ...]) -> None:
     """Roll back to `savepoint` and release it; TransactionLost if SQLite dropped the transaction."""
     try:
         conn.execute(f"ROLLBACK TO {savepoint}")

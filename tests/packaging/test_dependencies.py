@@ -41,10 +41,22 @@ def _lock() -> dict:
 
 
 def _declared(*extras: str) -> set[str]:
+    """The distributions the dependencies and `extras` name (an extra may name another of ours:
+    `appliance[postgresql]`)."""
     names = {_name(r) for r in PROJECT["dependencies"]}
     for extra in extras:
-        names |= {_name(r) for r in PROJECT["optional-dependencies"][extra]}
+        for r in PROJECT["optional-dependencies"][extra]:
+            if _name(r) == PROJECT["name"]:
+                names |= _declared(*re.search(r"\[(.*)\]", r).group(1).replace(" ", "").split(","))
+            else:
+                names.add(_name(r))
     return names
+
+
+def _postgresql_driver() -> set[str]:
+    """The PostgreSQL store's driver: an extra (`pip install 'appliance[postgresql]'`), imported by
+    appliance/store/postgres.py (which says which extra is missing) and store/backend.py only."""
+    return {_name(r) for r in PROJECT["optional-dependencies"]["postgresql"]}
 
 
 def _imported_modules(*folders: str) -> dict[str, set[str]]:
@@ -103,9 +115,14 @@ def _runtime_modules() -> dict[str, set[str]]:
 
 def test_the_runtime_code_imports_only_runtime_dependencies():
     """hpack, h2, certifi, markupsafe, uvloop...: whatever appliance/ imports is a runtime
-    dependency (the bench's comparison relay is the bench extra's)."""
-    missing = {m: d for m, d in _distributions(_runtime_modules()).items() if d not in _declared()}
+    dependency (the bench's comparison relay is the bench extra's, the PostgreSQL driver the
+    postgresql extra's)."""
+    modules = _runtime_modules()
+    missing = {m: d for m, d in _distributions(modules).items() if d not in _declared("postgresql")}
     assert not missing, f"imported by appliance/ but not in [project] dependencies: {missing}"
+    driver = {m: files for m, files in modules.items() if _distributions({m: files})[m] in _postgresql_driver()}
+    assert driver and all(files <= {"appliance/store/postgres.py", "appliance/store/backend.py"}
+                          for files in driver.values()), driver
 
 
 def test_the_suite_imports_only_declared_distributions():
@@ -163,8 +180,9 @@ def test_serving_installs_no_test_or_build_tool():
     exported = _uv_run("export", "--locked", "--no-hashes", "--no-emit-project", "--format", "requirements-txt")
     serving = {_name(line) for line in exported.splitlines() if line and not line.startswith((" ", "#"))}
     assert not serving & NOT_FOR_SERVING, serving & NOT_FOR_SERVING
-    runtime = set(_distributions(_runtime_modules()).values())
+    runtime = set(_distributions(_runtime_modules()).values()) - _postgresql_driver()
     assert runtime <= serving, runtime - serving
+    assert not serving & _postgresql_driver(), "the PostgreSQL driver is the postgresql extra's"
     with_tests = _uv_run("export", "--locked", "--no-hashes", "--no-emit-project", "--extra", "test",
                          "--format", "requirements-txt")
     assert {"pytest", "playwright", "hypothesis", "pyinstaller", "nostr-sdk"} <= {_name(l) for l in with_tests.splitlines()}

@@ -30,7 +30,7 @@ from appliance.relay.governor import REFUSED, WAIT
 from appliance.relay.verbs.base import MAX_SUB_ID_LENGTH, STOPPING_MESSAGE, Verb
 from appliance.relay.verbs.req import RATE_LIMITED_MESSAGE, gate
 from appliance.store.events import negentropy_rows
-from appliance.store.sqlite import QueryTimeout
+from appliance.store.interface import QueryTimeout
 
 if TYPE_CHECKING:
     from appliance.relay.session import Session

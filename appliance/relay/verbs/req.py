@@ -14,7 +14,7 @@ from appliance.relay.governor import REFUSED, WAIT
 from appliance.relay.relay import HELD
 from appliance.relay.subscriptions import Subscription
 from appliance.relay.verbs.base import MAX_SUB_ID_LENGTH, Verb, dumps, refuse_subscription_stopping
-from appliance.store.sqlite import QueryTimeout
+from appliance.store.interface import QueryTimeout
 
 if TYPE_CHECKING:
     from appliance.relay.session import Session
