@@ -1,6 +1,6 @@
 """The dashboard's rows: the operator password and setup token, sessions, moderation notes,
-settings saved from the dashboard, and NIP-86 calls' spent authorization events. Functions take an
-apsw connection (writes inside the writer's transaction)."""
+settings saved from the dashboard, and NIP-86 calls' spent authorization events. Functions take a
+store connection (store.interface; writes inside the writer's transaction)."""
 
 from __future__ import annotations
 

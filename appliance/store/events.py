@@ -1,6 +1,6 @@
 """Event storage rules in SQL: NIP-01 replacement, NIP-09 deletion, NIP-40 expiry, filter queries.
 
-Every function takes an apsw connection; writes run inside the writer's transaction, reads on a
+Every function takes a store connection (store.interface); writes run inside the writer's transaction, reads on a
 reader connection. SQL text lives in module constants; values are always bound, never formatted.
 """
 

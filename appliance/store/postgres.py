@@ -1,11 +1,11 @@
-"""The PostgreSQL backend (`storage = "postgresql://..."`): SqliteStore's surface and threading model.
+"""The PostgreSQL backend (`storage = "postgresql://..."`): store.interface, SQLite's threading model.
 
 One writer thread owns one connection and groups writes per transaction (writer.Writer, each op
-in its own SAVEPOINT); reads run on the same fair reader threads as SQLite's (sqlite.ReadPool),
+in its own SAVEPOINT); reads run on the same fair reader threads as SQLite's (readpool.ReadPool),
 each borrowing a connection from a psycopg_pool ConnectionPool for one REPEATABLE READ, READ ONLY
 transaction (one snapshot, like a SQLite read transaction), bounded by statement_timeout. The event
 loop never waits on the database. The store functions keep taking a `conn`: here a PgConnection,
-which offers the part of apsw's Connection they use and runs their SQLite-dialect statements
+which implements store.interface.Connection and runs their SQLite-dialect statements
 through dialect.translate (once per statement text).
 """
 
