@@ -10,7 +10,7 @@ from appliance.origins import Origin, load_origins, save_origin, sync_origins
 from appliance.push.config import check_push_config, check_push_fits_relay
 from appliance.settings import Settings
 from appliance.store import meta, origin_rows
-from appliance.store.sqlite import SqliteStore
+from appliance.store.interface import Store
 
 # The meta key holding the default origin's row id (it keeps its row when public_url changes).
 DEFAULT_ORIGIN_KEY = "default_origin"
@@ -117,7 +117,7 @@ def config_owned(conn, settings: Settings) -> dict[int, frozenset[str]]:
     return out
 
 
-def prepare_origins(store: SqliteStore, settings: Settings, *, serving: bool = True) -> list[Origin]:
+def prepare_origins(store: Store, settings: Settings, *, serving: bool = True) -> list[Origin]:
     """Make the default origin and the config file's origins exist; return all of them.
 
     The configuration owns the fields it declares (`declared_fields`); every other field keeps the
@@ -163,7 +163,7 @@ def prepare_origins(store: SqliteStore, settings: Settings, *, serving: bool = T
     return store.write_sync(op)
 
 
-def push_names(store: SqliteStore, settings: Settings) -> dict[int, str]:
+def push_names(store: Store, settings: Settings) -> dict[int, str]:
     """Origin id -> its push table as the operator wrote it in the config file (`[push]`,
     `origins[0].push`), for messages; origins made with the CLI or the dashboard are not here."""
     names: dict[int, str] = {}

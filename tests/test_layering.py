@@ -156,3 +156,20 @@ def test_the_driver_check_sees_imports(tmp_path):
     stray = tmp_path / "stray.py"
     stray.write_text("def f():\n    import apsw\n    from psycopg import sql\n    import sqlite3 as lite\n")
     assert drivers_imported(stray) == {"apsw", "psycopg", "sqlite3"}
+
+
+# Outside the store, code is typed against appliance.store.interface; a backend's store class is
+# named only where that backend is made on purpose (a SQLite-only command or bench).
+MAKES_A_BACKEND = {"commands/migrate.py", "bench/wakes.py"}
+
+
+def test_callers_are_typed_against_the_store_interface():
+    named = []
+    for path in MODULES:
+        rel = str(path.relative_to(PACKAGE))
+        if part_of(path) == "store" or rel in MAKES_A_BACKEND:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module in ("appliance.store.sqlite", "appliance.store.postgres"):
+                named += [(rel, a.name) for a in node.names if a.name in ("SqliteStore", "PostgresStore", "PgConnection")]
+    assert named == []

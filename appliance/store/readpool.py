@@ -30,7 +30,8 @@ DEFAULT_MAX_READER_THREADS = 24
 # Reader threads beyond `reader_threads` (started for paused reads) end after this long idle, and
 # their connections' memory goes back.
 READER_IDLE_SECONDS = 5.0
-# After a read was too long for the loop's thread, its owner's reads skip the loop this long.
+# Seconds a read too long for the loop sends its owner's next reads to the threads:
+# docs/performance.md#inline_max_steps
 INLINE_COOLDOWN = 10.0
 # What a store's `_read_inline` returns for a read abandoned without its owner's next reads
 # leaving the loop (the thread was preempted, not the read too long); None is a read too long.
