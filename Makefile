@@ -1,12 +1,14 @@
 # The two commands of the README: `make run` serves with the embedded defaults, `make test` runs
-# the whole test suite. Each first sets up what it needs and is quick when nothing changed: .venv
+# the test suite's default tier (everything but the slow end-to-end tests). Each first sets up what it needs and is quick when nothing changed: .venv
 # is created and synced with uv.lock (exact versions and hashes of every package; stamps
 # .venv/.installed*), again only when uv.lock or pyproject.toml changes. `make run` installs what
 # serving needs and nothing else; `make test` adds the test extras, `make dist` the build extras.
 #
 #   make run  [ARGS="--port 8080"]       serve (appliance with no command = appliance serve)
-#   make test [ARGS="-x tests/ops"]      pytest, after the interop tools the suite can use
-#   make test-postgres [ARGS=...]        the same suite on the PostgreSQL store, in a throwaway
+#   make test [ARGS="-x tests/ops"]      pytest, after the interop tools the suite can use: the
+#                                        default tier (tests marked slow are left out)
+#   make test-slow [ARGS=...]            the slow tier alone (pytest -m slow)
+#   make test-postgres [ARGS=...]        both tiers on the PostgreSQL store, in a throwaway
 #                                        cluster (Debian's postgresql package; tests/pg_cluster.sh)
 #   make test-latest [ARGS=...]          the suite against the newest releases of the dependencies
 #                                        (not the lock), in .venv-latest; its output goes to
@@ -39,16 +41,21 @@ INTEROP := tests/marmot/interop
 NOSTR_INTEROP := tests/relay/interop
 MDK_SCRIPT := ../shared/tools/install-mdk-python.sh
 
-.PHONY: run test test-postgres test-latest test-lowest lock lock-upgrade dist smoke clean
+.PHONY: run test test-slow test-postgres test-latest test-lowest lock lock-upgrade dist smoke clean
 
 run: $(STAMP)
 	$(BIN)/appliance $(ARGS)
 
-test: $(TEST_STAMP) $(HTMX) $(VENV)/.mdk $(INTEROP)/node_modules/.installed $(NOSTR_INTEROP)/node_modules/.installed
+TEST_DEPS := $(TEST_STAMP) $(HTMX) $(VENV)/.mdk $(INTEROP)/node_modules/.installed $(NOSTR_INTEROP)/node_modules/.installed
+
+test: $(TEST_DEPS)
 	$(BIN)/pytest -q $(ARGS)
 
-test-postgres: $(TEST_STAMP) $(HTMX) $(VENV)/.mdk $(INTEROP)/node_modules/.installed $(NOSTR_INTEROP)/node_modules/.installed
-	tests/pg_cluster.sh $(BIN)/pytest -q --storage=postgresql $(ARGS)
+test-slow: $(TEST_DEPS)
+	$(BIN)/pytest -q -m slow $(ARGS)
+
+test-postgres: $(TEST_DEPS)
+	tests/pg_cluster.sh $(BIN)/pytest -q --storage=postgresql --with-slow $(ARGS)
 
 # uv itself, at the version and with the hashes uv.lock records (its `lock` group), into .venv.
 $(UV_STAMP): uv.lock packaging/lockpin.py
@@ -109,7 +116,7 @@ dist: $(BUILD_STAMP) $(HTMX)
 # The executable's smoke test alone, showing its figures (size, cold start, idle RSS). It builds
 # one unless APPLIANCE_BINARY names an executable already built (make smoke APPLIANCE_BINARY=dist/appliance).
 smoke: $(TEST_STAMP) $(HTMX)
-	APPLIANCE_BINARY=$(APPLIANCE_BINARY) $(BIN)/pytest -q -s tests/packaging/test_smoke.py
+	APPLIANCE_BINARY=$(APPLIANCE_BINARY) $(BIN)/pytest -q -s -m slow tests/packaging/test_smoke.py
 
 # The suite against the newest releases of every dependency (a fresh .venv-latest resolved without
 # the lock), to learn early what the next `make lock-upgrade` would break. Its output goes to
@@ -132,7 +139,7 @@ test-lowest: $(UV_STAMP) $(HTMX) $(INTEROP)/node_modules/.installed
 	rm -rf .venv-lowest && $(PYTHON) -m venv .venv-lowest
 	UV_PYTHON_DOWNLOADS=never $(UV) pip install -q --python .venv-lowest/bin/python --resolution lowest-direct -e '.[test]'
 	$(UV) pip list --python .venv-lowest/bin/python
-	.venv-lowest/bin/pytest -q -p no:cacheprovider $(ARGS)
+	.venv-lowest/bin/pytest -q -p no:cacheprovider --with-slow $(ARGS)
 
 clean:
 	rm -rf build dist $(LATEST) .venv-lowest

@@ -34,6 +34,9 @@ def pytest_addoption(parser):
                           "postgresql needs $APPLIANCE_TEST_PG, the URL of a cluster's maintenance database")
     parser.addoption("--fuzz-scale", type=float, default=None, metavar="N",
                      help="multiply every fuzz test's hypothesis example count by N (default 1, or $FUZZ_SCALE)")
+    parser.addoption("--with-slow", action="store_true",
+                     help="run the slow tier too (tests marked slow; without this or an -m expression they "
+                          "are deselected: `make test-slow` is `-m slow`)")
 
 
 def pytest_configure(config):
@@ -54,6 +57,14 @@ def pytest_configure(config):
 def pytest_collection_modifyitems(config, items):
     from tests import pg
 
+    # Two tiers: the default run leaves out the slow end-to-end tests unless asked for them by
+    # --with-slow or by any -m expression (`-m slow` is the slow tier alone).
+    if not config.getoption("--with-slow") and not config.option.markexpr:
+        slow = [item for item in items if item.get_closest_marker("slow") is not None]
+        if slow:
+            config.hook.pytest_deselected(items=slow)
+            items[:] = [item for item in items if item.get_closest_marker("slow") is None]
+            config._slow_deselected = len(slow)
     if not pg.on_postgres():
         return
     for item in items:
@@ -232,6 +243,13 @@ class Identity:
 
     def sign(self, kind: int, tags=None, content: str = "", created_at: int | None = None):
         return sign_event(self.secret, kind, tags or [], content, created_at)
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    left = getattr(config, "_slow_deselected", 0)
+    if left:
+        terminalreporter.write_line(f"{left} slow tests left out: `make test-slow` (pytest -m slow) runs them, "
+                                    "--with-slow runs both tiers")
 
 
 def pytest_sessionfinish(session, exitstatus):

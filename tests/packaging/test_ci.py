@@ -1,6 +1,6 @@
 """The two commands and CI, as a fresh machine sees them: `.ci/run` installs the tools the suite
 needs that the machine lacks, runs the suite against the newest releases (reported, not gating)
-and then the README's test command (the suite on SQLite, then on PostgreSQL); `make run` and
+and then the README's test command (the suite's two tiers on SQLite, then both on PostgreSQL); `make run` and
 `make test` sync `.venv` with uv.lock only when it or `pyproject.toml` changed.
 
 `.ci/run` runs here with a PATH of stand-ins (apt-get and make record their arguments) and a
@@ -24,11 +24,11 @@ ROOT = Path(__file__).resolve().parents[2]
 # Tools .ci/run itself uses from PATH (besides bash, which runs it).
 SCRIPT_TOOLS = ("dirname", "mktemp", "rm", "mkdir", "grep", "sed", "timeout")
 # The README's test command, which .ci/run ends with.
-TEST_COMMAND = "make test && make test-postgres"
+TEST_COMMAND = "make test && make test-slow && make test-postgres"
 # The npm lock files `make test` installs from (ts-mls; nostr-tools for NIP-77), each with its stamp.
 LOCK_FILES = ("tests/marmot/interop/package-lock.json", "tests/relay/interop/package-lock.json")
 # What .ci/run asks make for: the non-gating run against the newest releases first, then the README's.
-MAKE_CALLS = ["make test-latest LATEST_TIMEOUT=30m", "make test", "make test-postgres"]
+MAKE_CALLS = ["make test-latest LATEST_TIMEOUT=30m", "make test", "make test-slow", "make test-postgres"]
 
 
 def _readme_commands() -> list[str]:

@@ -53,10 +53,11 @@ def binary(tmp_path_factory) -> Path:
         path = Path(given).resolve()
         assert path.is_file() and os.access(path, os.X_OK), f"{BINARY_ENV}={given} is not an executable file"
         return path
-    dist = tmp_path_factory.mktemp("dist")
+    # Both paths in the run's temporary directory: two suites in one checkout build apart.
+    dist, work = tmp_path_factory.mktemp("dist"), tmp_path_factory.mktemp("pyinstaller")
     out = subprocess.run(
         [sys.executable, "-m", "PyInstaller", "--noconfirm", "--log-level", "WARN", "--distpath", str(dist),
-         "--workpath", str(ROOT / "build" / "pyinstaller"), str(ROOT / "packaging" / "appliance.spec")],
+         "--workpath", str(work), str(ROOT / "packaging" / "appliance.spec")],
         cwd=ROOT, capture_output=True, text=True, timeout=BUILD_TIMEOUT)
     assert out.returncode == 0, f"the build failed:\n{out.stdout[-3000:]}\n{out.stderr[-5000:]}"
     return dist / "appliance"
