@@ -60,7 +60,8 @@ def install(app, *, fetch_assets: bool = True) -> Admin | None:
         admin.fetch_missing_assets = True
         print("appliance: the dashboard's htmx is not installed: fetching it from the npm registry in the "
               "background (pages work without it meanwhile: no live refresh or previews).", flush=True)
-    machines = Machines(admin)
+    machines = admin.machines = Machines(admin)
+    machines.observe()
     dashboard = admin.asgi(page_routes(admin) + machines.routes())
     now = int(time.time())
     row = app.store.read_sync(auth.rows.auth_row)

@@ -132,6 +132,7 @@ class Admin:
         self.listen_socket: socket.socket | None = None
         self.own_app = None  # the separate listener's app (admin_listen)
         self.management = None  # the NIP-86 API (appliance.admin.nip86)
+        self.machines = None  # health and metrics, with this appliance's registry (appliance.admin.metrics)
         # Optional sections other parts provide (the delivery side, the gateway).
         self.sections: dict[str, Any] = {}
 

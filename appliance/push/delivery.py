@@ -177,6 +177,9 @@ class Delivery:
         self._flushing = False  # a batch of outcomes is with the writer (the next one waits for it)
         self._recording = 0  # outcomes sent to the writer and not yet committed
         self.stats = {"sent": 0, "accepted": 0, "failed": 0, "dropped": 0}
+        # Called when a provider answered an attempt, with (origin id, outcome kind, seconds since
+        # the wake's job was written, that is since its event was accepted): the metrics' histogram.
+        self.on_answered: list[Callable[[int, str, float], None]] = []
         # Failures that repeat each cycle while they last (a full disk): once, then once a minute.
         self._cycle_faults = FaultLog(log, "wake delivery cycle", clock=monotonic)
         self._record_faults = FaultLog(log, "recording wake outcomes", clock=monotonic)
@@ -400,6 +403,11 @@ class Delivery:
         latency = (time.perf_counter() - t0) * 1000
         self.stats["sent"] += 1
         self.stats["accepted" if outcome.kind == ACCEPTED else "failed"] += 1
+        if outcome.status is not None and self.on_answered:
+            job = wake.job
+            waited = max(0.0, self.clock() - job.created_at)
+            for observe in self.on_answered:
+                observe(job.origin, outcome.kind, waited)
         return outcome, latency
 
     async def deliver(self, wake: Wake) -> Outcome:

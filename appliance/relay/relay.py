@@ -15,6 +15,8 @@ plug in from `app.py` without the relay importing them.
 - `on_stored`: async callbacks after commit, with (origin, event).
 - `on_ephemeral`: `(origin, event) -> None` callables after an ephemeral event was broadcast here
   (other nodes replay it: appliance.relay.nodes).
+- `on_req_answered`: `(origin, seconds) -> None` callables once a REQ's stored answer and its EOSE
+  are queued for its connection, with the time since the REQ was taken (the metrics' histogram).
 """
 
 from __future__ import annotations
@@ -141,6 +143,7 @@ class Relay:
         self.other_nodes = False
         # Called for every refused EVENT with (origin, event, refusal): counters, the dashboard.
         self.on_rejected: list[Callable[[Origin, Event, Rejected], None]] = []
+        self.on_req_answered: list[Callable[[Origin, float], None]] = []
 
     def rejected(self, origin: Origin, ev: Event, exc: Rejected) -> None:
         self.stats["rejected"] += 1

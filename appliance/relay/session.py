@@ -85,6 +85,7 @@ class Session:
         self.governor = Governor(self, self.settings)
         self._deferred: str | None = None  # a REQ/COUNT held until its token comes (`req_token`)
         self._text = ""  # the message being handled
+        self.received_at = 0.0  # when it was taken (monotonic; a REQ held for its token keeps its own)
         self._loop = asyncio.get_running_loop()
         self._pumping = False
         self._idle = True  # the last pump found nothing to take
@@ -393,6 +394,7 @@ class Session:
         governor = self.governor
         self._text = text
         if not waited:
+            self.received_at = time.monotonic()
             # Received bytes (counted as characters: cheap, and at most 4x short) only slow the
             # reading down; what was sent is handled.
             governor.received(len(text))

@@ -26,6 +26,8 @@ class Subscription:
     skip: set[str] | None = None
     # Several nodes: when `skip` (then holding every id of the answer) lapses (monotonic).
     skip_until: float = 0.0
+    # When its REQ was taken (monotonic), for the time to its EOSE (Relay.on_req_answered).
+    received: float = 0.0
 
 
 def _index_keys(f: Filter) -> list[tuple[str, Any]]:

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from appliance.nostr.event import sign_event
 from tests.conftest import Server
@@ -123,7 +124,9 @@ def test_health_failing_dismissed_and_cleared(browser, apns, tmp_path):
         health = json.loads(page.evaluate("async () => await (await fetch('/admin/health')).text()"))
         assert [t["state"] for t in health["transports"]] == ["failing"] and health["push"] == "failing"
         metrics = page.evaluate("async () => await (await fetch('/admin/metrics')).text()")
-        assert f'appliance_transport_state{{origin="{server.url}",app_profile="{IOS}",state="failing"}} 1' in metrics
+        assert [s.value for f in text_string_to_metric_families(metrics) for s in f.samples
+                if s.name == "appliance_transport_state"
+                and s.labels == {"origin": server.url, "app_profile": IOS, "state": "failing"}] == [1]
         # APNs back: the waiting wake is accepted and the profile is ok again.
         apns.emulator.start_in_thread(port=port)
         wait_overview(page, server, "state-ok")

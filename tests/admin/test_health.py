@@ -10,6 +10,7 @@ import shutil
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import Server
 from tests.push.delivery_helpers import Apns, Pusher, delivery_config, jobs, token, wait_until
@@ -41,9 +42,12 @@ def profile_state(server: Server) -> dict:
 
 def metric(server: Server, state: str) -> str | None:
     text = httpx.get(server.http + "/admin/metrics", headers={"Authorization": f"Bearer {METRICS_TOKEN}"}).text
-    m = re.search(r'^appliance_transport_state\{[^}]*app_profile="%s"[^}]*state="%s"\} (\d)$' % (
-        re.escape(IOS), state), text, re.M)
-    return m.group(1) if m else None
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name == "appliance_transport_state" and s.labels.get("app_profile") == IOS \
+                    and s.labels.get("state") == state:
+                return f"{s.value:g}"
+    return None
 
 
 async def test_apns_down_is_failing_with_an_alert_and_the_next_success_clears_it(tmp_path):

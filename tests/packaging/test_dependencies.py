@@ -24,7 +24,8 @@ ROOT = Path(__file__).resolve().parents[2]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 PROJECT = PYPROJECT["project"]
 # Tools of the suite and of the build, which serving must not install.
-NOT_FOR_SERVING = {"pytest", "pytest-timeout", "hypothesis", "playwright", "pyinstaller", "nostr-sdk", "uv"}
+NOT_FOR_SERVING = {"pytest", "pytest-timeout", "hypothesis", "playwright", "pyinstaller", "nostr-sdk", "uv",
+                   "import-linter", "grimp"}
 # Imported but installed by something other than the lock, with the reason.
 NOT_LOCKED = {
     "mdk": "mdk-python: ../shared/tools/install-mdk-python.sh installs it (its library needs patching on "

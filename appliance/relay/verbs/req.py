@@ -153,7 +153,7 @@ def on_req(session: "Session", msg: list, admitted: bool = False) -> None:
         session.closed_msg(sub_id, f"error: too many open subscriptions (max {max_subscriptions})")
         return
     # Register before querying so nothing committed meanwhile is missed (duplicates are fine).
-    sub = Subscription(session, sub_id, filters, held=[])
+    sub = Subscription(session, sub_id, filters, held=[], received=session.received_at)
     session.subs[sub_id] = sub
     session.relay.index_for(session.origin).add(sub)
     _query(session, sub)
@@ -239,8 +239,12 @@ def _answer_ready(session: "Session", sub: Subscription, answer, exc: BaseExcept
     else:
         for text in messages:
             session.send(text)
-    held = release_held(session, sub)
     relay = session.relay
+    if relay.on_req_answered:
+        elapsed = time.monotonic() - sub.received
+        for observe in relay.on_req_answered:
+            observe(session.origin, elapsed)
+    held = release_held(session, sub)
     unbroadcast = relay.unbroadcast
     remote = relay.other_nodes
     if held or unbroadcast or remote:
