@@ -1,0 +1,457 @@
+"""UnifiedPush delivery (draft profile): RFC 8030 Web Push of one constant, encrypted message.
+
+A lease's endpoint is the distributor's push URL with the subscription's Web Push keys in its
+fragment (NIP-PL's lease plaintext has no other place for them; a fragment is never sent):
+
+    https://push.example.net/up/AbC123?x=1#p256dh=<65-byte P-256 point, base64url>&auth=<16 bytes, base64url>
+
+Every attempt is one request, the same but for the encryption's randomness (salt, sender key):
+
+    POST <the push URL, fragment removed>      sent to the one address the host resolved to
+    Host: <host[:port]>                        (TLS SNI and certificate check: the host name)
+    TTL: <seconds left of the job's useful age>
+    Urgency: high
+    Content-Encoding: aes128gcm
+    Content-Type: application/octet-stream
+    Authorization: vapid t=<ES256 JWT: aud = the push URL's origin, exp <= 24 h, sub = operator contact>, k=<key>
+    <body: UNIFIEDPUSH_PLAINTEXT encrypted to the subscription (RFC 8291)>
+
+The endpoint is chosen by whoever holds a lease, so it is treated as hostile (each rule tested in
+tests/transports/test_unifiedpush.py): https only (http only to an allowlisted host); the host
+resolved once per attempt, every address it resolves to checked (no loopback, private,
+link-local, multicast, unspecified, reserved or otherwise non-global address unless the host is
+allowlisted) and the request sent to that address (no second resolution, no proxy from the
+environment); no redirect followed; DEFAULT_TIMEOUT seconds for the whole attempt; at most
+MAX_RESPONSE_BYTES of the answer's body read; a per-host rate cap (token bucket). Logs name the
+host only: a push URL is a capability.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import logging
+import os
+import re
+import socket
+import ssl
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Awaitable, Callable
+
+import httpx
+from cryptography.hazmat.primitives.asymmetric import ec
+
+from .apns import load_ca_file, parse_retry_after
+from .base import ACCEPTED, INVALID_ENDPOINT, PERMANENT, TRANSIENT, Outcome, WakeRequest
+from .credentials import CredentialError
+from .webpush import VapidKey, b64url_decode, encrypt, load_p256_public
+
+log = logging.getLogger("appliance.transports")
+
+__all__ = [
+    "DEFAULT_HOST_RATE",
+    "DEFAULT_TIMEOUT",
+    "MAX_RESPONSE_BYTES",
+    "UNIFIEDPUSH_PLAINTEXT",
+    "EndpointError",
+    "HostRates",
+    "PushSubscription",
+    "UnifiedPushProfile",
+    "UnifiedPushTransport",
+    "check_vapid_subject",
+    "classify",
+    "forbidden_address",
+    "parse_endpoint",
+]
+
+#: This profile's constant: the plaintext of every message (docs/spec-notes.md, UnifiedPush draft).
+UNIFIEDPUSH_PLAINTEXT = b'{"nip-pl":"wake"}'
+
+#: Seconds one attempt may take, resolution, connection, TLS and answer included.
+DEFAULT_TIMEOUT = 5.0
+#: Bytes of an answer's body read at most (the status and Retry-After are all that is used).
+MAX_RESPONSE_BYTES = 4096
+#: Requests per second to one push host (a token bucket of DEFAULT_HOST_BURST), unless the profile
+#: says otherwise: a lease cannot turn the appliance into a flood aimed at one host.
+DEFAULT_HOST_RATE = 10.0
+DEFAULT_HOST_BURST = 20
+#: The longest TTL asked of a push service (RFC 8030 leaves it to the server; a wake's useful age
+#: is far shorter anyway).
+MAX_TTL = 4 * 7 * 24 * 3600
+#: VAPID tokens: valid 12 hours (RFC 8292: at most 24), remade once less than 6 hours are left.
+VAPID_LIFETIME = 12 * 3600
+VAPID_RENEW = 6 * 3600
+#: Connections kept open at most (one pool per (host, port, address)); the least used is closed.
+MAX_CLIENTS = 64
+
+_UA_PUBLIC_LEN, _AUTH_LEN = 65, 16
+# host: a DNS name (ASCII labels; an IDN in its xn-- form), an IPv4 literal or a bracketed IPv6 one.
+_LABEL = r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)"
+_HOST = re.compile(rf"(?:{_LABEL}\.)*{_LABEL}\.?|\[[0-9A-Fa-f:.]+\]")
+# path and query: RFC 3986 pchar (percent-escapes checked apart), '/' and '?' (query only).
+_PATH = re.compile(r"(?:/[A-Za-z0-9\-._~!$&'()*+,;=:@%]*)*")
+_QUERY = re.compile(r"[A-Za-z0-9\-._~!$&'()*+,;=:@%/?]*")
+_BAD_ESCAPE = re.compile(r"%(?![0-9A-Fa-f]{2})")
+_FRAGMENT = re.compile(r"p256dh=([A-Za-z0-9_-]+)&auth=([A-Za-z0-9_-]+)")
+_AUTHORITY = re.compile(r"(?P<host>\[[^\]]*\]|[^:]*)(?::(?P<port>[0-9]{1,5}))?")
+
+
+class EndpointError(ValueError):
+    """A lease endpoint that is not this profile's push URL with its keys; the message says why
+    (never the endpoint itself: it is a capability)."""
+
+
+@dataclass(frozen=True)
+class PushSubscription:
+    """A parsed UnifiedPush endpoint."""
+
+    scheme: str  # "https" (or "http", sent only to an allowlisted host)
+    host: str  # lowercase; an IPv6 literal without brackets
+    port: int
+    target: str = field(repr=False)  # path and query, as given (part of the capability)
+    p256dh: bytes = field(repr=False)
+    auth: bytes = field(repr=False)
+
+    @property
+    def authority(self) -> str:
+        """host[:port] as the Host header names it (the port only when it is not the scheme's)."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return host if self.port == (443 if self.scheme == "https" else 80) else f"{host}:{self.port}"
+
+    @property
+    def origin(self) -> str:
+        """The push resource's origin (RFC 6454 serialisation): the VAPID `aud`."""
+        return f"{self.scheme}://{self.authority}"
+
+
+def parse_endpoint(endpoint: str) -> PushSubscription:
+    """Parse a lease endpoint strictly; EndpointError for anything but exactly this grammar:
+
+        ("https" | "http") "://" host [":" port] [path ["?" query]] "#p256dh=" B64URL "&auth=" B64URL
+
+    B64URL is unpadded, canonical base64url; p256dh is an uncompressed P-256 point on the curve
+    (65 bytes), auth 16 bytes. No user info, no whitespace or other character outside RFC 3986,
+    well-formed percent-escapes, an ASCII host (an IDN in its xn-- form)."""
+    if not isinstance(endpoint, str) or not endpoint.isascii() or not endpoint.isprintable() or " " in endpoint:
+        raise EndpointError("not a push URL: only printable ASCII without spaces")
+    url, sep, fragment = endpoint.partition("#")
+    if not sep:
+        raise EndpointError("no subscription keys: the push URL must end in #p256dh=...&auth=...")
+    keys = _FRAGMENT.fullmatch(fragment)
+    if keys is None:
+        raise EndpointError("the fragment must be exactly p256dh=<base64url>&auth=<base64url>")
+    try:
+        p256dh, auth = b64url_decode(keys.group(1)), b64url_decode(keys.group(2))
+    except ValueError:
+        raise EndpointError("the subscription keys are not canonical unpadded base64url") from None
+    if len(p256dh) != _UA_PUBLIC_LEN or len(auth) != _AUTH_LEN:
+        raise EndpointError("p256dh must be a 65-byte P-256 point and auth 16 bytes")
+    try:
+        load_p256_public(p256dh)
+    except ValueError:
+        raise EndpointError("p256dh is not a point on P-256") from None
+    scheme, sep, rest = url.partition("://")
+    if not sep or scheme not in ("https", "http"):
+        raise EndpointError("the push URL must be https:// (or http:// to an allowlisted host)")
+    cut = min((i for i in (rest.find("/"), rest.find("?")) if i >= 0), default=len(rest))
+    authority, target = rest[:cut], rest[cut:]
+    if "@" in authority:
+        raise EndpointError("the push URL must not carry user information")
+    m = _AUTHORITY.fullmatch(authority)
+    if m is None or not m.group("host") or _HOST.fullmatch(m.group("host")) is None:
+        raise EndpointError("the push URL has no valid host")
+    host = m.group("host").lower()
+    if host.startswith("["):
+        try:
+            host = str(ipaddress.IPv6Address(host[1:-1]))
+        except ValueError:
+            raise EndpointError("the push URL's IPv6 address is not valid") from None
+    host = host.rstrip(".")
+    port_text = m.group("port")
+    if port_text is not None and (not port_text or port_text[0] == "0" or not 1 <= int(port_text) <= 65535):
+        raise EndpointError("the push URL's port must be 1 to 65535 (no leading zero)")
+    port = int(port_text) if port_text else (443 if scheme == "https" else 80)
+    path, _, query = target.partition("?")
+    if (_PATH.fullmatch(path) is None or _QUERY.fullmatch(query) is None or _BAD_ESCAPE.search(target)):
+        raise EndpointError("the push URL's path or query has characters RFC 3986 does not allow")
+    return PushSubscription(scheme, host, port, target or "/", p256dh, auth)
+
+
+def check_endpoint(endpoint: str) -> None:
+    """Acceptance-time shape check of a lease endpoint (EndpointError); nothing is resolved."""
+    parse_endpoint(endpoint)
+
+
+def forbidden_address(address: str) -> str | None:
+    """Why a resolved address may not be sent to (loopback, private, ...), or None if it may."""
+    try:
+        ip = ipaddress.ip_address(address.split("%", 1)[0])
+    except ValueError:
+        return "not an IP address"
+    if isinstance(ip, ipaddress.IPv6Address):
+        # An IPv4 address in IPv6 form reaches that IPv4 host: judge it as such.
+        embedded = ip.ipv4_mapped or ip.sixtofour or (ip.teredo[1] if ip.teredo else None)
+        if embedded is not None:
+            why = forbidden_address(str(embedded))
+            if why:
+                return why
+    for what in ("loopback", "private", "link_local", "multicast", "unspecified", "reserved"):
+        if getattr(ip, f"is_{what}"):
+            return what.replace("_", "-")
+    if not ip.is_global:  # shared address space (100.64/10) and the like
+        return "not global"
+    return None
+
+
+def check_vapid_subject(value: object) -> str:
+    """The VAPID `sub`: a mailto: or https: URI where the push service can reach the operator."""
+    if not isinstance(value, str) or not value.isascii() or not value.isprintable() or " " in value:
+        raise CredentialError("vapid_subject must be a mailto: or https: URI (ASCII, no spaces)")
+    if not (re.fullmatch(r"mailto:[^@\s]+@[^@\s]+", value) or re.fullmatch(r"https://[^/\s]+(/\S*)?", value)):
+        raise CredentialError("vapid_subject must be mailto:operator@example.org or an https:// URL "
+                              "(RFC 8292: how the push service reaches the operator)")
+    return value
+
+
+class HostRates:
+    """A token bucket per push host: `rate` requests per second, bursts of `burst`."""
+
+    MAX_HOSTS = 4096
+
+    def __init__(self, rate: float, burst: int, clock: Callable[[], float] = time.monotonic):
+        if rate <= 0 or burst < 1:
+            raise ValueError("a host rate is positive and a burst at least 1")
+        self.rate, self.burst, self.clock = rate, burst, clock
+        self._buckets: OrderedDict[str, tuple[float, float]] = OrderedDict()  # host -> (tokens, at)
+
+    def take(self, host: str) -> float:
+        """0 if a request to `host` may go now (one token taken), else the seconds until it may."""
+        now = self.clock()
+        tokens, at = self._buckets.pop(host, (float(self.burst), now))
+        tokens = min(float(self.burst), tokens + (now - at) * self.rate)
+        if tokens >= 1.0:
+            self._buckets[host] = (tokens - 1.0, now)
+            wait = 0.0
+        else:
+            self._buckets[host] = (tokens, now)
+            wait = (1.0 - tokens) / self.rate
+        if len(self._buckets) > self.MAX_HOSTS:
+            # The least recently used host: its bucket has refilled longest, so forgetting it
+            # (a full bucket next time) costs the least.
+            self._buckets.popitem(last=False)
+        return wait
+
+
+Resolver = Callable[[str, int], Awaitable[list[str]]]
+
+
+async def system_resolve(host: str, port: int) -> list[str]:
+    """Every address `host` resolves to (TCP), by the system resolver, in its order."""
+    infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                         proto=socket.IPPROTO_TCP)
+    return [info[4][0] for info in infos]
+
+
+@dataclass(frozen=True)
+class UnifiedPushProfile:
+    """What one `transport = "unifiedpush"` app profile configures."""
+
+    profile_id: str
+    vapid_subject: str  # the operator contact every VAPID token names (RFC 8292 `sub`)
+    allow_hosts: frozenset[str] = frozenset()  # may be http and resolve to non-global addresses
+    host_rate: float = DEFAULT_HOST_RATE
+    host_burst: int = DEFAULT_HOST_BURST
+    ca_file: str | None = None  # extra CA bundle trusted for push hosts (a test distributor)
+
+    def ssl_context(self) -> ssl.SSLContext:
+        import certifi
+
+        ctx = ssl.create_default_context(cafile=certifi.where())
+        ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+        if self.ca_file:
+            load_ca_file(ctx, self.ca_file)
+        return ctx
+
+
+# Statuses RFC 8030 and RFC 8292 give a meaning; the rest by class (see `classify`).
+_STATUS: dict[int, str] = {
+    200: ACCEPTED, 201: ACCEPTED, 202: ACCEPTED,
+    400: PERMANENT,  # a malformed request: ours never varies, so it cannot succeed later
+    401: PERMANENT,  # the push service refused our VAPID token
+    403: INVALID_ENDPOINT,  # the subscription is restricted to another application server key
+    404: INVALID_ENDPOINT, 410: INVALID_ENDPOINT,  # the subscription is gone
+    413: PERMANENT,
+    429: TRANSIENT,
+}
+
+
+def classify(status: int) -> str:
+    """The outcome kind of a push service's answer."""
+    kind = _STATUS.get(status)
+    if kind is not None:
+        return kind
+    if 200 <= status < 300:
+        return ACCEPTED
+    if 300 <= status < 400:
+        # Never followed: a push resource does not move, and a redirect could point anywhere.
+        return INVALID_ENDPOINT
+    return TRANSIENT if status >= 500 else PERMANENT
+
+
+VapidKeys = Callable[[str], Awaitable[VapidKey]]
+
+
+class UnifiedPushTransport:
+    """Sends the constant wake to UnifiedPush endpoints for one app profile of one origin.
+
+    `vapid_keys(push_origin)` gives the VAPID key this origin uses with that push service (made on
+    first use and kept wrapped in the store, `appliance.push.vapid`); `resolve` is the resolver
+    (the system's), given to tests.
+    """
+
+    def __init__(self, profile: UnifiedPushProfile, vapid_keys: VapidKeys, *,
+                 resolve: Resolver = system_resolve, timeout: float = DEFAULT_TIMEOUT,
+                 clock: Callable[[], float] = time.time):
+        self.profile = profile
+        self.vapid_keys = vapid_keys
+        self.resolve = resolve
+        self.timeout = timeout
+        self.clock = clock
+        self.rates = HostRates(profile.host_rate, profile.host_burst)
+        self._ssl = profile.ssl_context()
+        self._clients: OrderedDict[tuple, httpx.AsyncClient] = OrderedDict()
+        self._tokens: OrderedDict[tuple[str, str], tuple[int, str]] = OrderedDict()  # (key, aud) -> (exp, header)
+        #: the encryption's randomness: (salt, sender key) per message (tests fix it)
+        self.fresh: Callable[[], tuple[bytes, ec.EllipticCurvePrivateKey]] = (
+            lambda: (os.urandom(16), ec.generate_private_key(ec.SECP256R1())))
+
+    async def close(self) -> None:
+        clients, self._clients = list(self._clients.values()), OrderedDict()
+        for client in clients:
+            await client.aclose()
+
+    def body(self, sub: PushSubscription) -> bytes:
+        """The request body for `sub`: the constant, encrypted with fresh randomness."""
+        salt, sender = self.fresh()
+        return encrypt(UNIFIEDPUSH_PLAINTEXT, sub.p256dh, sub.auth, salt=salt, sender=sender)
+
+    async def _authorization(self, sub: PushSubscription, now: int) -> str:
+        key = await self.vapid_keys(sub.origin)
+        slot = (key.public_key, sub.origin)
+        cached = self._tokens.get(slot)
+        if cached is not None and cached[0] - now > VAPID_RENEW:
+            self._tokens.move_to_end(slot)
+            return cached[1]
+        exp = now + VAPID_LIFETIME
+        header = key.header(sub.origin, self.profile.vapid_subject, exp)
+        self._tokens[slot] = (exp, header)
+        if len(self._tokens) > MAX_CLIENTS * 4:
+            self._tokens.popitem(last=False)
+        return header
+
+    def _client(self, sub: PushSubscription, address: str) -> httpx.AsyncClient:
+        slot = (sub.scheme, sub.host, sub.port, address)
+        client = self._clients.get(slot)
+        if client is not None:
+            self._clients.move_to_end(slot)
+            return client
+        # trust_env=False: no proxy (it would resolve the name again) and no CA bundle from the
+        # environment; redirects are never followed.
+        client = httpx.AsyncClient(verify=self._ssl, trust_env=False, follow_redirects=False, http1=True,
+                                   http2=False, timeout=httpx.Timeout(self.timeout),
+                                   limits=httpx.Limits(max_connections=16, max_keepalive_connections=4))
+        self._clients[slot] = client
+        if len(self._clients) > MAX_CLIENTS:
+            _slot, old = self._clients.popitem(last=False)
+            asyncio.get_running_loop().create_task(old.aclose())
+        return client
+
+    async def send(self, request: WakeRequest) -> Outcome:
+        try:
+            sub = parse_endpoint(request.endpoint)
+        except EndpointError as exc:
+            return Outcome(INVALID_ENDPOINT, reason="BadEndpoint", detail=f"{exc}; not sent")
+        allowed = sub.host in self.profile.allow_hosts
+        if sub.scheme != "https" and not allowed:
+            return Outcome(INVALID_ENDPOINT, reason="InsecureEndpoint",
+                           detail=f"http:// push URL to {sub.host}, which allow_hosts does not name; not sent")
+        wait = self.rates.take(sub.host)
+        if wait > 0:
+            return Outcome(TRANSIENT, reason="HostRateCap", retry_after=wait,
+                           detail=f"the rate cap of push host {sub.host} ({self.profile.host_rate:g}/s); not sent")
+        try:
+            async with asyncio.timeout(self.timeout):
+                return await self._attempt(request, sub, allowed)
+        except TimeoutError:
+            return Outcome(TRANSIENT, reason="Timeout",
+                           detail=f"no complete answer from {sub.host} in {self.timeout:g} s")
+
+    async def _attempt(self, request: WakeRequest, sub: PushSubscription, allowed: bool) -> Outcome:
+        host = sub.host
+        try:
+            ipaddress.ip_address(host)
+            addresses = [host]  # a literal: nothing to resolve
+        except ValueError:
+            try:
+                addresses = await self.resolve(host, sub.port)
+            except (OSError, UnicodeError) as exc:
+                return Outcome(TRANSIENT, reason="ResolveFailed", detail=f"{host} does not resolve ({exc})")
+        if not addresses:
+            return Outcome(TRANSIENT, reason="ResolveFailed", detail=f"{host} resolves to no address")
+        if not allowed:
+            for address in addresses:
+                why = forbidden_address(address)
+                if why is not None:
+                    # Fail-closed: a push host that leads anywhere but the public internet is never
+                    # tried again for this endpoint generation (docs/spec-notes.md, UnifiedPush).
+                    return Outcome(INVALID_ENDPOINT, reason="ForbiddenAddress",
+                                   detail=f"{host} resolves to a {why} address; not sent")
+        address = addresses[0].split("%", 1)[0]
+        now = int(self.clock())
+        ttl = max(0, min(int(request.expires_at) - now, MAX_TTL))
+        headers = {
+            "host": sub.authority,
+            "ttl": str(ttl),
+            "urgency": "high",
+            "content-encoding": "aes128gcm",
+            "content-type": "application/octet-stream",
+            "authorization": await self._authorization(sub, now),
+            "accept-encoding": "identity",
+            "user-agent": "appliance",
+        }
+        literal = f"[{address}]" if ":" in address else address
+        url = f"{sub.scheme}://{literal}:{sub.port}{sub.target}"
+        extensions = {"sni_hostname": host} if sub.scheme == "https" else {}
+        client = self._client(sub, address)
+        try:
+            async with client.stream("POST", url, headers=headers, content=self.body(sub),
+                                     extensions=extensions) as response:
+                read = 0
+                async for chunk in response.aiter_raw():
+                    read += len(chunk)
+                    if read >= MAX_RESPONSE_BYTES:
+                        break  # the rest is never read: closing the stream drops the connection
+                status = response.status_code
+                retry_after = response.headers.get("retry-after")
+        except httpx.TimeoutException:
+            return Outcome(TRANSIENT, reason="Timeout", detail=f"no complete answer from {host} in {self.timeout:g} s")
+        except httpx.ConnectError as exc:
+            cause = exc.__cause__ or exc.__context__
+            while cause is not None and not isinstance(cause, ssl.SSLCertVerificationError):
+                cause = cause.__cause__ or cause.__context__
+            if cause is not None:
+                # Our trust store and the host's certificate disagree: retrying this job soon will
+                # not change that, and the next wake tries again.
+                return Outcome(PERMANENT, reason="TlsUntrusted",
+                               detail=f"the TLS certificate of {host} is not trusted ({cause.verify_message})")
+            return Outcome(TRANSIENT, reason="ConnectFailed", detail=f"cannot connect to {host}")
+        except httpx.HTTPError as exc:
+            return Outcome(TRANSIENT, reason="ProtocolError", detail=f"{host}: {type(exc).__name__}")
+        kind = classify(status)
+        detail = f"{host} answered {status}"
+        if 300 <= status < 400:
+            detail += " (a redirect: not followed)"
+        return Outcome(kind, status, retry_after=parse_retry_after(retry_after) if kind == TRANSIENT else None,
+                       detail=detail)
