@@ -153,6 +153,10 @@ def check_keyfile(conn: Connection, keyfile: KeyFile) -> int:
         n += 1
     if inventory["apns_keys"]:
         n += len(load_apns_keys(conn, keyfile))
+    if inventory["vapid_keys"]:
+        from appliance.store.vapid_keys import load_vapid_keys
+
+        n += load_vapid_keys(conn, keyfile)
     return n
 
 
@@ -180,7 +184,7 @@ def _open_copy(path: Path) -> Connection:
 def _holds_keys(conn: Connection) -> bool:
     inv = wrapped_inventory(conn)
     return bool(inv["relay_key_origins"] or inv["executor_key_origins"] or inv["gateway_grant_keys"]
-                or inv["gateway_tokens"] or inv["apns_keys"])
+                or inv["gateway_tokens"] or inv["apns_keys"] or inv["vapid_keys"])
 
 
 def _write_key(key_bytes: bytes, target: Path) -> None:

@@ -112,7 +112,7 @@ def holds_wrapped_keys(conn) -> bool:
     """Whether the database holds any private key wrapped by a key file."""
     return bool(conn.execute(
         "SELECT EXISTS (SELECT 1 FROM relay_keys) OR EXISTS (SELECT 1 FROM executor_keys WHERE wrapped IS NOT NULL) "
-        "OR EXISTS (SELECT 1 FROM apns_keys)"
+        "OR EXISTS (SELECT 1 FROM apns_keys) OR EXISTS (SELECT 1 FROM vapid_keys)"
         " OR EXISTS (SELECT 1 FROM gateway_grant_keys WHERE wrapped IS NOT NULL)"
         " OR EXISTS (SELECT 1 FROM gateway_installations WHERE token IS NOT NULL)"
     ).fetchone()[0])
@@ -127,14 +127,15 @@ SQL_RELAY_KEY_ORIGINS = "SELECT origin FROM relay_keys ORDER BY origin"
 SQL_EXECUTOR_KEY_ORIGINS = "SELECT DISTINCT origin FROM executor_keys WHERE wrapped IS NOT NULL ORDER BY origin"
 SQL_GATEWAY_GRANT_KEYS = "SELECT count(*) FROM gateway_grant_keys WHERE wrapped IS NOT NULL"
 SQL_APNS_KEYS = "SELECT count(*) FROM apns_keys"
+SQL_VAPID_KEYS = "SELECT count(*) FROM vapid_keys"
 SQL_GATEWAY_TOKENS = ("SELECT handle, endpoint_epoch, token FROM gateway_installations "
                       "WHERE token IS NOT NULL ORDER BY handle")
 
 
 def wrapped_inventory(conn) -> dict:
     """Where the database holds wrapped secrets: origins with relay keys, origins with executor
-    keys, the number of gateway grant keys, the gateway's wrapped APNs tokens, and the number of
-    APNs .p8 keys uploaded through the dashboard."""
+    keys, the number of gateway grant keys, the gateway's wrapped APNs tokens, the number of
+    APNs .p8 keys uploaded through the dashboard and the number of UnifiedPush VAPID keys."""
     # A database made by an older version (a backup) may lack the newer tables.
     tables = {r[0] for r in conn.execute(SQL_TABLES)}
     return {
@@ -145,4 +146,5 @@ def wrapped_inventory(conn) -> dict:
                                if "gateway_grant_keys" in tables else 0),
         "gateway_tokens": list(conn.execute(SQL_GATEWAY_TOKENS)) if "gateway_installations" in tables else [],
         "apns_keys": conn.execute(SQL_APNS_KEYS).fetchone()[0] if "apns_keys" in tables else 0,
+        "vapid_keys": conn.execute(SQL_VAPID_KEYS).fetchone()[0] if "vapid_keys" in tables else 0,
     }

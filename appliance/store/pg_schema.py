@@ -435,12 +435,22 @@ MIGRATIONS: tuple[str, ...] = (
     END $$;
     UPDATE events_search s SET tsv = appliance_search_text(e.raw) FROM events e WHERE e.rowid = s.event;
     """,
+    # 8: SQLite's 17: VAPID key pairs of the UnifiedPush profile.
+    """
+    CREATE TABLE vapid_keys (
+        origin      BIGINT NOT NULL,
+        push_origin TEXT COLLATE "C" NOT NULL,
+        wrapped     BYTEA NOT NULL,
+        created_at  BIGINT NOT NULL,
+        PRIMARY KEY (origin, push_origin)
+    );
+    """,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)
 # The SQLite schema version whose tables migration SCHEMA_VERSION matches (migrate-to-postgres
 # copies only from a database at that version).
-SQLITE_SCHEMA_VERSION = 16
+SQLITE_SCHEMA_VERSION = 17
 
 # Serialises migrations between nodes starting at once (pg_advisory_xact_lock key).
 MIGRATION_LOCK = 0x6170706C69616E63

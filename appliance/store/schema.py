@@ -475,6 +475,16 @@ MIGRATIONS: tuple[str, ...] = (
     END;
     INSERT INTO events_fts (rowid, content)
         SELECT rowid, raw ->> '$.content' FROM events WHERE kind IN (SELECT kind FROM search_kinds);
+    """,    # 17: VAPID key pairs of the UnifiedPush profile (RFC 8292), one per origin and push service
+    # origin, made on the first wake sent there and wrapped by the key file like executor keys.
+    """
+    CREATE TABLE vapid_keys (
+        origin      INTEGER NOT NULL,
+        push_origin TEXT NOT NULL,            -- scheme://host[:port] of the push service
+        wrapped     BLOB NOT NULL,            -- the private key (PKCS#8 DER), wrapped by the key file
+        created_at  INTEGER NOT NULL,
+        PRIMARY KEY (origin, push_origin)
+    ) WITHOUT ROWID;
     """,
 )
 
