@@ -123,7 +123,11 @@ def note_health(conn: Connection, origin: int, app_profile: str, outcome: Outcom
     """An attempt's outcome (a wake's or a test wake's) in its profile's health: an accepted one
     clears the profile's alerts; FAILING_AFTER transient failures in a row, or a host refusing the
     connection, make the profile failing and raise an alert (cleared by the next accepted one); a
-    configuration answer (403 InvalidProviderToken, say) raises one at once."""
+    configuration answer (403 InvalidProviderToken, say) raises one at once. A failure of an
+    endpoint's own host (`endpoint_fault`) is the lease holder's, not the operator's: left out.
+    (docs/spec-notes.md U6)"""
+    if outcome.endpoint_fault:
+        return
     what = describe(outcome)
     failures, refused = wakes.note_outcome(conn, origin, app_profile, outcome.kind, what, outcome.refused, now)
     if outcome.kind == ACCEPTED:

@@ -66,6 +66,9 @@ class Outcome:
     detail: str = ""  # a short operator-facing explanation (never a token or a secret)
     #: no connection: the provider's host refused it (nothing listens there); its profile is failing
     refused: bool = False
+    #: the failure is the endpoint's own host's (a UnifiedPush push service a lease chose), not the
+    #: profile's: it counts neither toward the profile's health nor toward an operator alert
+    endpoint_fault: bool = False
 
     def __post_init__(self) -> None:
         if self.kind not in OUTCOME_KINDS:

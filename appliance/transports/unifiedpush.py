@@ -29,6 +29,7 @@ host only: a push URL is a capability.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import ipaddress
 import logging
 import os
@@ -372,21 +373,22 @@ class UnifiedPushTransport:
         try:
             sub = parse_endpoint(request.endpoint)
         except EndpointError as exc:
-            return Outcome(INVALID_ENDPOINT, reason="BadEndpoint", detail=f"{exc}; not sent")
+            return Outcome(INVALID_ENDPOINT, reason="BadEndpoint", detail=f"{exc}; not sent", endpoint_fault=True)
         allowed = sub.host in self.profile.allow_hosts
         if sub.scheme != "https" and not allowed:
-            return Outcome(INVALID_ENDPOINT, reason="InsecureEndpoint",
+            return Outcome(INVALID_ENDPOINT, reason="InsecureEndpoint", endpoint_fault=True,
                            detail=f"http:// push URL to {sub.host}, which allow_hosts does not name; not sent")
         wait = self.rates.take(sub.host)
         if wait > 0:
-            return Outcome(TRANSIENT, reason="HostRateCap", retry_after=wait,
+            return Outcome(TRANSIENT, reason="HostRateCap", retry_after=wait, endpoint_fault=True,
                            detail=f"the rate cap of push host {sub.host} ({self.profile.host_rate:g}/s); not sent")
         try:
             async with asyncio.timeout(self.timeout):
-                return await self._attempt(request, sub, allowed)
+                outcome = await self._attempt(request, sub, allowed)
         except TimeoutError:
-            return Outcome(TRANSIENT, reason="Timeout",
-                           detail=f"no complete answer from {sub.host} in {self.timeout:g} s")
+            outcome = Outcome(TRANSIENT, reason="Timeout",
+                              detail=f"no complete answer from {sub.host} in {self.timeout:g} s")
+        return outcome if outcome.kind == ACCEPTED else dataclasses.replace(outcome, endpoint_fault=True)
 
     async def _attempt(self, request: WakeRequest, sub: PushSubscription, allowed: bool) -> Outcome:
         host = sub.host

@@ -233,6 +233,7 @@ async def test_answers_are_classified(distributor, transport, status, kind):
     out = await transport.send(wake(sub.endpoint))
     assert (out.kind, out.status) == (kind, status)
     assert out.retry_after == (7 if kind == TRANSIENT else None)
+    assert out.endpoint_fault == (kind != ACCEPTED)  # the push host's, never the operator's
 
 
 async def test_an_unsubscribed_endpoint_is_invalid(distributor, transport):
