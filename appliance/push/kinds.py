@@ -59,6 +59,10 @@ class TransportContext:
     #: derive(label) -> a 32-byte secret for one purpose, stable across restarts (the key file's
     #: `derive`); None when the process has no key file (a config check)
     derive: Callable[[str], bytes] | None = None
+    #: the store and its key file, for keys a transport makes and keeps wrapped (UnifiedPush's
+    #: VAPID keys); None in a process without them
+    store: Any = None
+    keyfile: Any = None
 
 
 @dataclass(frozen=True)
@@ -114,3 +118,39 @@ def _fcm() -> TransportKind:
 
 KINDS["fcm"] = _fcm()
 
+# -- UnifiedPush (draft) ----------------------------------------------------------------------------
+
+
+def _build_unifiedpush(config, ctx: TransportContext) -> Transport:
+    from appliance.transports.unifiedpush import HostRates, UnifiedPushTransport
+
+    from .vapid import VapidKeys
+
+    if ctx.store is None or ctx.keyfile is None:
+        raise RuntimeError("a UnifiedPush transport keeps its VAPID keys in the store: build it with one")
+    # One token bucket per push host for every profile with the same cap, whatever its origin: a
+    # push host is one host however many communities' leases name it.
+    rates = ctx.shared(("unifiedpush-rates", config.host_rate, config.host_burst),
+                       lambda: HostRates(config.host_rate, config.host_burst))
+    return UnifiedPushTransport(config, VapidKeys(ctx.store, ctx.keyfile, ctx.origin_id), rates=rates)
+
+
+def _unifiedpush_kind() -> TransportKind:
+    from appliance.transports.unifiedpush import PROFILE_FIELDS, load_profile
+
+    return TransportKind(
+        name="unifiedpush",
+        fields=PROFILE_FIELDS,
+        load=load_profile,
+        build=_build_unifiedpush,
+        # VAPID keys are the origin's own: one transport per origin and settings.
+        share_key=lambda c, origin_id: (origin_id, c.vapid_subject, tuple(sorted(c.allow_hosts)), c.host_rate,
+                                        c.host_burst, c.ca_file),
+        files=("ca_file",),
+        missing="no vapid_subject (the operator contact every VAPID token names)",
+        draft=True,
+        endpoint_hint="https://push.example.net/up/...#p256dh=<base64url>&auth=<base64url>",
+    )
+
+
+KINDS["unifiedpush"] = _unifiedpush_kind()

@@ -71,12 +71,14 @@ class ProfileTransports:
     def __init__(self, make_apns=ApnsTransport,
                  make_gateway: Callable[[int, str], Transport] | None = None, *,
                  kinds: dict[str, TransportKind] | None = None,
-                 derive: Callable[[str], bytes] | None = None):
+                 derive: Callable[[str], bytes] | None = None, store=None, keyfile=None):
         self._make_apns = make_apns
         #: (origin id, gateway_url) -> a gateway transport signing with that origin's relay key
         self._make_gateway = make_gateway
         self.kinds = KINDS if kinds is None else kinds
         self._derive = derive
+        #: the store and key file the kinds keep their own keys in (TransportContext); Push sets them
+        self.store, self.keyfile = store, keyfile
         #: whether the draft transports (push.kinds.DRAFT_TRANSPORTS) are built: `configure` sets it
         self.drafts = False
         self._by_origin: dict[int, dict[str, Transport]] = {}
@@ -151,7 +153,7 @@ class ProfileTransports:
                     key = (kind.name,) + tuple(kind.share_key(config, o.id)) + sigs
                     transport = shared.get(key) or self._shared.get(key)
                     if transport is None:
-                        transport = kind.build(config, TransportContext(o.id, share, self._derive))
+                        transport = kind.build(config, TransportContext(o.id, share, self._derive, self.store, self.keyfile))
                     shared[key] = table[pid] = transport
                     continue
                 try:

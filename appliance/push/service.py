@@ -99,6 +99,8 @@ class Push:
         self.authorize: Authorize = authorize or (lambda conn, origin, reader, ev: False)
         self.matcher = Matcher(self.authorize)
         self.transports = transports or ProfileTransports()
+        if self.transports.store is None:  # where transports keep keys of their own (VAPID)
+            self.transports.store, self.transports.keyfile = store, keyfile
         #: the `push_draft_transports` setting: fcm/unifiedpush profiles advertised and delivered
         self.draft_transports = draft_transports
         self.settings = delivery or DeliverySettings()

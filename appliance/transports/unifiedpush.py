@@ -45,7 +45,7 @@ import httpx
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from .apns import load_ca_file, parse_retry_after
-from .base import ACCEPTED, INVALID_ENDPOINT, PERMANENT, TRANSIENT, Outcome, WakeRequest
+from .base import ACCEPTED, INVALID_ENDPOINT, PERMANENT, TRANSIENT, Outcome, ProfileError, WakeRequest
 from .credentials import CredentialError
 from .webpush import VapidKey, b64url_decode, encrypt, load_p256_public
 
@@ -61,9 +61,11 @@ __all__ = [
     "PushSubscription",
     "UnifiedPushProfile",
     "UnifiedPushTransport",
+    "PROFILE_FIELDS",
     "check_vapid_subject",
     "classify",
     "forbidden_address",
+    "load_profile",
     "parse_endpoint",
 ]
 
@@ -276,6 +278,56 @@ class UnifiedPushProfile:
         return ctx
 
 
+#: The settings of a `transport = "unifiedpush"` app profile (besides id and transport).
+PROFILE_FIELDS = ("vapid_subject", "allow_hosts", "host_rate", "host_burst", "ca_file")
+#: Highest host_rate / host_burst accepted: a cap far above this is no cap.
+MAX_HOST_RATE = 100_000
+
+
+def _allowed_host(value: object) -> str:
+    if isinstance(value, str):
+        host = value.lower()
+        try:
+            return str(ipaddress.ip_address(host))
+        except ValueError:
+            if _HOST.fullmatch(host) and not host.startswith("[") and not host.endswith("."):
+                return host
+    raise ProfileError("allow_hosts", f"{value!r} is not a host name or IP address (no scheme, port or path)")
+
+
+def load_profile(entry: dict, stored=None) -> UnifiedPushProfile:
+    """The UnifiedPushProfile of an `app_profiles` entry (push.kinds); ProfileError naming the field."""
+    pid = entry.get("id")
+    if "vapid_subject" not in entry:
+        raise ProfileError("vapid_subject", "a UnifiedPush profile needs vapid_subject, the operator contact "
+                           "every VAPID token names (mailto:you@example.org or an https:// URL)")
+    try:
+        subject = check_vapid_subject(entry["vapid_subject"])
+    except CredentialError as exc:
+        raise ProfileError("vapid_subject", str(exc)) from None
+    hosts = entry.get("allow_hosts", [])
+    if not isinstance(hosts, list):
+        raise ProfileError("allow_hosts", "expected a list of host names that may be http:// and resolve to "
+                           "private or loopback addresses (a distributor on your own network)")
+    allow = frozenset(_allowed_host(h) for h in hosts)
+    rate = entry.get("host_rate", DEFAULT_HOST_RATE)
+    if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 < rate <= MAX_HOST_RATE:
+        raise ProfileError("host_rate", f"expected requests per second to one push host, above 0 and at most "
+                           f"{MAX_HOST_RATE}")
+    burst = entry.get("host_burst", DEFAULT_HOST_BURST)
+    if isinstance(burst, bool) or not isinstance(burst, int) or not 1 <= burst <= MAX_HOST_RATE:
+        raise ProfileError("host_burst", f"expected a whole number of requests, 1 to {MAX_HOST_RATE}")
+    ca_file = entry.get("ca_file")
+    if ca_file is not None:
+        if not isinstance(ca_file, str) or not os.path.isabs(ca_file):
+            raise ProfileError("ca_file", "use an absolute path (the file is read again at every start and reload)")
+        try:
+            load_ca_file(ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT), ca_file)
+        except CredentialError as exc:
+            raise ProfileError("ca_file", str(exc)) from None
+    return UnifiedPushProfile(pid, subject, allow, float(rate), burst, ca_file)
+
+
 # Statuses RFC 8030 and RFC 8292 give a meaning; the rest by class (see `classify`).
 _STATUS: dict[int, str] = {
     200: ACCEPTED, 201: ACCEPTED, 202: ACCEPTED,
@@ -314,13 +366,14 @@ class UnifiedPushTransport:
 
     def __init__(self, profile: UnifiedPushProfile, vapid_keys: VapidKeys, *,
                  resolve: Resolver = system_resolve, timeout: float = DEFAULT_TIMEOUT,
-                 clock: Callable[[], float] = time.time):
+                 clock: Callable[[], float] = time.time, rates: HostRates | None = None):
         self.profile = profile
         self.vapid_keys = vapid_keys
         self.resolve = resolve
         self.timeout = timeout
         self.clock = clock
-        self.rates = HostRates(profile.host_rate, profile.host_burst)
+        #: the per-host token buckets; shared by the profiles with the same cap (push.kinds)
+        self.rates = rates or HostRates(profile.host_rate, profile.host_burst)
         self._ssl = profile.ssl_context()
         self._clients: OrderedDict[tuple, httpx.AsyncClient] = OrderedDict()
         self._tokens: OrderedDict[tuple[str, str], tuple[int, str]] = OrderedDict()  # (key, aud) -> (exp, header)
