@@ -24,6 +24,10 @@ each user holding `--devices` leases (#p self, and #h of one of `--channels` cha
 `--transport fcm` runs the same parts through a draft fcm profile (FCM HTTP v1 with a service
 account) against the FCM emulator (`appliance.testing.fcm_emulator`: it verifies the RS256 grant
 and checks the bearer token and the message of every send) instead of APNs; apns is the default.
+`--transport unifiedpush` runs them through a draft unifiedpush profile against a local HTTPS
+distributor (`appliance.testing.distributor`, its own process, checking every VAPID token): each
+lease's endpoint one of its push URLs with subscription keys, every wake an encrypted Web Push
+message over HTTP/1.1 (the profile's per-host cap raised out of the way: one host takes them all).
 
 A shared or busy machine gives noisy figures: run it on a quiet box.
 """
@@ -54,6 +58,7 @@ from appliance.bench.relay import ingest
 ORIGIN = "ws://bench.wakes"
 PROFILE = "com.example.bench/ios"
 FCM_PROFILE = "com.example.bench/android"
+UP_PROFILE = "org.example.bench/up"
 TOPIC = "com.example.bench"
 TEAM, KEY_ID = "BENCHTEAM1", "BENCHKEY01"
 PARTS = ("ingest", "latency", "peak", "rss")
@@ -61,9 +66,9 @@ PARTS = ("ingest", "latency", "peak", "rss")
 
 def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--only", action="append", choices=PARTS, help="run only this part (repeatable; default all)")
-    p.add_argument("--transport", default="apns", choices=("apns", "fcm"),
-                   help="the app profile's transport: apns (default) or fcm (a draft: FCM HTTP v1 against the FCM "
-                   "emulator)")
+    p.add_argument("--transport", default="apns", choices=("apns", "fcm", "unifiedpush"),
+                   help="the app profile's transport: apns (default), fcm (a draft: FCM HTTP v1 against the FCM "
+                   "emulator) or unifiedpush (a draft: Web Push to a local HTTPS distributor)")
     p.add_argument("--events", type=int, default=20_000, help="events per ingest run (default 20000)")
     p.add_argument("--lease-counts", default="0,10000,100000",
                    help="active leases held in the ingest runs (default 0,10000,100000)")
@@ -148,7 +153,42 @@ class FcmEmulator(Emulator):
         self.sa_file, self.token_uri = ready["service_account_file"], ready["token_uri"]
 
 
+class DistributorProcess(Emulator):
+    """The local HTTPS distributor as its own process (the UnifiedPush stand-in), logging one line
+    per answered request; every lease's endpoint is one of its push URLs, all with the same keys."""
+
+    transport = "unifiedpush"
+    ok_status = 201
+
+    def __init__(self, work: Path):
+        from appliance.testing.distributor import Distributor
+
+        self.work = work
+        self.log = work / "distributor-requests.log"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "appliance.testing.distributor", "--dir", str(work / "distributor-pki"),
+             "--host", "localhost", "--log", str(self.log)], stdout=subprocess.PIPE, text=True)
+        ready = json.loads(self.proc.stdout.readline())
+        self.url, self.ca_file = ready["url"], ready["ca_file"]
+        sub = Distributor().subscribe("/")
+        self.keys = sub.endpoint[sub.endpoint.index("#"):]
+
+    def endpoint(self, token: str) -> str:
+        return f"{self.url}/up/{token}{self.keys}"
+
+    def requests(self) -> list[tuple[float, int, str, str]]:
+        """(time, status, "", token) per answered request so far (the token: the push URL's last part)."""
+        out = []
+        if self.log.exists():
+            for line in self.log.read_text().split("\n")[:-1]:
+                at, status, path = line.split(" ")
+                out.append((float(at), int(status), "", path.rsplit("/", 1)[-1]))
+        return out
+
+
 Emulator.transport = "apns"
+Emulator.ok_status = 200
+Emulator.endpoint = lambda self, token: token
 
 
 def device_token(rng: random.Random, transport: str) -> str:
@@ -159,6 +199,18 @@ def device_token(rng: random.Random, transport: str) -> str:
 
 
 def config_text(emu: Emulator) -> str:
+    if emu.transport == "unifiedpush":
+        # One host takes every wake here: its cap is raised out of the way (the default is 10/s).
+        return f"""
+public_url = "{ORIGIN}"
+push_draft_transports = true
+[push]
+app_profiles = [{{ id = "{UP_PROFILE}", transport = "unifiedpush", vapid_subject = "mailto:bench@example.org", \
+allow_hosts = ["localhost"], ca_file = "{emu.ca_file}", host_rate = 100000, host_burst = 100000 }}]
+push_kinds = [9, 7]
+[push.limitation]
+max_leases_per_pubkey = 16
+"""
     if emu.transport == "fcm":
         return f"""
 public_url = "{ORIGIN}"
@@ -208,7 +260,8 @@ def _fake_pubkey(rng: random.Random) -> str:
 
 
 def preload(data_dir: Path, config: Path, *, users: int, devices: int, channels: int, seed: int,
-            jobs_for: int = 0, filler: int = 0, transport: str = "apns") -> list[tuple[str, list[str]]]:
+            jobs_for: int = 0, filler: int = 0, transport: str = "apns",
+            endpoint_of=lambda token: token) -> list[tuple[str, list[str]]]:
     """Store `users` x `devices` active leases (and, for the first `jobs_for` users, one stored
     event and one due wake job per lease), then `filler` unrelated stored events of about a lease
     event's size (so databases compared for their lease count hold as many events); return
@@ -234,7 +287,7 @@ def preload(data_dir: Path, config: Path, *, users: int, devices: int, channels:
         origins = prepare_origins(store, settings)
         origin = next(o for o in origins if o.origin == ORIGIN)
         desc = build_descriptor(origin.origin, origin.push, [probe], drafts=True)
-        profile = FCM_PROFILE if transport == "fcm" else PROFILE
+        profile = {"fcm": FCM_PROFILE, "unifiedpush": UP_PROFILE}.get(transport, PROFILE)
         chan = [str(uuid.UUID(int=rng.getrandbits(128), version=4)) for _ in range(max(1, channels))]
         batch: list = []
 
@@ -256,7 +309,8 @@ def preload(data_dir: Path, config: Path, *, users: int, devices: int, channels:
             for dev in range(devices):
                 token = device_token(rng, transport)
                 tokens.append(token)
-                pt = {"v": 1, "origin": ORIGIN, "app_profile": profile, "transport": transport, "endpoint": token,
+                pt = {"v": 1, "origin": ORIGIN, "app_profile": profile, "transport": transport,
+                      "endpoint": endpoint_of(token),
                       "generation": 1, "active": True, "subscriptions": [
                           {"filter": {"kinds": [9], "#p": [pub]}, "class": "time_sensitive"},
                           {"filter": {"kinds": [9, 7], "#h": [chan[rng.randrange(len(chan))]]}, "class": "default"}]}
@@ -354,7 +408,7 @@ class Run:
             t0 = time.perf_counter()
             self.users = preload(self.pristine, self.config, users=users, devices=args.devices,
                                  channels=args.channels, seed=zlib.crc32(name.encode()) & 0xFFFF, jobs_for=jobs_for,
-                                 filler=filler, transport=emu.transport)
+                                 filler=filler, transport=emu.transport, endpoint_of=emu.endpoint)
             info(f"  {name}: preloaded {users * args.devices:,} leases"
                  + (f" and {jobs_for * args.devices:,} wake jobs" if jobs_for else "")
                  + (f" and {filler:,} other events" if filler else "")
@@ -485,7 +539,7 @@ def part_peak(work: Path, emu: Emulator, args) -> dict:
     reqs = emu.requests()
     times = sorted(r[0] for r in reqs)
     span = times[-1] - times[0] if len(times) > 1 else float("nan")
-    return {"wakes": len(reqs), "accepted": sum(r[1] == 200 for r in reqs), "seconds": span,
+    return {"wakes": len(reqs), "accepted": sum(r[1] == emu.ok_status for r in reqs), "seconds": span,
             "rate": (len(times) - 1) / span if span else float("nan"),
             "cpu_appliance": cpu_app, "cpu_emulator": emu.cpu_seconds() - cpu_emu0,
             "cpu_per_wake": (cpu_app - cpu_first) / max(1, len(reqs) - sent_first)}
@@ -512,7 +566,7 @@ def run(args: argparse.Namespace) -> int:
     parts = args.only or list(PARTS)
     work = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="appliance-bench-wakes-"))
     work.mkdir(parents=True, exist_ok=True)
-    emu = FcmEmulator(work) if args.transport == "fcm" else Emulator(work)
+    emu = {"fcm": FcmEmulator, "unifiedpush": DistributorProcess}.get(args.transport, Emulator)(work)
     results: dict = {}
     try:
         for part in parts:
@@ -525,6 +579,7 @@ def run(args: argparse.Namespace) -> int:
             shutil.rmtree(work, ignore_errors=True)
     print(f"\nappliance bench wakes: transport {args.transport}"
           + (" (draft: FCM HTTP v1 against the FCM emulator)" if args.transport == "fcm" else "")
+          + (" (draft: Web Push to a local HTTPS distributor)" if args.transport == "unifiedpush" else "")
           + f", sync_mode {args.sync_mode}, {args.devices} lease(s) per user, "
           f"{os.cpu_count()} CPUs (a shared or busy machine gives noisy figures)")
     if "ingest" in results:
@@ -541,12 +596,14 @@ def run(args: argparse.Namespace) -> int:
                   f"{least:>10.0f}           {cpu_change:>7}")
     if "latency" in results:
         r = results["latency"]
-        print(f"\nevent -> {args.transport.upper() if args.transport == 'fcm' else 'APNs'} request latency at {args.rate:.0f} matching events/s over {args.seconds:.0f} s "
+        provider = {"fcm": "FCM", "unifiedpush": "push service"}.get(args.transport, "APNs")
+        print(f"\nevent -> {provider} request latency at {args.rate:.0f} matching events/s over {args.seconds:.0f} s "
               f"({args.latency_leases:,} leases): {r['wakes']:,} wakes for {r['events']:,} events")
         print(f"  p50 {r['p50']:.1f} ms   p90 {r['p90']:.1f} ms   p99 {r['p99']:.1f} ms   max {r['max']:.1f} ms")
     if "peak" in results:
         r = results["peak"]
-        print(f"\npeak delivery through one HTTP/2 connection ({r['wakes']:,} preloaded due wakes, "
+        via = "HTTP/1.1 connections to one push host" if args.transport == "unifiedpush" else "one HTTP/2 connection"
+        print(f"\npeak delivery through {via} ({r['wakes']:,} preloaded due wakes, "
               f"{r['accepted']:,} accepted): {r['rate']:,.0f} wakes/s over {r['seconds']:.1f} s")
         print(f"  CPU seconds: appliance {r['cpu_appliance']:.1f} (start-up included: "
               f"{r['cpu_appliance'] / max(1, r['wakes']) * 1e6:.0f} us per wake), emulator {r['cpu_emulator']:.1f} "

@@ -136,6 +136,7 @@ class Distributor:
         self.pki: LocalPki | None = None
         self._server: asyncio.AbstractServer | None = None
         self._writers: set[asyncio.StreamWriter] = set()
+        self._tasks: set[asyncio.Task] = set()
         self._sni: dict[int, str | None] = {}
         self._connections = 0
         self._thread: threading.Thread | None = None
@@ -264,6 +265,10 @@ class Distributor:
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self._connections += 1
         conn_id = self._connections
+        task = asyncio.current_task()
+        if task is not None:
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
         ssl_object = writer.get_extra_info("ssl_object")
         sni = self._sni.pop(id(ssl_object), None) if ssl_object is not None else None
         self._writers.add(writer)
@@ -299,8 +304,9 @@ class Distributor:
                 if conn.our_state is h11.MUST_CLOSE or conn.their_state is h11.MUST_CLOSE:
                     return
                 conn.start_next_cycle()
-        except (h11.RemoteProtocolError, ConnectionError, ssl.SSLError, asyncio.IncompleteReadError):
-            return
+        except (h11.RemoteProtocolError, ConnectionError, ssl.SSLError, asyncio.IncompleteReadError,
+                asyncio.CancelledError):
+            return  # (cancelled: the distributor stops; the connection just closes)
         finally:
             self._writers.discard(writer)
             writer.close()
@@ -354,6 +360,10 @@ class Distributor:
             self._server.close()
             for writer in list(self._writers):
                 writer.close()
+            for task in list(self._tasks):
+                task.cancel()
+            if self._tasks:
+                await asyncio.wait(list(self._tasks), timeout=2)
             await self._server.wait_closed()
             self._server = None
 
@@ -407,7 +417,7 @@ def main(argv: list[str] | None = None) -> int:
     dist.keep_records = False  # a long benchmark would hold every request in memory
 
     async def serve() -> None:
-        await dist.start(port=args.port)
+        await dist.start(host=args.host, port=args.port)  # every address the name has
         print(json.dumps({"url": dist.url, "ca_file": dist.ca_file}), flush=True)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()

@@ -376,6 +376,7 @@ class UnifiedPushTransport:
         self.rates = rates or HostRates(profile.host_rate, profile.host_burst)
         self._ssl = profile.ssl_context()
         self._clients: OrderedDict[tuple, httpx.AsyncClient] = OrderedDict()
+        self._closing: set[asyncio.Task] = set()
         self._tokens: OrderedDict[tuple[str, str], tuple[int, str]] = OrderedDict()  # (key, aud) -> (exp, header)
         #: the encryption's randomness: (salt, sender key) per message (tests fix it)
         self.fresh: Callable[[], tuple[bytes, ec.EllipticCurvePrivateKey]] = (
@@ -385,6 +386,8 @@ class UnifiedPushTransport:
         clients, self._clients = list(self._clients.values()), OrderedDict()
         for client in clients:
             await client.aclose()
+        if self._closing:
+            await asyncio.gather(*self._closing, return_exceptions=True)
 
     def body(self, sub: PushSubscription) -> bytes:
         """The request body for `sub`: the constant, encrypted with fresh randomness."""
@@ -419,7 +422,9 @@ class UnifiedPushTransport:
         self._clients[slot] = client
         if len(self._clients) > MAX_CLIENTS:
             _slot, old = self._clients.popitem(last=False)
-            asyncio.get_running_loop().create_task(old.aclose())
+            task = asyncio.get_running_loop().create_task(old.aclose())
+            self._closing.add(task)  # held until done (the loop keeps only a weak reference)
+            task.add_done_callback(self._closing.discard)
         return client
 
     async def send(self, request: WakeRequest) -> Outcome:

@@ -400,3 +400,24 @@ async def test_no_endpoint_material_in_outcomes_or_logs(distributor, transport, 
     said = " ".join(f"{o.reason} {o.detail}" for o in outs) + " ".join(r.getMessage() for r in caplog.records)
     assert "SeCrEtPaTh" not in said and b64url(sub.p256dh) not in said and b64url(sub.auth) not in said
     assert HOST in said
+
+
+async def test_connections_are_kept_per_host_and_address_and_bounded(distributor, monkeypatch):
+    import appliance.transports.unifiedpush as up
+
+    async def resolve(host: str, port: int) -> list[str]:
+        return ["127.0.0.1"]
+
+    monkeypatch.setattr(up, "MAX_CLIENTS", 2)
+    t = make_transport(distributor, allow=(HOST, "127.0.0.1", "localhost"), resolver=resolve)
+    sub = distributor.subscribe("/up/pool")
+    assert (await t.send(wake(sub.endpoint))).kind == ACCEPTED
+    assert (await t.send(wake(sub.endpoint))).kind == ACCEPTED
+    assert len(t._clients) == 1  # the same host and address: one pool, its connection reused
+    assert len({r.connection for r in distributor.requests()}) == 1
+    for name in ("127.0.0.1", "localhost"):  # other names of that address: pools of their own
+        out = await t.send(wake(sub.endpoint.replace(HOST, name)))
+        assert out.status == 401  # answered (the distributor wants its own name as the VAPID aud)
+    assert len(t._clients) == 2 and (HOST not in {slot[1] for slot in t._clients})  # the oldest closed
+    assert {r.sni for r in distributor.requests()} == {HOST, "localhost", None}  # an IP literal sends no SNI
+    await t.close()
