@@ -418,7 +418,7 @@ class UnifiedPushTransport:
         # environment; redirects are never followed.
         client = httpx.AsyncClient(verify=self._ssl, trust_env=False, follow_redirects=False, http1=True,
                                    http2=False, timeout=httpx.Timeout(self.timeout),
-                                   limits=httpx.Limits(max_connections=16, max_keepalive_connections=4))
+                                   limits=httpx.Limits(max_connections=16, max_keepalive_connections=16))
         self._clients[slot] = client
         if len(self._clients) > MAX_CLIENTS:
             _slot, old = self._clients.popitem(last=False)
