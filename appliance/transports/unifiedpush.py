@@ -88,6 +88,10 @@ VAPID_LIFETIME = 12 * 3600
 VAPID_RENEW = 6 * 3600
 #: Connections kept open at most (one pool per (host, port, address)); the least used is closed.
 MAX_CLIENTS = 64
+#: Requests in flight (each on its own HTTP/1.1 connection) to one (host, port, address) at most:
+#: the HTTP client checks every pooled connection at each request, so more cost CPU per wake
+#: (docs/performance.md); 8 carry 160 wakes/s to a push host 50 ms away, far above host_rate's default.
+CONNECTIONS_PER_HOST = 8
 
 _UA_PUBLIC_LEN, _AUTH_LEN = 65, 16
 # host: a DNS name (ASCII labels; an IDN in its xn-- form), an IPv4 literal or a bracketed IPv6 one.
@@ -375,7 +379,7 @@ class UnifiedPushTransport:
         #: the per-host token buckets; shared by the profiles with the same cap (push.kinds)
         self.rates = rates or HostRates(profile.host_rate, profile.host_burst)
         self._ssl = profile.ssl_context()
-        self._clients: OrderedDict[tuple, httpx.AsyncClient] = OrderedDict()
+        self._clients: OrderedDict[tuple, tuple[httpx.AsyncClient, asyncio.Semaphore]] = OrderedDict()
         self._closing: set[asyncio.Task] = set()
         self._tokens: OrderedDict[tuple[str, str], tuple[int, str]] = OrderedDict()  # (key, aud) -> (exp, header)
         #: the encryption's randomness: (salt, sender key) per message (tests fix it)
@@ -384,7 +388,7 @@ class UnifiedPushTransport:
 
     async def close(self) -> None:
         clients, self._clients = list(self._clients.values()), OrderedDict()
-        for client in clients:
+        for client, _slots in clients:
             await client.aclose()
         if self._closing:
             await asyncio.gather(*self._closing, return_exceptions=True)
@@ -408,24 +412,25 @@ class UnifiedPushTransport:
             self._tokens.popitem(last=False)
         return header
 
-    def _client(self, sub: PushSubscription, address: str) -> httpx.AsyncClient:
+    def _client(self, sub: PushSubscription, address: str) -> tuple[httpx.AsyncClient, asyncio.Semaphore]:
         slot = (sub.scheme, sub.host, sub.port, address)
-        client = self._clients.get(slot)
-        if client is not None:
+        pooled = self._clients.get(slot)
+        if pooled is not None:
             self._clients.move_to_end(slot)
-            return client
+            return pooled
         # trust_env=False: no proxy (it would resolve the name again) and no CA bundle from the
         # environment; redirects are never followed.
         client = httpx.AsyncClient(verify=self._ssl, trust_env=False, follow_redirects=False, http1=True,
                                    http2=False, timeout=httpx.Timeout(self.timeout),
-                                   limits=httpx.Limits(max_connections=16, max_keepalive_connections=16))
-        self._clients[slot] = client
+                                   limits=httpx.Limits(max_connections=CONNECTIONS_PER_HOST,
+                                                       max_keepalive_connections=CONNECTIONS_PER_HOST))
+        pooled = self._clients[slot] = (client, asyncio.Semaphore(CONNECTIONS_PER_HOST))
         if len(self._clients) > MAX_CLIENTS:
-            _slot, old = self._clients.popitem(last=False)
+            _slot, (old, _slots) = self._clients.popitem(last=False)
             task = asyncio.get_running_loop().create_task(old.aclose())
             self._closing.add(task)  # held until done (the loop keeps only a weak reference)
             task.add_done_callback(self._closing.discard)
-        return client
+        return pooled
 
     async def send(self, request: WakeRequest) -> Outcome:
         try:
@@ -484,10 +489,12 @@ class UnifiedPushTransport:
         literal = f"[{address}]" if ":" in address else address
         url = f"{sub.scheme}://{literal}:{sub.port}{sub.target}"
         extensions = {"sni_hostname": host} if sub.scheme == "https" else {}
-        client = self._client(sub, address)
+        client, slots = self._client(sub, address)
         try:
-            async with client.stream("POST", url, headers=headers, content=self.body(sub),
-                                     extensions=extensions) as response:
+            # Requests wait for a connection here, not in the HTTP client's pool: its queue costs
+            # work per waiting request at every completion, ours nothing.
+            async with slots, client.stream("POST", url, headers=headers, content=self.body(sub),
+                                            extensions=extensions) as response:
                 read = 0
                 async for chunk in response.aiter_raw():
                     read += len(chunk)
