@@ -94,6 +94,13 @@ def add_args(p: argparse.ArgumentParser) -> None:
 class Emulator:
     """The APNs emulator as its own process, logging one line per answered request."""
 
+    transport = "apns"
+    ok_status = 200  # the status of an accepted request in its log
+
+    def endpoint(self, token: str) -> str:
+        """A lease's endpoint for the device `token` (APNs, FCM: the token itself)."""
+        return token
+
     def __init__(self, work: Path):
         from cryptography.hazmat.primitives import serialization
 
@@ -186,9 +193,6 @@ class DistributorProcess(Emulator):
         return out
 
 
-Emulator.transport = "apns"
-Emulator.ok_status = 200
-Emulator.endpoint = lambda self, token: token
 
 
 def device_token(rng: random.Random, transport: str) -> str:

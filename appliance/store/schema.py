@@ -475,7 +475,8 @@ MIGRATIONS: tuple[str, ...] = (
     END;
     INSERT INTO events_fts (rowid, content)
         SELECT rowid, raw ->> '$.content' FROM events WHERE kind IN (SELECT kind FROM search_kinds);
-    """,    # 17: VAPID key pairs of the UnifiedPush profile (RFC 8292), one per origin and push service
+    """,
+    # 17: VAPID key pairs of the UnifiedPush profile (RFC 8292), one per origin and push service
     # origin, made on the first wake sent there and wrapped by the key file like executor keys.
     """
     CREATE TABLE vapid_keys (

@@ -3,7 +3,7 @@ made on first use and kept wrapped by the key file like executor keys."""
 
 from __future__ import annotations
 
-import apsw
+from appliance.store.interface import Connection
 
 from .keyfile import KeyFile
 
@@ -18,13 +18,13 @@ def vapid_label(origin: int, push_origin: str) -> str:
     return f"vapid-key:{origin}:{push_origin}"
 
 
-def get_vapid_key(conn: apsw.Connection, origin: int, push_origin: str) -> bytes | None:
+def get_vapid_key(conn: Connection, origin: int, push_origin: str) -> bytes | None:
     """The wrapped key of (origin, push origin), or None."""
     row = conn.execute(SQL_GET, (origin, push_origin)).fetchone()
     return row[0] if row else None
 
 
-def save_vapid_key(conn: apsw.Connection, origin: int, push_origin: str, wrapped: bytes, now: int) -> bytes:
+def save_vapid_key(conn: Connection, origin: int, push_origin: str, wrapped: bytes, now: int) -> bytes:
     """Keep `wrapped` unless a key is there already (another worker or node made it first); the
     wrapped key in use either way."""
     conn.execute(SQL_SAVE, (origin, push_origin, wrapped, now))
@@ -33,7 +33,7 @@ def save_vapid_key(conn: apsw.Connection, origin: int, push_origin: str, wrapped
     return stored
 
 
-def load_vapid_keys(conn: apsw.Connection, keyfile: KeyFile) -> int:
+def load_vapid_keys(conn: Connection, keyfile: KeyFile) -> int:
     """Unwrap every stored key (the key file check of backup, restore and doctor); how many."""
     n = 0
     for origin, push_origin, wrapped in conn.execute(SQL_ALL):
