@@ -90,7 +90,7 @@ VAPID_RENEW = 6 * 3600
 MAX_CLIENTS = 64
 #: Requests in flight (each on its own HTTP/1.1 connection) to one (host, port, address) at most:
 #: the HTTP client checks every pooled connection at each request, so more cost CPU per wake
-#: (docs/performance.md); 8 carry 160 wakes/s to a push host 50 ms away, far above host_rate's default.
+#: (docs/performance.md#connections_per_host).
 CONNECTIONS_PER_HOST = 8
 
 _UA_PUBLIC_LEN, _AUTH_LEN = 65, 16
