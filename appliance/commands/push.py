@@ -325,27 +325,28 @@ async def send_test_wake(transport, token: str) -> tuple[object | None, str, flo
     return outcome, request_id, (time.monotonic() - started) * 1000
 
 
-def describe_outcome(outcome, request_id: str, ms: float) -> str:
+def describe_outcome(outcome, request_id: str, ms: float, id_name: str = "apns-id") -> str:
     """The provider's answer to a test wake, in one line."""
     from appliance.transports import ACCEPTED
 
     if outcome is None:
-        return f"not sent: no answer within {TEST_WAKE_TIMEOUT:.0f} s (apns-id {request_id})"
+        return f"not sent: no answer within {TEST_WAKE_TIMEOUT:.0f} s ({id_name} {request_id})"
     answer = f"the provider answered {outcome.status}" + (f" {outcome.reason}" if outcome.reason else "")
     if outcome.kind == ACCEPTED:
-        return f"sent: {answer} (apns-id {request_id}, {ms:.0f} ms)"
+        return f"sent: {answer} ({id_name} {request_id}, {ms:.0f} ms)"
     shown = outcome.detail.replace("; not sent", "")
     if outcome.status is None:
         why = outcome.reason or outcome.kind
         detail = f": {shown}" if shown else ""
         return f"not sent ({outcome.kind}): {why}{detail}"
     detail = f"; {shown}" if shown else ""
-    return f"not accepted ({outcome.kind}): {answer} (apns-id {request_id}, {ms:.0f} ms){detail}"
+    return f"not accepted ({outcome.kind}): {answer} ({id_name} {request_id}, {ms:.0f} ms){detail}"
 
 
 def profile_transport(settings: Settings, origin_url: str, profile_id: str):
-    """(transport, origin) of an APNs app profile at an origin of the data directory, built from
-    its stored configuration and credentials (a .p8 uploaded in the dashboard included)."""
+    """(transport, origin) of an app profile at an origin of the data directory, built from its
+    stored configuration and credentials (a .p8 or service account uploaded in the dashboard
+    included): APNs, and the draft transports (fcm) while push_draft_transports is on."""
     from appliance.commands import find_origin, open_data
     from appliance.push.profiles import ProfileTransports
     from appliance.relay.groups import RelayKeys
@@ -356,7 +357,11 @@ def profile_transport(settings: Settings, origin_url: str, profile_id: str):
     with open_data(settings) as (store, registry):
         origin = find_origin(registry, origin_url)
         entry = next((p for p in (origin.push or {}).get("app_profiles", []) if p.get("id") == profile_id), None)
-        if entry is None or entry.get("transport") != "apns":
+        if entry is not None and entry.get("transport") == "fcm":
+            if not settings.push_draft_transports:
+                raise ConfigError("profile", profile_id, "fcm is a draft transport, off while "
+                                  "push_draft_transports is false: turn it on to send through this profile")
+        elif entry is None or entry.get("transport") != "apns":
             known = ", ".join(p["id"] for p in (origin.push or {}).get("app_profiles", [])
                               if p.get("transport") == "apns") or "none"
             raise ConfigError("profile", profile_id, f"no APNs app profile of that name at {origin.origin} "
@@ -366,7 +371,7 @@ def profile_transport(settings: Settings, origin_url: str, profile_id: str):
         relay_keys = RelayKeys(keyfile)
         secret, _pub = store.write_sync(lambda conn: relay_keys.get(conn, origin.id))
         transports = ProfileTransports(make_gateway=lambda _oid, url: GatewayTransport(url, lambda: secret))
-        transports.configure([origin], stored)
+        transports.configure([origin], stored, drafts=settings.push_draft_transports)
         return transports.get(origin.id, profile_id), origin
 
 
@@ -433,6 +438,9 @@ def _run_test_wake(args: argparse.Namespace, settings: Settings, running: dict |
             return await send_test_wake(transport, token)
         finally:
             await transport.close()
+            shared = getattr(transport, "token", None)  # an FCM access token has a connection of its own
+            if hasattr(shared, "close"):
+                await shared.close()
 
     outcome, request_id, ms = asyncio.run(wake())
     if outcome is not None:
@@ -444,7 +452,8 @@ def _run_test_wake(args: argparse.Namespace, settings: Settings, running: dict |
         with open_data(settings) as (store, _registry):
             store.write_sync(lambda conn: note_health(conn, origin.id, args.profile, outcome, time.time()))
     print(f"test wake to token {token_fingerprint(token)} through {args.profile} at {origin.origin}", flush=True)
-    print(describe_outcome(outcome, request_id, ms), flush=True)
+    kind = next(p["transport"] for p in origin.push["app_profiles"] if p["id"] == args.profile)
+    print(describe_outcome(outcome, request_id, ms, "apns-id" if kind == "apns" else "request id"), flush=True)
     from appliance.transports import ACCEPTED
 
     return 0 if outcome is not None and outcome.kind == ACCEPTED else 1

@@ -141,7 +141,8 @@ def test_test_wake_prints_the_providers_answer(tmp_path, apns):
         assert asyncio.run(_alerts_after(server, lambda alerts: not alerts)) == []
         out = cli("push", "test-wake", "--data-dir", server.data_dir, "--profile", "com.example.app/android",
                   "--token", tok)
-        assert out.returncode == 2 and "no APNs app profile" in out.stderr
+        # An fcm profile (a draft transport): refused while push_draft_transports is off here.
+        assert out.returncode == 2 and "push_draft_transports is false" in out.stderr, out.stderr
     finally:
         server.stop()
 

@@ -221,3 +221,16 @@ async def test_a_service_account_uploaded_in_the_dashboard_is_stored_wrapped_and
     finally:
         dash.close()
         server.stop()
+
+
+def test_appliance_push_test_wake_goes_through_an_fcm_profile(server, fcm):
+    from tests.ops.helpers import cli
+
+    tok = fcm_token()
+    args = ("push", "test-wake", "--data-dir", server.data_dir, "--profile", ANDROID, "--token", tok)
+    out = cli(*args)  # the draft transports are off for this command's own settings
+    assert out.returncode == 2 and "push_draft_transports is false" in out.stderr, out.stderr
+    out = cli(*args, env={"APPLIANCE_PUSH_DRAFT_TRANSPORTS": "true"})
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert re.search(r"^sent: the provider answered 200 \(request id [0-9a-f-]{36}, \d+ ms\)$", out.stdout, re.M)
+    assert fcm.emulator.accepted(tok) and tok not in out.stdout + out.stderr
