@@ -90,6 +90,13 @@ _BODY_TAIL = b's"}}}'
 
 # Seconds one request may take, connection included, before it counts as a transient failure.
 REQUEST_TIMEOUT = 30.0
+# Seconds one grant request may take in all: a hung token endpoint holds the waiting wakes (and
+# so the delivery workers, which serve APNs too) for this long at most, once per backoff.
+TOKEN_TIMEOUT = 10.0
+# Seconds a failed grant is answered from memory (its Retry-After when longer, up to
+# MAX_FAILURE_BACKOFF) so queued wakes share one failure instead of one request each.
+FAILURE_BACKOFF = 5.0
+MAX_FAILURE_BACKOFF = 60.0
 # Seconds before an access token's expiry at which a new one is made (clock skew, slow requests).
 REFRESH_MARGIN = 300
 # An access token is reused at least this long even if the endpoint says it lives less (seconds).
@@ -328,21 +335,27 @@ class AccessToken:
 
     `current()` is what every request sends (one fetch however many ask at once); `refresh(stale)`
     fetches a new one only if `stale` is still the one in use, so many requests answered 401 at
-    once cause one new token, not one each.
+    once cause one new token, not one each. A failed fetch is shared the same way: every caller
+    waiting on it, and every caller for `backoff` seconds after, gets its failure without a new
+    grant request.
     """
 
     def __init__(self, account: ServiceAccount, token_uri: str, ca_file: str | None = None, *,
-                 clock: Callable[[], float] = time.time, timeout: float = REQUEST_TIMEOUT):
+                 clock: Callable[[], float] = time.time, timeout: float = TOKEN_TIMEOUT,
+                 backoff: float = FAILURE_BACKOFF):
         self.account = account
         self.token_uri = check_url(token_uri, "token_uri", path=True)
         self.clock = clock
         self.timeout = timeout
+        self.backoff = backoff
         parts = urlsplit(token_uri)
         self._path = parts.path or "/"
         self._client = Http2Client(f"https://{parts.netloc}", ssl_context(ca_file))
         self._token: str | None = None
         self._until = 0.0
         self._lock: asyncio.Lock | None = None
+        self._failure: Outcome | None = None
+        self._failed_until = 0.0
         self.fetched = 0  # how many tokens were fetched (tests and the benchmark read it)
 
     async def close(self) -> None:
@@ -365,36 +378,49 @@ class AccessToken:
             if fresh and (stale is None or self._token != stale):
                 return self._token  # another request fetched it meanwhile
             now = self.clock()
-            grant = self.account.sign_grant(int(now), self.token_uri)
-            body = urlencode({"grant_type": GRANT_TYPE, "assertion": grant}).encode()
-            headers = [("content-type", "application/x-www-form-urlencoded"), ("content-length", str(len(body)))]
-            where = f"the token endpoint {self.token_uri}"
+            if self._failure is not None and now < self._failed_until:
+                raise TokenUnavailable(self._failure)  # the fetch just failed: share its failure
             try:
-                response = await self._client.request("POST", self._path, headers, body, self.timeout)
-            except ConnectFailed as exc:
-                if exc.tls is not None:
-                    raise TokenUnavailable(Outcome(CONFIGURATION, reason="token endpoint TLS", detail=(
-                        f"the TLS certificate of {where} is not trusted ({exc.tls.verify_message}): check "
-                        "token_uri/ca_file"))) from None
-                raise TokenUnavailable(Outcome(TRANSIENT, detail=f"{where}: {exc}", refused=exc.refused)) from None
-            except (TimeoutError, asyncio.TimeoutError):
-                raise TokenUnavailable(Outcome(TRANSIENT, detail=f"no answer from {where} in "
-                                                                 f"{self.timeout:g} s")) from None
-            except Http2Error as exc:
-                raise TokenUnavailable(Outcome(TRANSIENT, detail=f"{where}: {exc}")) from None
-            token, lifetime, problem = _token_answer(response)
-            if token is None:
-                status = response.status
-                kind = TRANSIENT if status >= 500 or status in (408, 429) else CONFIGURATION
-                retry = parse_retry_after(response.headers.get("retry-after")) if kind == TRANSIENT else None
-                raise TokenUnavailable(Outcome(kind, status, problem or None, retry_after=retry, detail=(
-                    f"{where} refused the service account's grant ({status} {problem or 'no reason'}): check "
-                    "the service account key and this host's clock" if kind == CONFIGURATION else
-                    f"{where} answered {status}")))
+                token, lifetime = await self._request(now)
+            except TokenUnavailable as exc:
+                wait = max(self.backoff, min(exc.outcome.retry_after or 0, MAX_FAILURE_BACKOFF))
+                self._failure, self._failed_until = exc.outcome, self.clock() + wait
+                raise
+            self._failure = None
             self._token = token
             self._until = now + max(MIN_TOKEN_LIFETIME, lifetime - REFRESH_MARGIN)
             self.fetched += 1
             return token
+
+    async def _request(self, now: float) -> tuple[str, int]:
+        """(access token, lifetime) from one grant request; TokenUnavailable saying why not."""
+        grant = self.account.sign_grant(int(now), self.token_uri)
+        body = urlencode({"grant_type": GRANT_TYPE, "assertion": grant}).encode()
+        headers = [("content-type", "application/x-www-form-urlencoded"), ("content-length", str(len(body)))]
+        where = f"the token endpoint {self.token_uri}"
+        try:
+            response = await self._client.request("POST", self._path, headers, body, self.timeout)
+        except ConnectFailed as exc:
+            if exc.tls is not None:
+                raise TokenUnavailable(Outcome(CONFIGURATION, reason="token endpoint TLS", detail=(
+                    f"the TLS certificate of {where} is not trusted ({exc.tls.verify_message}): check "
+                    "token_uri/ca_file"))) from None
+            raise TokenUnavailable(Outcome(TRANSIENT, detail=f"{where}: {exc}", refused=exc.refused)) from None
+        except (TimeoutError, asyncio.TimeoutError):
+            raise TokenUnavailable(Outcome(TRANSIENT, detail=f"no answer from {where} in "
+                                                             f"{self.timeout:g} s")) from None
+        except Http2Error as exc:
+            raise TokenUnavailable(Outcome(TRANSIENT, detail=f"{where}: {exc}")) from None
+        token, lifetime, problem = _token_answer(response)
+        if token is None:
+            status = response.status
+            kind = TRANSIENT if status >= 500 or status in (408, 429) else CONFIGURATION
+            retry = parse_retry_after(response.headers.get("retry-after")) if kind == TRANSIENT else None
+            raise TokenUnavailable(Outcome(kind, status, problem or None, retry_after=retry, detail=(
+                f"{where} refused the service account's grant ({status} {problem or 'no reason'}): check "
+                "the service account key and this host's clock" if kind == CONFIGURATION else
+                f"{where} answered {status}")))
+        return token, lifetime
 
 
 def _token_answer(response: Response) -> tuple[str | None, int, str]:

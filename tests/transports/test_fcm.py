@@ -4,6 +4,7 @@ token (signed grant, cached, shared per account, refreshed once on a 401) and th
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 import uuid
@@ -26,6 +27,7 @@ from appliance.transports import (
     WakeRequest,
 )
 from appliance.transports.fcm import (
+    FAILURE_BACKOFF,
     FCM_ERRORS,
     MAX_TTL,
     AccessToken,
@@ -194,14 +196,75 @@ async def test_the_token_expires_by_its_lifetime(fcm, tmp_path):
         await token.close()
 
 
-async def test_a_refused_grant_is_a_configuration_fault_and_an_unreachable_endpoint_transient(fcm, transport):
-    fcm.fail_grants(400, "invalid_grant")
-    outcome = await transport.send(wake())
-    assert outcome.kind == CONFIGURATION and outcome.status == 400 and outcome.reason == "invalid_grant"
-    assert "check the service account key" in outcome.detail
-    fcm.fail_grants(503, "backendError")
-    assert (await transport.send(wake())).kind == TRANSIENT
-    assert (await transport.send(wake())).kind == ACCEPTED
+async def test_a_refused_grant_is_a_configuration_fault_and_an_unreachable_endpoint_transient(fcm, tmp_path):
+    now = [time.time()]
+    profile = load_profile(entry(fcm, write_account(fcm, tmp_path / "sa.json")), {})
+    token = AccessToken(profile.account, profile.token_uri, profile.ca_file, clock=lambda: now[0])
+    t = FcmTransport(profile, token=token, timeout=5)
+    try:
+        fcm.fail_grants(400, "invalid_grant")
+        outcome = await t.send(wake())
+        assert outcome.kind == CONFIGURATION and outcome.status == 400 and outcome.reason == "invalid_grant"
+        assert "check the service account key" in outcome.detail
+        now[0] += FAILURE_BACKOFF
+        fcm.fail_grants(503, "backendError")
+        assert (await t.send(wake())).kind == TRANSIENT
+        assert (await t.send(wake())).kind == TRANSIENT  # inside the backoff: no new grant request
+        assert sum(r.grant for r in fcm.records) == 2
+        now[0] += FAILURE_BACKOFF
+        assert (await t.send(wake())).kind == ACCEPTED
+        assert sum(r.grant for r in fcm.records) == 3
+    finally:
+        await t.close()
+        await token.close()
+
+
+def wakes(n: int) -> list[WakeRequest]:
+    return [wake(f"c{i}:APA91b" + "Q" * 40) for i in range(n)]
+
+
+async def test_a_refused_grant_is_shared_by_concurrent_wakes(fcm, transport):
+    fcm.fail_grants(400, "invalid_grant", times=1000)
+    outcomes = await asyncio.gather(*(transport.send(w) for w in wakes(50)))
+    assert {(o.kind, o.reason) for o in outcomes} == {(CONFIGURATION, "invalid_grant")}
+    assert sum(r.grant for r in fcm.records) == 1 and not fcm.requests()
+
+
+async def test_a_hung_token_endpoint_holds_concurrent_wakes_once_and_briefly(fcm, tmp_path):
+    # A token endpoint that accepts connections and never answers (not even the TLS handshake).
+    connections = []
+
+    async def hang(reader, writer):
+        connections.append(writer)
+        await reader.read()
+
+    server = await asyncio.start_server(hang, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    profile = load_profile(entry(fcm, write_account(fcm, tmp_path / "sa.json")), {})
+    token = AccessToken(profile.account, f"https://127.0.0.1:{port}/token", profile.ca_file, timeout=1.0)
+    t = FcmTransport(profile, token=token, timeout=5)
+    try:
+        started = time.monotonic()
+        outcomes = await asyncio.gather(*(t.send(w) for w in wakes(20)))
+        took = time.monotonic() - started
+        assert {o.kind for o in outcomes} == {TRANSIENT}
+        assert all("no answer from the token endpoint" in o.detail for o in outcomes), outcomes[0]
+        assert took < 2.5, f"20 waiting wakes took {took:.1f} s with a 1 s grant timeout"
+        assert len(connections) == 1
+        # Inside the backoff a new wake fails at once, without a new grant request.
+        started = time.monotonic()
+        assert (await t.send(wake())).kind == TRANSIENT
+        assert time.monotonic() - started < 0.5 and len(connections) == 1
+    finally:
+        await t.close()
+        await token.close()
+        for w in connections:
+            w.close()
+        server.close()
+
+
+def test_a_grant_request_is_bounded_well_below_a_send():
+    assert AccessToken.__init__.__kwdefaults__["timeout"] <= 10
 
 
 async def test_a_grant_signed_by_an_unknown_key_is_refused(fcm, tmp_path):
