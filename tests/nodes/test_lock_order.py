@@ -56,6 +56,7 @@ def hold(n, name: str):
 
 
 # 9: the batched path (the three events of a node are one write); 30078 (addressable): one write each.
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", [9, 30078])
 async def test_two_nodes_locking_endpoints_in_opposite_orders_both_commit(nodes, apns, kind):
     config = delivery_config(apns, settings={"metrics_token": METRICS_TOKEN})

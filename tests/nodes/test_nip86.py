@@ -8,6 +8,7 @@ import json
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
+import pytest
 
 from appliance.nostr.nip98 import make_http_auth
 from tests.conftest import Identity
@@ -36,6 +37,7 @@ def test_a_change_spent_on_one_node_is_refused_on_another(nodes):
     assert (there.status_code, there.json()) == (401, SPENT)
 
 
+@pytest.mark.slow
 def test_one_request_sent_to_two_nodes_at_once_is_accepted_once(nodes):
     admin = Identity()
     n = nodes(config=f'public_url = "{PUBLIC}"\nadmin_pubkeys = ["{admin.pubkey}"]\n')

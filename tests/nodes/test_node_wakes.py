@@ -102,6 +102,7 @@ async def test_sigkill_one_node_mid_load_loses_no_acknowledged_event_nor_due_wak
         await alice_b.client.close()
 
 
+@pytest.mark.slow
 async def test_an_executor_key_rotated_through_one_node_is_used_by_every_node(nodes, apns):
     """The rotation bumps the configuration generation: node B advertises the new key and accepts
     leases encrypted to it, within its reload interval."""

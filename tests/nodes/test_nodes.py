@@ -79,6 +79,7 @@ async def make_group(c: Client, admin: Identity, *, private: bool) -> str:
     return h
 
 
+@pytest.mark.slow
 async def test_a_private_group_membership_change_on_b_is_enforced_on_a(nodes):
     n = nodes()
     a, b = n.add("a"), n.add("b")
@@ -120,6 +121,7 @@ async def test_a_private_group_membership_change_on_b_is_enforced_on_a(nodes):
         await cb.close()
 
 
+@pytest.mark.slow
 async def test_an_edit_through_the_cli_reaches_every_node(nodes):
     """Origins, blocklists, keys: the configuration generation row in the shared database."""
     import subprocess
@@ -149,6 +151,7 @@ async def test_an_edit_through_the_cli_reaches_every_node(nodes):
             await c.close()
 
 
+@pytest.mark.slow
 def test_a_node_without_the_key_file_refuses_to_start(nodes, tmp_path):
     """The keys in the database are wrapped by the first node's key file: a node with another one
     (or none) must not start, rather than make keys of its own."""
@@ -171,6 +174,7 @@ def test_a_node_without_the_key_file_refuses_to_start(nodes, tmp_path):
         assert "key file" in str(info.value), str(info.value)[-2000:]
 
 
+@pytest.mark.slow
 async def test_group_snapshots_of_a_cli_edit_reach_live_subscribers_on_every_node(nodes):
     """A group created and edited from the CLI (no relay EVENT): its relay-signed snapshots are
     announced in the edit's transaction, and every node sends them to its live subscribers."""
@@ -203,6 +207,7 @@ async def test_group_snapshots_of_a_cli_edit_reach_live_subscribers_on_every_nod
             await c.close()
 
 
+@pytest.mark.slow
 async def test_a_large_answer_is_not_sent_again_when_the_notifications_of_its_events_arrive(nodes):
     """S4: an answer of any size. Node A's one reader thread is held (a read of the leases table,
     locked by a side connection) while node B stores more events than any fixed window, each too

@@ -81,6 +81,7 @@ async def test_profiles_sharing_a_signing_key_share_one_provider_token(apns, tmp
         server.stop()
 
 
+@pytest.mark.slow
 async def test_a_wake_waiting_for_a_worker_past_its_claim_is_sent_once(apns, tmp_path):
     """Every worker is held by a slow APNs answer longer than the visibility timeout: the wake
     queued behind them must not be claimed a second time and sent twice."""
@@ -113,6 +114,7 @@ async def test_a_wake_waiting_for_a_worker_past_its_claim_is_sent_once(apns, tmp
         server.stop()
 
 
+@pytest.mark.slow
 async def test_a_retry_keeps_to_the_per_endpoint_rate_cap(apns, tmp_path):
     """wake_min_interval is the least time between two requests to one device, retries included
     (a 429 TooManyRequests is Apple saying exactly that)."""

@@ -232,6 +232,7 @@ async def test_nip11_advertises_only_id_and_transport_and_fcm_needs_a_profile(ap
         server.stop()
 
 
+@pytest.mark.slow
 async def test_coalescing_and_the_per_endpoint_rate_cap(apns, tmp_path):
     server = Server(tmp_path / "data", config=delivery_config(apns, settings={"wake_min_interval": 3})).start()
     try:
@@ -316,6 +317,7 @@ async def test_a_configuration_fault_alerts_and_clears(apns, tmp_path):
     assert "push configuration fault" in server.log_path.read_text()
 
 
+@pytest.mark.slow
 async def test_a_graceful_stop_releases_claimed_wakes_not_yet_sent(apns, tmp_path):
     server = Server(tmp_path / "data", config=delivery_config(apns, settings={"wake_workers": 1})).start()
     alice, bob, carol = (await Pusher.connect(server), await Pusher.connect(server),
@@ -344,6 +346,7 @@ async def test_a_graceful_stop_releases_claimed_wakes_not_yet_sent(apns, tmp_pat
         server.stop()
 
 
+@pytest.mark.slow
 async def test_matches_coalesced_into_a_cancelled_wake_stay_one_wake_at_its_due_time(apns, tmp_path):
     """Two accounts on one device (bob's and carol's leases name one endpoint). Carol's matches
     join the wake bob's match made under the rate cap; bob revokes his lease, cancelling that wake:

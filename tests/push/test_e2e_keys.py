@@ -53,6 +53,7 @@ async def wait_for(predicate, timeout: float = 10):
     raise AssertionError("condition not reached")
 
 
+@pytest.mark.slow
 async def test_rotation_while_serving(make_server):
     server = make_server("--purge-interval", "1",
                          config=push_config(limitation={"max_lease_ttl": 3}, allowed_skew=1))
@@ -109,6 +110,7 @@ async def test_keys_at_rest_are_wrapped(make_server):
     assert (server.data_dir / "appliance.key").stat().st_mode & 0o777 == 0o600
 
 
+@pytest.mark.slow
 async def test_kill9_restart_state_matches_req(make_server):
     cfg = push_config()
     server = make_server(config=cfg)
@@ -173,6 +175,7 @@ push = {{ app_profiles = [{{ id = "{IOS}", transport = "apns" }}], push_kinds = 
     assert await p.publish(ev) == (False, "invalid: unknown executor key")
 
 
+@pytest.mark.slow
 async def test_watermark_kept_for_retention_then_collected(make_server):
     """The watermark outlives the lease by the spec's formula, is then garbage-collected, and a
     replay after that fails the expiration lower bound."""

@@ -104,6 +104,7 @@ async def dropped(server, apns, ev, tok, reason: str) -> None:
     assert [r.status for r in apns.emulator.requests(tok)] == [503]  # no second attempt
 
 
+@pytest.mark.slow
 async def test_a_banned_lease_author_is_woken_no_more(server, apns, users):
     alice, bob, carol = await users(), await users(), await users()
     tb, tc = token(), token()
@@ -230,6 +231,7 @@ async def test_an_event_whose_author_is_banned_before_the_attempt_wakes_no_one(s
     await dropped(server, apns, ev, tok, "event not readable by the lease author")
 
 
+@pytest.mark.slow
 async def test_a_wake_waiting_for_a_busy_worker_is_rechecked_before_its_attempt(apns, tmp_path):
     """One delivery worker, held up by a slow provider answer: a wake claimed meanwhile waits for it,
     and a group removal committed while it waits drops it (the re-check is not the claim's, seconds

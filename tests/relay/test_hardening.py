@@ -63,6 +63,7 @@ def test_request_heads_are_bounded(server, shape, head, chunk, status):
     assert httpx.get(server.http + "/", headers={"Accept": "application/nostr+json"}).status_code == 200
 
 
+@pytest.mark.slow
 def test_slow_heads_are_cut(server):
     """A head that trickles in (or a websocket handshake never finished) is cut after the head
     timeout (10 s); the generous bound here only proves it happens at all."""
@@ -359,6 +360,7 @@ async def test_fresh_starts_under_load(make_server, alice, tmp_path):
         assert "BusyError" not in log and "failed" not in log, log[-2000:]
 
 
+@pytest.mark.slow
 async def test_sigterm_sends_every_ok_and_closes_1001(make_server, alice, tmp_path):
     srv = make_server("--event-rate", "0")
     ws = await websockets.connect(srv.url, max_size=None)
@@ -454,6 +456,7 @@ async def test_wal_stays_bounded_with_readers_present(make_server, alice, bob):
     assert peak < 64 * 1024 * 1024, f"WAL peaked at {peak / 2**20:.1f} MiB"
 
 
+@pytest.mark.slow
 async def test_heavy_counts_do_not_starve_a_bystander(make_server, alice, bob):
     """One run slot, two connections queueing heavy COUNTs: a bystander's REQ, sent after them,
     is answered before the last of them (their queries pause in time slices; before, the REQ
@@ -489,6 +492,7 @@ async def test_heavy_counts_do_not_starve_a_bystander(make_server, alice, bob):
         await client.close()
 
 
+@pytest.mark.slow
 async def test_connections_pinning_every_reader_thread_stall_nothing(make_server, alice, bob):
     """13 connections with two heavy COUNTs each want 26 reader threads; there are at most 24.
     Before, the first reads left without a thread stopped the whole pool: every paused query

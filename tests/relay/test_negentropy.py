@@ -210,6 +210,7 @@ async def test_malformed_messages(server, connect):
     assert need == set()
 
 
+@pytest.mark.slow
 async def test_answers_fit_the_relay_message_limit(make_server, connect, alice):
     """A large difference takes several rounds of answers no longer than max_message_length."""
     server = make_server("--max-message-length", "8192", "--event-rate", "0")

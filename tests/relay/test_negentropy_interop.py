@@ -72,6 +72,7 @@ async def test_strfry_sync_with_a_filter_and_frame_limits(make_server, connect, 
     assert found and (int(found[1]), int(found[2])) == (len(there), len(here))
 
 
+@pytest.mark.slow
 async def test_nostr_sdk_sync_against_the_appliance(make_server, connect, tmp_path):
     ns = pytest.importorskip("nostr_sdk", reason="nostr_sdk (rust-nostr bindings) is not installed")
     keys = ns.Keys.generate()
@@ -121,6 +122,7 @@ async def test_nostr_sdk_sync_against_the_appliance(make_server, connect, tmp_pa
 NOSTR_TOOLS = Path(__file__).with_name("interop")
 
 
+@pytest.mark.slow
 async def test_nostr_tools_negentropy_sync_against_the_appliance(make_server, connect):
     """nostr-tools' NegentropySync (its own port of the reference JavaScript) as the client."""
     if shutil.which("node") is None or not (NOSTR_TOOLS / "node_modules" / "nostr-tools").is_dir():

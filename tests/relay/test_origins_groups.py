@@ -73,6 +73,7 @@ async def test_single_origin_answers_any_host(server, connect, alice):
     assert (await c.publish(alice.sign(1, [], "hi")))[0]
 
 
+@pytest.mark.slow
 async def test_members_policy(make_server, connect, alice, bob):
     server = make_server("--access-policy", "members")
     # Alice becomes a member through the CLI (also exercised live: the server reloads).
@@ -212,6 +213,7 @@ async def test_public_group_open_and_closed_join(server, connect, alice, bob):
     assert events and events[0]["pubkey"] == me
 
 
+@pytest.mark.slow
 async def test_cli_group_admin_live(server, connect, alice, bob):
     out = run_cli("groups", "create", server.url, "--private", "--admin", alice.pubkey,
                   "--data-dir", str(server.data_dir))
@@ -263,6 +265,7 @@ async def wait_closed(client, timeout: float = 10) -> int:
         return exc.rcvd.code if exc.rcvd else -1
 
 
+@pytest.mark.slow
 async def test_policy_edits_reach_open_connections(make_server, connect, alice, bob):
     """An operator's edit applies to connections already open: ones the new rules no longer
     admit are closed (with a NOTICE saying why), the others carry on under the new rules."""
@@ -289,6 +292,7 @@ async def test_policy_edits_reach_open_connections(make_server, connect, alice, 
     assert (await fresh.auth(alice.secret, server.url)) == (False, "blocked: this pubkey is blocked here")
 
 
+@pytest.mark.slow
 async def test_route_conflicts_refused_by_the_cli(make_server, connect):
     server = make_server(config=TWO_ORIGINS)
     cfg = server.data_dir.parent / f"config-{server.port}.toml"

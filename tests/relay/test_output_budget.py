@@ -70,6 +70,7 @@ def metric(server, name: str) -> float:
     return float(found.group(1))
 
 
+@pytest.mark.slow
 async def test_never_reading_clients_are_bounded_process_wide(make_server, alice):
     budget = 3 * MIB
     answer = 256 * 1024  # max_query_bytes: the largest answer, and each connection's own budget
@@ -113,6 +114,7 @@ async def test_never_reading_clients_are_bounded_process_wide(make_server, alice
     assert metric(srv, "appliance_output_queued_bytes") == 0
 
 
+@pytest.mark.slow
 async def test_a_connection_over_its_own_budget_is_served_no_new_answers(make_server, alice):
     """One client asks for 24 answers and reads none: at most a few answers past its own budget
     (max_query_bytes) are ever queued for it; the rest wait unread, not built (before, each one
@@ -143,6 +145,7 @@ async def test_a_connection_over_its_own_budget_is_served_no_new_answers(make_se
 
 
 
+@pytest.mark.slow
 async def test_the_connection_with_the_most_unread_output_goes_first(make_server, alice):
     """Over max_output_buffer_total, the connections with the most unread output are dropped, not the
     one whose answer found the budget full: a client that reads asks for an answer larger than what

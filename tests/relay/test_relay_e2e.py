@@ -275,6 +275,7 @@ async def test_too_many_subscriptions(make_server, alice, connect):
     assert closed is None
 
 
+@pytest.mark.slow
 async def test_event_rate_limit(make_server, alice, connect):
     server = make_server("--event-rate", "1", "--event-burst", "5")
     c = await connect(server.url)
@@ -299,6 +300,7 @@ async def test_nip11(server, connect):
     assert r.status_code == 200 and "text/html" in r.headers["content-type"]
 
 
+@pytest.mark.slow
 async def test_concurrent_publishers_all_acknowledged_and_stored(server, connect):
     ids: list[str] = []
 

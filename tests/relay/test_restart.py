@@ -58,6 +58,7 @@ async def _publisher(url: str, events: list, acked: set[str], first_oks: asyncio
             pass
 
 
+@pytest.mark.slow
 async def test_acknowledged_events_survive_sigkill(make_server, tmp_path, connect):
     data = tmp_path / "data"
     server = make_server("--event-rate", "0", "--req-rate", "0", data_dir=data)

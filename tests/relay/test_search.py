@@ -179,6 +179,7 @@ def index_count(data_dir, word: str) -> int:
         conn.close()
 
 
+@pytest.mark.slow
 async def test_search_kinds_change_and_reindex(make_server, connect, tmp_path):
     data = tmp_path / "data"
     server = make_server(data_dir=data)
