@@ -100,6 +100,7 @@ async def test_nip86_takes_npub_and_fingerprints(api):
     assert r.json()["result"] is None and "no pubkey this appliance has seen" in r.json()["error"]
 
 
+@pytest.mark.slow
 def test_cli_blocks_by_fingerprint_and_names_it_only_so(tmp_path):
     server = Server(tmp_path / "data").start()
     try:

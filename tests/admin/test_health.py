@@ -90,6 +90,7 @@ async def test_apns_down_is_failing_with_an_alert_and_the_next_success_clears_it
     assert "push transport failing" in server.log_path.read_text()
 
 
+@pytest.mark.slow
 async def test_a_ca_file_changed_on_disk_is_read_again(tmp_path):
     """The profile's ca_file first holds a CA that did not sign APNs' certificate (the TLS check
     fails, a configuration fault); replaced on disk by the right one, the running appliance uses it."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import httpx
+import pytest
 
 from appliance.nostr.nip98 import make_http_auth
 from tests.conftest import Identity
@@ -27,6 +28,7 @@ def banned(server, admin: Identity) -> list[str]:
     return [e["pubkey"] for e in r.json()["result"]]
 
 
+@pytest.mark.slow
 def test_a_spent_change_is_refused_after_a_restart(make_server):
     admin, target = Identity(), Identity()
     server = make_server(config=f'admin_pubkeys = ["{admin.pubkey}"]\n')

@@ -46,6 +46,7 @@ def cli(*args: str) -> subprocess.CompletedProcess:
                           cwd=ROOT, timeout=60)
 
 
+@pytest.mark.slow
 def test_first_start_prints_a_setup_url_then_reset_prints_a_fresh_one(make_server):
     server = make_server()
     banner = server.log_path.read_text()

@@ -370,6 +370,7 @@ def test_gateway_listen_serves_the_routes_on_their_own_address(tmp_path):
     (lambda s, t: t + "\nbogus = 1\n", "bogus"),
     (lambda s, t: t.replace("enabled = true", 'enabled = true\npublic_url = "ftp://x"'), "public_url"),
 ])
+@pytest.mark.slow
 def test_inconsistent_profiles_stop_the_start(tmp_path, mutate, field):
     setup = GatewaySetup(tmp_path)
     cfg = tmp_path / "c.toml"

@@ -64,6 +64,7 @@ async def test_backup_while_serving_then_restore_elsewhere(make_server, connect,
     assert restored.nip11()["push"]["keys"] == descriptor["keys"]
 
 
+@pytest.mark.slow
 def test_restore_moves_the_replaced_data_aside(tmp_path):
     data, other = tmp_path / "data", tmp_path / "other"
     for d in (data, other):
@@ -79,6 +80,7 @@ def test_restore_moves_the_replaced_data_aside(tmp_path):
     assert (data / "appliance.key").read_bytes() == (other / "appliance.key").read_bytes()
 
 
+@pytest.mark.slow
 def test_restore_refuses_a_key_file_that_does_not_match(tmp_path):
     data = tmp_path / "data"
     _with_keys(data, tmp_path)
@@ -109,6 +111,7 @@ def test_restore_refuses_what_is_not_a_backup(tmp_path):
     assert missing.returncode != 0 and "no database copy" in missing.stderr
 
 
+@pytest.mark.slow
 def test_backup_never_mixes_key_files(tmp_path):
     a, b = tmp_path / "a", tmp_path / "b"
     for d in (a, b):

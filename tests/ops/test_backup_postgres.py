@@ -30,6 +30,7 @@ def count(url: str, sql: str) -> int:
         return c.execute(sql).fetchone()[0]
 
 
+@pytest.mark.slow
 async def test_backup_says_how_and_the_printed_commands_restore_a_served_store(pg_cluster, make_server, connect,
                                                                                tmp_path):
     if shutil.which("pg_dump") is None or shutil.which("pg_restore") is None:

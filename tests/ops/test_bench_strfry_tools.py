@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import re
 
+import pytest
+
 from .test_transfer import run
 
 
+@pytest.mark.slow
 def test_bench_transfer_prints_each_command():
     out = run("bench", "transfer", "--events", "400", "--no-verify", "--workers", "1", timeout=300)
     assert out.returncode == 0, out.stderr.decode()[-3000:]
@@ -17,6 +20,7 @@ def test_bench_transfer_prints_each_command():
     assert re.search(r"^export\s+[\d,]+\s.*400 lines$", text, re.M), text
 
 
+@pytest.mark.slow
 def test_bench_search_prints_latency_and_ingest():
     out = run("bench", "search", "--events", "600", "--vocabulary", "300", "--queries", "5", "--ingest-events",
               "200", "--rounds", "1", "--clients", "2", "--workers", "1", timeout=300)
