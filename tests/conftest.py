@@ -317,6 +317,16 @@ def server(make_server):
     return make_server()
 
 
+@pytest.fixture(scope="module")
+def module_server(tmp_path_factory):
+    """One server for a whole module, for modules whose tests neither reconfigure nor restart it and
+    read only what they wrote themselves: such a module overrides `server` with it and pays one
+    start instead of one a test."""
+    server = Server(tmp_path_factory.mktemp("module") / "data").start()
+    yield server
+    server.stop()
+
+
 @pytest.fixture
 def alice() -> Identity:
     return Identity()

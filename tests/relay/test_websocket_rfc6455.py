@@ -16,6 +16,12 @@ KEY = "dGhlIHNhbXBsZSBub25jZQ=="
 OPENED: list = []  # every client a test opened, closed after it whatever happened
 
 
+@pytest.fixture
+def server(module_server):
+    """Frames on connections of their own: one server for the module."""
+    return module_server
+
+
 @pytest.fixture(autouse=True)
 async def _close_clients():
     yield
