@@ -68,6 +68,7 @@ def test_an_unknown_environment_variable_gets_one_warning_with_a_suggestion(tmp_
     assert 'max_limit = 1000    # from env' in out.stdout  # the known one applies
 
 
+@pytest.mark.slow
 def test_lists_are_tables_json_on_request_and_say_when_empty(tmp_path):
     config = tmp_path / "push.toml"
     config.write_text(PUSH_CONFIG)
@@ -99,6 +100,7 @@ def test_lists_are_tables_json_on_request_and_say_when_empty(tmp_path):
         server.stop()
 
 
+@pytest.mark.slow
 def test_block_takes_the_id_origins_list_shows_and_says_what_it_did(tmp_path):
     """`origins list` leads with an ID column; the list edits take that id as well as the URL, and
     say in one line what they did (not the whole origin, push settings and all, as JSON)."""

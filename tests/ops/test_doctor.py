@@ -61,6 +61,7 @@ def test_a_served_install_passes_every_check(server, tmp_path):
     assert f"served now by pid {server.proc.pid}" in out.stdout
 
 
+@pytest.mark.slow
 def test_failures_are_listed_and_exit_non_zero(tmp_path):
     data = tmp_path / "data"
     config = tmp_path / "push.toml"

@@ -60,6 +60,7 @@ def store(tmp_path, pg_cluster):
     return data, url, config
 
 
+@pytest.mark.slow
 def test_a_postgresql_store_passes_every_check_and_nothing_is_written(store, make_server):
     data, url, config = store
     srv = make_server("--config", config, env={"APPLIANCE_STORAGE": url}, data_dir=data)
@@ -87,6 +88,7 @@ def test_a_postgresql_store_passes_every_check_and_nothing_is_written(store, mak
         assert "fsync is off" in out.stdout and "1 of" in out.stdout
 
 
+@pytest.mark.slow
 def test_a_damaged_or_foreign_postgresql_store_fails_and_says_why(store, pg_cluster, tmp_path):
     data, url, config = store
     with psycopg.connect(url, autocommit=True) as c:

@@ -193,6 +193,7 @@ async def test_expensive_query_is_abandoned_with_closed(make_server, alice, conn
     assert (await c.publish(alice.sign(1, [], "still here")))[0]
 
 
+@pytest.mark.slow
 async def test_flooding_connection_is_closed(server, connect):
     c = await connect(server.url)
     for _ in range(4000):

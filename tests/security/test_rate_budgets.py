@@ -100,6 +100,7 @@ async def test_a_pipelining_flood_is_refused_and_a_bystander_from_another_addres
     await bystander.close()
 
 
+@pytest.mark.slow
 async def test_the_address_budget_is_shared_by_its_connections_and_survives_a_reconnect(make_server):
     server = make_server("--ip-req-rate", "1", "--ip-req-burst", "30")
     first = await client_from(server.url, "203.0.113.6")
@@ -121,6 +122,7 @@ async def test_the_address_budget_is_shared_by_its_connections_and_survives_a_re
         await c.close()
 
 
+@pytest.mark.slow
 async def test_an_address_closed_for_flooding_backs_off_and_others_still_connect(make_server, connect):
     # A small message budget, so a garbage flood reaches the refusal limit (1000) quickly.
     server = make_server("--event-rate", "1000", "--req-rate", "1000", "--event-burst", "1", "--req-burst", "1",
@@ -258,6 +260,7 @@ def test_a_refused_req_costs_no_filter_parse():
     assert _REQ_HEAD('["REQ","",{}]') is None
 
 
+@pytest.mark.slow
 async def test_clients_that_wait_for_answers_are_held_not_refused_when_their_address_shares_a_token(make_server):
     """Two connections from one address (two tabs behind one NAT), each sending one COUNT and
     waiting for its answer, with one token a second for the address: both are held until a token

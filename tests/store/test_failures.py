@@ -84,6 +84,7 @@ def test_config_file_problems_give_a_message(tmp_path):
         assert out.returncode == 2 and expect in out.stderr and "Traceback" not in out.stderr, out.stderr
 
 
+@pytest.mark.slow
 def test_groups_cli_checks_pubkeys(tmp_path):
     data = ["--data-dir", str(tmp_path / "data")]
     out = run("groups", "create", "ws://127.0.0.1:7777", "--admin", "nothex", *data)
@@ -97,6 +98,7 @@ def test_groups_cli_checks_pubkeys(tmp_path):
     assert out.returncode == 2 and "not a member" in out.stderr, out.stderr
 
 
+@pytest.mark.slow
 def test_version_on_every_subcommand():
     for args in (["--version"], ["serve", "--version"], ["origins", "add", "--version"], ["--port", "1", "--version"]):
         out = run(*args)
