@@ -200,8 +200,10 @@ async def test_delete_by_filter_leaves_live_subscribers_alone(make_server, conne
     (("delete", "--filter", '{"authorz": []}'), "appliance: --filter: unknown filter field 'authorz'"),
     (("delete", "--filter", "{}", "--origin", "wss://nowhere.example"), "no such origin"),
 ])
-async def test_bad_arguments_get_one_line_and_change_nothing(make_server, connect, args, message):
-    server = make_server()
+async def test_bad_arguments_get_one_line_and_change_nothing(module_server, connect, args, message):
+    # One server for every case: each compares the export after its own refused command with the
+    # export just before it.
+    server = module_server
     alice = Identity()
     client = await connect(server.url)
     assert (await client.publish(alice.sign(1, content="stays")))[0]
