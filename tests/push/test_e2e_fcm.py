@@ -234,3 +234,100 @@ def test_appliance_push_test_wake_goes_through_an_fcm_profile(server, fcm):
     assert out.returncode == 0, out.stdout + out.stderr
     assert re.search(r"^sent: the provider answered 200 \(request id [0-9a-f-]{36}, \d+ ms\)$", out.stdout, re.M)
     assert fcm.emulator.accepted(tok) and tok not in out.stdout + out.stderr
+
+
+def _browser_form(page: str, form_id: str) -> list[tuple[str, str]]:
+    """The fields a browser submits for the form `form_id`, left as the page shows them."""
+    from html.parser import HTMLParser
+
+    class Form(HTMLParser):
+        def __init__(self):
+            super().__init__()
+            self.inside, self.fields, self.select, self.textarea, self.option = False, [], None, None, False
+
+        def handle_starttag(self, tag, attrs):
+            a = dict(attrs)
+            if tag == "form":
+                self.inside = a.get("id") == form_id
+            elif not self.inside:
+                return
+            elif tag == "input" and a.get("name") and a.get("type") not in ("file", "submit", "button"):
+                if a.get("type") in ("checkbox", "radio"):
+                    if "checked" in a:
+                        self.fields.append((a["name"], a.get("value", "on")))
+                else:
+                    self.fields.append((a["name"], a.get("value") or ""))
+            elif tag == "select":
+                self.select = [a.get("name"), None]
+            elif tag == "option" and self.select is not None and ("selected" in a or self.select[1] is None):
+                # An option without a value attribute submits its text.
+                self.select[1] = a.get("value")
+                self.option = "value" not in a
+            elif tag == "textarea":
+                self.textarea = [a.get("name"), ""]
+
+        def handle_data(self, data):
+            if self.option and self.select is not None:
+                self.select[1], self.option = data.strip(), False
+            if self.textarea is not None:
+                self.textarea[1] += data
+
+        def handle_endtag(self, tag):
+            if tag == "form":
+                self.inside = False
+            elif tag == "select" and self.select is not None:
+                if self.select[0]:
+                    self.fields.append((self.select[0], self.select[1] or ""))
+                self.select = None
+            elif tag == "textarea" and self.textarea is not None:
+                self.fields.append(tuple(self.textarea))
+                self.textarea = None
+
+    parser = Form()
+    parser.feed(page)
+    return parser.fields
+
+
+def test_saving_the_descriptor_page_unchanged_keeps_every_fcm_and_unifiedpush_field(fcm, tmp_path):
+    from tests.admin.test_health import signed_in
+    from tests.ops.helpers import cli
+    from tests.push.e2e_helpers import ORIGIN
+
+    up = "org.example.app/unifiedpush"
+    push = {"app_profiles": [
+        {"id": ANDROID, "transport": "fcm", "service_account_file": str(fcm.sa_file), "project_id": fcm.project,
+         "fcm_url": fcm.emulator.url, "token_uri": fcm.emulator.token_url, "ca_file": fcm.emulator.ca_file},
+        {"id": up, "transport": "unifiedpush", "vapid_subject": "mailto:ops@example.org",
+         "allow_hosts": ["push.example.net"], "host_rate": 50, "host_burst": 100, "ca_file": fcm.emulator.ca_file}],
+        "push_kinds": [9], "class_support": {"fcm": ["default"], "unifiedpush": ["default"]}}
+    server = Server(tmp_path / "data", config=f'public_url = "{ORIGIN}"\npush_draft_transports = true\n'
+                                              'lease_workers = 0\n').start()
+
+    def stored() -> dict:
+        out = cli("origins", "list", "--json", "--data-dir", server.data_dir)
+        assert out.returncode == 0, out.stderr
+        return json.loads(out.stdout.splitlines()[0])["push"]
+
+    dash = None
+    try:
+        out = cli("origins", "set", ORIGIN, "--push-json", json.dumps(push), "--data-dir", server.data_dir)
+        assert out.returncode == 0, out.stdout + out.stderr
+        before = stored()
+        assert before["app_profiles"] == push["app_profiles"]
+        dash = signed_in(server)
+        page = dash.get("/admin/descriptor?origin=1").text
+        form = _browser_form(page, "descriptor-form")
+        assert ("cred_0_ca_file", fcm.emulator.ca_file) in form
+        # The operator changes one thing that is no profile's: an urgent kind.
+        data: dict[str, list[str]] = {}
+        for k, v in form:
+            data.setdefault(k, []).append("9" if k == "urgent_kinds" else v)
+        r = dash.post("/admin/descriptor", data=data)
+        assert r.status_code == 303, r.text
+        after = stored()
+        assert after["urgent_kinds"] == [9]
+        assert after["app_profiles"] == before["app_profiles"]
+    finally:
+        if dash is not None:
+            dash.close()
+        server.stop()
