@@ -85,7 +85,7 @@ class Subscription:
 @dataclass
 class Forced:
     status: int
-    retry_after: int | None = None
+    retry_after: int | str | None = None  # a str goes out as is (latin-1): a hostile host's header
     location: str | None = None
     delay: float = 0.0  # seconds before the answer's head goes out
     body_size: int = 0  # bytes of body (with `endless`, sent until the client goes away)
@@ -160,7 +160,7 @@ class Distributor:
         path = path or "/up/" + secrets.token_urlsafe(16)
         return Subscription(self.url + path, ec.generate_private_key(ec.SECP256R1()), os.urandom(16))
 
-    def behave(self, path: str, status: int, *, retry_after: int | None = None, location: str | None = None,
+    def behave(self, path: str, status: int, *, retry_after: int | str | None = None, location: str | None = None,
                delay: float = 0.0, body_size: int = 0, endless: bool = False, drip: float = 0.0,
                times: int | None = None) -> None:
         """Answer requests for `path` (the target without query) like this."""
@@ -318,7 +318,7 @@ class Distributor:
         if answer.location:
             headers.append((b"location", answer.location.encode()))
         if answer.retry_after is not None:
-            headers.append((b"retry-after", str(answer.retry_after).encode()))
+            headers.append((b"retry-after", str(answer.retry_after).encode("latin-1")))
         if answer.endless or answer.drip:
             headers.append((b"transfer-encoding", b"chunked"))
         else:

@@ -135,20 +135,27 @@ def classify(status: int, reason: str | None) -> str:
     return TRANSIENT if status >= 500 else PERMANENT
 
 
+_DELTA_SECONDS = re.compile(r"[0-9]+")
+_MAX_RETRY_AFTER_LEN = 64
+
+
 def parse_retry_after(value: str | None, now: float | None = None) -> float | None:
-    """Seconds to wait from a Retry-After header (delta-seconds or an HTTP date); None if absent/bad."""
+    """Seconds to wait from a Retry-After header (delta-seconds or an HTTP date); None if absent/bad.
+    Never raises: the header comes from a server (a UnifiedPush one is chosen by a lease)."""
     if value is None:
         return None
-    value = value.strip()
-    if value.isdigit():
+    value = value.strip(" \t")
+    # RFC 9110 delta-seconds is 1*DIGIT, ASCII only (str.isdigit() also takes '²', which float()
+    # refuses); a header longer than any date or sane delay is refused unread.
+    if len(value) > _MAX_RETRY_AFTER_LEN or not value.isascii():
+        return None
+    if _DELTA_SECONDS.fullmatch(value):
         return min(float(value), MAX_RETRY_AFTER)
     try:
         when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
+        delay = when.timestamp() - (time.time() if now is None else now)
+    except (TypeError, ValueError, OverflowError, IndexError, AttributeError):
         return None
-    if when is None:
-        return None
-    delay = when.timestamp() - (time.time() if now is None else now)
     return min(max(delay, 0.0), MAX_RETRY_AFTER)
 
 

@@ -451,6 +451,12 @@ class UnifiedPushTransport:
         except TimeoutError:
             outcome = Outcome(TRANSIENT, reason="Timeout",
                               detail=f"no complete answer from {sub.host} in {self.timeout:g} s")
+        except Exception as exc:  # noqa: BLE001 - send never raises (Transport's contract)
+            # The host is chosen by a lease holder: whatever its answer trips is its fault, never
+            # the profile's health nor an operator alert.
+            log.warning("unifiedpush: unexpected %s from push host %s", type(exc).__name__, sub.host)
+            outcome = Outcome(TRANSIENT, reason="PushHostError",
+                              detail=f"{sub.host}: unexpected {type(exc).__name__}")
         return outcome if outcome.kind == ACCEPTED else dataclasses.replace(outcome, endpoint_fault=True)
 
     async def _attempt(self, request: WakeRequest, sub: PushSubscription, allowed: bool) -> Outcome:

@@ -142,12 +142,14 @@ async def test_a_loopback_distributor_is_refused_without_the_allowlist(tmp_path,
         server.stop()
 
 
-async def test_a_failing_push_service_neither_fails_the_profile_nor_alerts(tmp_path, distributor):
+# "\xb2" ('²'): str.isdigit() says yes, float() says no; a lease-chosen host must not make send() raise.
+@pytest.mark.parametrize("retry_after", [0, "\xb2", "1" * 100, "Wed, 32 Foo 99999 25:61:00 GMT"])
+async def test_a_failing_push_service_neither_fails_the_profile_nor_alerts(tmp_path, distributor, retry_after):
     server = Server(tmp_path / "data", config=config(distributor, extra=", host_rate = 1000")).start()
     try:
         bob, alice = await Pusher.connect(server), await Pusher.connect(server)
         sub = subscription(distributor, "down")
-        distributor.behave("/up/down", 503, retry_after=0)
+        distributor.behave("/up/down", 503, retry_after=retry_after)
         await bob.lease(sub.endpoint, app_profile=UP, transport="unifiedpush", subscriptions=mention(bob))
         await alice.publish(9, [["p", bob.pubkey]])
         distributor.wait_for(lambda rs: len(rs) >= 4, timeout=30)

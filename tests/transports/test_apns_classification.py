@@ -166,6 +166,12 @@ def test_retry_after_forms():
     assert parse_retry_after(None) is None and parse_retry_after("soon") is None
     assert parse_retry_after("99999999") == 3600.0  # bounded
     assert parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT") == 0.0  # in the past
+    # From a server, so never an exception: ASCII digits only ('²' and '١' are str.isdigit()),
+    # bounded length, and dates that do not parse are simply absent.
+    for bad in ("\xb2", "1\xb2", "\u0661\u0662", "\uff11", "1" * 65, "-5", "1.5", "1e3", "",
+                "Wed, 32 Foo 99999 25:61:00 GMT", "\x00"):
+        assert parse_retry_after(bad) is None, repr(bad)
+    assert parse_retry_after(" 7 ") == 7.0
 
 
 async def test_one_provider_token_for_many_requests_and_connections(emulator, transport):

@@ -421,3 +421,20 @@ async def test_connections_are_kept_per_host_and_address_and_bounded(distributor
     assert len(t._clients) == 2 and (HOST not in {slot[1] for slot in t._clients})  # the oldest closed
     assert {r.sni for r in distributor.requests()} == {HOST, "localhost", None}  # an IP literal sends no SNI
     await t.close()
+
+
+async def test_send_never_raises_whatever_the_push_host_trips(distributor):
+    # Anything unforeseen on the way to a lease-chosen host is that endpoint's transient fault,
+    # never an exception (which the executor would count against the profile and alert on).
+    async def broken(host, port):
+        raise LookupError("something no one planned for")
+    t = make_transport(distributor, resolver=broken)
+    out = await t.send(wake(distributor.subscribe("/up/odd").endpoint))
+    assert (out.kind, out.reason, out.endpoint_fault) == (TRANSIENT, "PushHostError", True)
+    assert "LookupError" in out.detail
+    await t.close()
+    distributor.behave("/up/odd", 503, retry_after="\xb2")
+    t = make_transport(distributor)
+    out = await t.send(wake(distributor.subscribe("/up/odd").endpoint))
+    assert (out.kind, out.status, out.retry_after, out.endpoint_fault) == (TRANSIENT, 503, None, True)
+    await t.close()
