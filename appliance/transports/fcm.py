@@ -165,7 +165,9 @@ def _error_parts(body: bytes) -> tuple[str | None, str | None, bool | None, str]
     message = err.get("message") if isinstance(err.get("message"), str) else ""
     code = None
     fields: list[str] = []
-    for d in err.get("details") or []:
+    details = err.get("details")
+    # A malformed answer (details or fieldViolations not lists) is classified by its status alone.
+    for d in details if isinstance(details, list) else []:
         if not isinstance(d, dict):
             continue
         kind = d.get("@type", "")
@@ -173,7 +175,8 @@ def _error_parts(body: bytes) -> tuple[str | None, str | None, bool | None, str]
             c = d.get("errorCode")
             code = c if isinstance(c, str) and len(c) <= 64 else code
         elif isinstance(kind, str) and kind.endswith("google.rpc.BadRequest"):
-            for v in d.get("fieldViolations") or []:
+            violations = d.get("fieldViolations")
+            for v in violations if isinstance(violations, list) else []:
                 if isinstance(v, dict) and isinstance(v.get("field"), str):
                     fields.append(v["field"])
     if fields:

@@ -138,6 +138,25 @@ async def test_every_fcm_error_lands_in_its_outcome(fcm, transport, code, opts, 
         assert outcome.reason == "UNREGISTERED" if code == "UNREGISTERED" else True
 
 
+_BAD_REQUEST = "type.googleapis.com/google.rpc.BadRequest"
+MALFORMED_DETAILS = [5, "details", {"@type": _BAD_REQUEST}, [5, "x", None],
+                     [{"@type": _BAD_REQUEST, "fieldViolations": 5}],
+                     [{"@type": _BAD_REQUEST, "fieldViolations": {"field": "message.token"}}],
+                     [{"@type": _BAD_REQUEST, "fieldViolations": [5, "message.token", None]}],
+                     [{"@type": "type.googleapis.com/google.firebase.fcm.v1.FcmError", "errorCode": 5}]]
+
+
+@pytest.mark.parametrize("details", MALFORMED_DETAILS, ids=range(len(MALFORMED_DETAILS)))
+@pytest.mark.parametrize("status,kind", [(400, PERMANENT), (403, CONFIGURATION), (404, CONFIGURATION),
+                                         (429, TRANSIENT), (503, TRANSIENT)])
+def test_a_malformed_error_body_is_classified_by_its_status(details, status, kind):
+    from appliance.transports.fcm import outcome_of
+    from appliance.transports.http2 import Response
+
+    body = json.dumps({"error": {"code": status, "status": "X", "message": "m", "details": details}}).encode()
+    assert outcome_of(Response(status, {}, body)).kind == kind
+
+
 def test_the_table_names_every_error_code():
     assert set(FCM_ERRORS) == {"UNSPECIFIED_ERROR", "INVALID_ARGUMENT", "UNREGISTERED", "SENDER_ID_MISMATCH",
                                "QUOTA_EXCEEDED", "UNAVAILABLE", "INTERNAL", "THIRD_PARTY_AUTH_ERROR"}
