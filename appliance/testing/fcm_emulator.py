@@ -79,7 +79,8 @@ ERROR_MESSAGES = {
     "THIRD_PARTY_AUTH_ERROR": "Auth error from APNS or Web Push Service",
 }
 _SEND_PATH = re.compile(r"/v1/projects/([^/]+)/messages:send")
-_TOKEN = re.compile(r"[A-Za-z0-9_:\-]{1,4096}")
+# What the transport sends (URL-safe base64, ":" and "."); anything else is refused as FCM would.
+_TOKEN = re.compile(r"[A-Za-z0-9_:\-.]{1,4096}")
 _TTL = re.compile(r"[0-9]{1,10}(\.[0-9]{1,9})?s")
 _MESSAGE_FIELDS = {"token", "data", "android", "name"}
 _ANDROID_FIELDS = {"priority", "ttl", "collapse_key", "restricted_package_name", "direct_boot_ok"}

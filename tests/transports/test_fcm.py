@@ -101,6 +101,11 @@ async def test_the_body_is_byte_identical_but_for_token_and_ttl(fcm, transport):
                 for r in fcm.accepted()}) == 1
 
 
+async def test_every_token_the_transport_sends_the_emulator_takes(fcm, transport):
+    dotted = "cXa1b2.d-e_f:APA91b" + "Q" * 40 + ".x"
+    assert (await transport.send(wake(dotted))).kind == ACCEPTED and fcm.accepted(dotted)
+
+
 async def test_an_endpoint_that_is_no_registration_token_is_never_sent(fcm, transport):
     for bad in ('a"b', "tok en", "", "t" * 5000, "a/b"):
         outcome = await transport.send(wake(bad))
