@@ -52,6 +52,7 @@ def test_a_graceful_stop_exits_0(make_server, sig):
     assert "Application shutdown complete" in server.log_path.read_text()
 
 
+@pytest.mark.slow
 async def test_sigterm_answers_every_event_it_took_and_closes_with_1001(server, connect, alice):
     import asyncio
     import json
@@ -83,6 +84,7 @@ async def test_sigterm_answers_every_event_it_took_and_closes_with_1001(server, 
     assert {e["id"] for e in got} == accepted
 
 
+@pytest.mark.slow
 async def test_sigterm_releases_claimed_wakes_for_the_next_start(tmp_path, anyio_backend):
     """A wake being sent when SIGTERM comes is given back, due at once: the next start sends it
     first, with the same apns-id, instead of after its claim lapses (here ten minutes)."""
