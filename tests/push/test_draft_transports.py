@@ -4,6 +4,8 @@ transport is built for them and every page that shows them says why; on, they ar
 
 from __future__ import annotations
 
+import re
+
 import httpx
 import pytest
 
@@ -95,6 +97,12 @@ async def test_every_dashboard_page_that_shows_a_draft_profile_labels_it(tmp_pat
         overview = dash.get("/admin/").text
         assert draft in overview and "draft transport: not advertised" in overview
         assert "fcm (draft)" in dash.get("/admin/leases").text
+        # The class support row of a draft transport, and the deliveries page's profile filter.
+        assert re.search(r'<tr><td>fcm <span class="draft"[^>]*>draft</span></td>', descriptor)
+        assert re.search(r'<tr><td>apns</td>', descriptor)
+        deliveries = dash.get("/admin/deliveries").text
+        assert f'<option value="{ANDROID}" >{ANDROID} · fcm (draft)</option>' in deliveries
+        assert f'<option value="{IOS}" >{IOS}</option>' in deliveries
         # The test wake says why it cannot go while the draft transports are off.
         form = {"csrf": _csrf(descriptor), "origin": "1", "profile": ANDROID, "token": "fcm-token"}
         r = dash.post("/admin/descriptor/test-wake", data=form)

@@ -95,6 +95,14 @@ async def test_sender_id_mismatch_raises_an_alert_and_touches_no_endpoint(server
     assert db_rows(server.data_dir, "SELECT count(*) FROM leases WHERE invalidated_at IS NOT NULL") == [(0,)]
     health = {t["app_profile"]: t for t in httpx.get(server.http + "/admin/health").json()["transports"]}
     assert health[ANDROID]["state"] == "fault"
+    from tests.admin.test_health import signed_in
+
+    dash = signed_in(server)
+    try:  # the overview's alert line says the profile's transport is a draft
+        alert = re.search(r'<li class="alert">(.*?)<form', dash.get("/admin/").text, re.S).group(1)
+        assert ANDROID in alert and "SENDER_ID_MISMATCH" in alert and '(fcm <span class="draft"' in alert
+    finally:
+        dash.close()
     for p in (alice, bob):
         await p.client.close()
 

@@ -16,6 +16,7 @@ from appliance.commands.origins import find
 from appliance.errors import ConfigError
 from appliance.origins import load_origins
 from appliance.push.delivery import DeliverySettings, note_health
+from appliance.push.kinds import is_draft
 from appliance.push.kinds import provider_name
 from appliance.store import wakes
 from appliance.transports import ACCEPTED, OUTCOME_KINDS, WakeRequest
@@ -61,10 +62,12 @@ class DeliveriesSection:
 
         summary, alerts, origins, states = await admin.read(read)
         names = {o.id: o.origin for o in origins}
+        kinds = {(o.id, p["id"]): p.get("transport") for o in origins for p in o.push.get("app_profiles", [])}
         fmt = admin.templates.globals["fmt_time"]
         alert_rows = [{"text": f"{names.get(a['origin'], a['origin'])} · {a['app_profile']}: {a['reason']} — "
                                f"{a['detail']} ({a['count']}×, last {fmt(a['last_at'])})",
-                       "origin": a["origin"], "profile": a["app_profile"], "reason": a["reason"]}
+                       "origin": a["origin"], "profile": a["app_profile"], "reason": a["reason"],
+                       "transport": kinds.get((a["origin"], a["app_profile"]))}
                       for a in alerts if not a["dismissed_at"]]
         transports = [{"origin": s.origin, "profile": s.profile, "transport": s.transport, "state": s.state,
                        "detail": s.detail} for s in states]
@@ -119,7 +122,12 @@ class DeliveriesSection:
                 "mean": [(t, avg or 0.0) for t, _n, avg, _mx in latency],
                 "slowest": [(t, mx or 0.0) for t, _n, _avg, mx in latency],
             }, span=3600, unit="ms")
-            profiles = sorted({p["id"] for o in origins for p in o.push.get("app_profiles", [])})
+            # Profile id -> its transport (a draft one where any origin's profile of that id is).
+            profiles: dict[str, str] = {}
+            for p in sorted((p for o in origins for p in o.push.get("app_profiles", [])),
+                            key=lambda p: is_draft(p.get("transport", ""))):
+                profiles[p["id"]] = p.get("transport", "")
+            profiles = dict(sorted(profiles.items()))
             return admin.render(request, "admin/deliveries.html", status=status, section="deliveries", log=log,
                                 more=len(rows) > PAGE_SIZE, dead=dead_rows, counts=counts, outcomes=OUTCOME_KINDS,
                                 chart=chart, origins=origins, profiles=profiles, windows=list(WINDOWS), window=window,
