@@ -1,8 +1,9 @@
 """No outbound request to a client-supplied URL.
 
 Structurally: the appliance reaches out from exactly these places, each to an address from the
-operator's configuration (never from a request, an event or a lease); a new one fails the test
-until it is reviewed and listed. Behaviourally: a canary listener's address goes into every place
+operator's configuration (never from a request or an event; from a lease only where NIP-PL's
+profile makes the endpoint a URL: the draft UnifiedPush one); a new one fails the test until it is
+reviewed and listed. Behaviourally: a canary listener's address goes into every place
 a client can name a URL (AUTH relay tag, event tags and content, relay lists, profile metadata,
 a lease's endpoint, a NIP-98 `u` tag, gateway request bodies, the Host header) and the canary is
 never contacted."""
@@ -31,6 +32,9 @@ REVIEWED = {
     "transports/apns.py": "APNs base URL of an app profile in the configuration",
     "transports/http2.py": "the HTTP/2 client the APNs transport builds from that URL",
     "transports/gateway.py": "gateway_url of an app profile in the configuration (no redirects followed)",
+    "transports/fcm.py": "fcm_url and the service account's token_uri, both checked operator configuration",
+    "transports/unifiedpush.py": "a lease's push URL, as the draft UnifiedPush profile defines it, only with "
+                                 "push_draft_transports on and past the hostile-endpoint rules (spec-notes U1-U7)",
     "commands/doctor.py": "`appliance doctor` probes the operator's own public_url",
     "admin/assets.py": "`npm` fetches the pinned htmx from the registry npm is configured with",
 }
