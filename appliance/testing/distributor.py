@@ -35,6 +35,7 @@ import json
 import os
 import secrets
 import signal
+import socket
 import ssl
 import sys
 import threading
@@ -128,6 +129,7 @@ class Distributor:
         self.records: list[Record] = []
         self.keep_records = True
         self.answered = 0
+        self.body_bytes_sent = 0  # body bytes the kernel took (what a client pulled, plus its buffers)
         self._forced: dict[str, Forced] = {}
         self._gone: set[str] = set()
         self._lock = threading.Lock()
@@ -323,6 +325,12 @@ class Distributor:
             headers.append((b"transfer-encoding", b"chunked"))
         else:
             headers.append((b"content-length", str(answer.body_size).encode()))
+        if answer.endless:
+            # Small server-side buffers, so that body_bytes_sent follows what the client pulls.
+            sock = writer.get_extra_info("socket")
+            if sock is not None:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 16384)
+            writer.transport.set_write_buffer_limits(high=16384)
         writer.write(conn.send(h11.Response(status_code=answer.status, headers=headers)))
         await writer.drain()
         sent = 0
@@ -332,6 +340,7 @@ class Distributor:
             writer.write(conn.send(h11.Data(data=piece)))
             await writer.drain()
             sent += len(piece)
+            self.body_bytes_sent += len(piece)
             if answer.drip:
                 await asyncio.sleep(answer.drip)
         writer.write(conn.send(h11.EndOfMessage()))

@@ -74,7 +74,8 @@ UNIFIEDPUSH_PLAINTEXT = b'{"nip-pl":"wake"}'
 
 #: Seconds one attempt may take, resolution, connection, TLS and answer included.
 DEFAULT_TIMEOUT = 5.0
-#: Bytes of an answer's body read at most (the status and Retry-After are all that is used).
+#: Bytes of an answer's body read at most (the status and Retry-After are all that is used); past
+#: them the connection is dropped (docs/spec-notes.md U5 says what still crosses the network).
 MAX_RESPONSE_BYTES = 4096
 #: Requests per second to one push host (a token bucket of DEFAULT_HOST_BURST), unless the profile
 #: says otherwise: a lease cannot turn the appliance into a flood aimed at one host.
