@@ -205,8 +205,10 @@ def forbidden_address(address: str) -> str | None:
             why = forbidden_address(str(embedded))
             if why:
                 return why
-    for what in ("loopback", "private", "link_local", "multicast", "unspecified", "reserved"):
-        if getattr(ip, f"is_{what}"):
+    # site_local: fec0::/10 (deprecated by RFC 3879, still routed inside some networks, and not in
+    # ipaddress's private or reserved lists).
+    for what in ("loopback", "private", "link_local", "site_local", "multicast", "unspecified", "reserved"):
+        if getattr(ip, f"is_{what}", False):
             return what.replace("_", "-")
     if not ip.is_global:  # shared address space (100.64/10) and the like
         return "not global"

@@ -283,6 +283,8 @@ async def test_loopback_is_refused_unless_allowlisted(distributor):
     "240.0.0.1", "255.255.255.255", "100.64.0.1", "::1", "::", "fe80::1", "fc00::1", "ff02::1",
     "::ffff:127.0.0.1", "::ffff:10.0.0.1", "2002:7f00:1::1", "2002:a00:1::1", "64:ff9b:1::a00:1",
     "::ffff:8.8.8.8",  # an IPv4-mapped answer from DNS is not a public IPv6 address either (fail-closed)
+    "fec0::1", "feff:ffff::1",  # site-local (fec0::/10, deprecated but still routed in places)
+    "64:ff9b::808:808", "64:ff9b::7f00:1",  # NAT64 (64:ff9b::/96), even of a public IPv4 address
 ])
 def test_non_public_addresses_are_forbidden(address):
     assert forbidden_address(address) is not None
