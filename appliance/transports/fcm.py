@@ -93,8 +93,9 @@ REQUEST_TIMEOUT = 30.0
 # Seconds one grant request may take in all: a hung token endpoint holds the waiting wakes (and
 # so the delivery workers, which serve APNs too) for this long at most, once per backoff.
 TOKEN_TIMEOUT = 10.0
-# Seconds a failed grant is answered from memory (its Retry-After when longer, up to
-# MAX_FAILURE_BACKOFF) so queued wakes share one failure instead of one request each.
+# Seconds a failed grant is answered from memory (its Retry-After when longer), doubling with each
+# failure in a row up to MAX_FAILURE_BACKOFF, so queued wakes share one failure instead of one
+# request each and an endpoint that stays hung holds the workers ever more rarely.
 FAILURE_BACKOFF = 5.0
 MAX_FAILURE_BACKOFF = 60.0
 # Seconds before an access token's expiry at which a new one is made (clock skew, slow requests).
@@ -359,6 +360,7 @@ class AccessToken:
         self._lock: asyncio.Lock | None = None
         self._failure: Outcome | None = None
         self._failed_until = 0.0
+        self._failures = 0  # failed grant requests in a row
         self.fetched = 0  # how many tokens were fetched (tests and the benchmark read it)
 
     async def close(self) -> None:
@@ -386,10 +388,12 @@ class AccessToken:
             try:
                 token, lifetime = await self._request(now)
             except TokenUnavailable as exc:
-                wait = max(self.backoff, min(exc.outcome.retry_after or 0, MAX_FAILURE_BACKOFF))
+                self._failures += 1
+                wait = min(max(self.backoff * 2 ** min(self._failures - 1, 16), exc.outcome.retry_after or 0),
+                           MAX_FAILURE_BACKOFF)
                 self._failure, self._failed_until = exc.outcome, self.clock() + wait
                 raise
-            self._failure = None
+            self._failure, self._failures = None, 0
             self._token = token
             self._until = now + max(MIN_TOKEN_LIFETIME, lifetime - REFRESH_MARGIN)
             self.fetched += 1

@@ -224,6 +224,7 @@ async def test_a_refused_grant_is_a_configuration_fault_and_an_unreachable_endpo
     now = [time.time()]
     profile = load_profile(entry(fcm, write_account(fcm, tmp_path / "sa.json")), {})
     token = AccessToken(profile.account, profile.token_uri, profile.ca_file, clock=lambda: now[0])
+    fcm.clock = lambda: now[0]  # Google's clock agrees with ours
     t = FcmTransport(profile, token=token, timeout=5)
     try:
         fcm.fail_grants(400, "invalid_grant")
@@ -235,9 +236,17 @@ async def test_a_refused_grant_is_a_configuration_fault_and_an_unreachable_endpo
         assert (await t.send(wake())).kind == TRANSIENT
         assert (await t.send(wake())).kind == TRANSIENT  # inside the backoff: no new grant request
         assert sum(r.grant for r in fcm.records) == 2
+        now[0] += FAILURE_BACKOFF  # the second failure in a row waits twice as long
+        assert (await t.send(wake())).kind == TRANSIENT
+        assert sum(r.grant for r in fcm.records) == 2
         now[0] += FAILURE_BACKOFF
         assert (await t.send(wake())).kind == ACCEPTED
         assert sum(r.grant for r in fcm.records) == 3
+        fcm.fail_grants(503, "backendError")  # a success starts the doubling over
+        now[0] += 3600  # the access token expired
+        assert (await t.send(wake())).kind == TRANSIENT
+        now[0] += FAILURE_BACKOFF
+        assert (await t.send(wake())).kind == ACCEPTED
     finally:
         await t.close()
         await token.close()
