@@ -128,9 +128,10 @@ def _build_unifiedpush(config, ctx: TransportContext) -> Transport:
 
     if ctx.store is None or ctx.keyfile is None:
         raise RuntimeError("a UnifiedPush transport keeps its VAPID keys in the store: build it with one")
-    # One token bucket per push host for every profile with the same cap, whatever its origin: a
-    # push host is one host however many communities' leases name it.
-    rates = ctx.shared(("unifiedpush-rates", config.host_rate, config.host_burst),
+    # One token bucket per (origin, push host), shared by that origin's profiles with the same cap:
+    # NIP-PL partitions rate limits by origin, so one community's lease holders cannot use up
+    # another's wakes to a push host (origins are the operator's, so their number bounds the sum).
+    rates = ctx.shared(("unifiedpush-rates", ctx.origin_id, config.host_rate, config.host_burst),
                        lambda: HostRates(config.host_rate, config.host_burst))
     return UnifiedPushTransport(config, VapidKeys(ctx.store, ctx.keyfile, ctx.origin_id), rates=rates)
 

@@ -379,7 +379,7 @@ class UnifiedPushTransport:
         self.resolve = resolve
         self.timeout = timeout
         self.clock = clock
-        #: the per-host token buckets; shared by the profiles with the same cap (push.kinds)
+        #: the per-host token buckets; shared by one origin's profiles with the same cap (push.kinds)
         self.rates = rates or HostRates(profile.host_rate, profile.host_burst)
         self._ssl = profile.ssl_context()
         self._clients: OrderedDict[tuple, tuple[httpx.AsyncClient, asyncio.Semaphore]] = OrderedDict()
