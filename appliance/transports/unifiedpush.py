@@ -36,8 +36,10 @@ import os
 import re
 import socket
 import ssl
+import threading
 import time
 from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable
 
@@ -257,10 +259,33 @@ class HostRates:
 Resolver = Callable[[str, int], Awaitable[list[str]]]
 
 
+#: Name resolutions in flight at most, each on a thread of its own pool: getaddrinfo cannot be
+#: interrupted (a timeout abandons it, the thread stays blocked until the resolver gives up), so a
+#: lease's name whose DNS never answers must not hold the default pool that asyncio.to_thread uses.
+RESOLVER_THREADS = 4
+#: Retry-After of an attempt refused because every resolver thread is busy.
+RESOLVER_BUSY_RETRY = 2.0
+_resolver_pool = ThreadPoolExecutor(RESOLVER_THREADS, thread_name_prefix="unifiedpush-dns")
+_resolver_slots = threading.BoundedSemaphore(RESOLVER_THREADS)
+
+
+class ResolverBusy(Exception):
+    """Every resolver thread is taken (names that do not answer): this attempt is not made."""
+
+
 async def system_resolve(host: str, port: int) -> list[str]:
-    """Every address `host` resolves to (TCP), by the system resolver, in its order."""
-    infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM,
-                                                         proto=socket.IPPROTO_TCP)
+    """Every address `host` resolves to (TCP), by the system resolver, in its order; ResolverBusy
+    at once if RESOLVER_THREADS resolutions are already under way."""
+    if not _resolver_slots.acquire(blocking=False):
+        raise ResolverBusy()
+    try:
+        future = _resolver_pool.submit(socket.getaddrinfo, host, port, 0, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    except BaseException:
+        _resolver_slots.release()
+        raise
+    # Released when the thread is done, not when the attempt gives up on it.
+    future.add_done_callback(lambda _done: _resolver_slots.release())
+    infos = await asyncio.wrap_future(future)
     return [info[4][0] for info in infos]
 
 
@@ -470,6 +495,9 @@ class UnifiedPushTransport:
         except ValueError:
             try:
                 addresses = await self.resolve(host, sub.port)
+            except ResolverBusy:
+                return Outcome(TRANSIENT, reason="ResolverBusy", retry_after=RESOLVER_BUSY_RETRY,
+                               detail=f"{host} not resolved: every resolver thread is busy; not sent")
             except (OSError, UnicodeError) as exc:
                 return Outcome(TRANSIENT, reason="ResolveFailed", detail=f"{host} does not resolve ({exc})")
         if not addresses:

@@ -444,3 +444,47 @@ async def test_send_never_raises_whatever_the_push_host_trips(distributor):
     out = await t.send(wake(distributor.subscribe("/up/odd").endpoint))
     assert (out.kind, out.status, out.retry_after, out.endpoint_fault) == (TRANSIENT, 503, None, True)
     await t.close()
+
+
+async def test_names_that_never_resolve_hold_neither_the_default_pool_nor_the_attempts(distributor, monkeypatch):
+    # getaddrinfo cannot be interrupted: a lease naming a host whose DNS never answers blocks a
+    # thread until the resolver gives up. Those threads are the transport's own, few, and an
+    # attempt that finds them all busy fails at once instead of queueing.
+    import socket
+    import threading
+
+    from appliance.transports.unifiedpush import RESOLVER_THREADS, system_resolve
+
+    release = threading.Event()
+    real = socket.getaddrinfo
+
+    def stuck(host, *args, **kw):
+        if isinstance(host, str) and host.endswith(".stuck.test"):
+            release.wait(30)
+            raise socket.gaierror(socket.EAI_AGAIN, "Temporary failure in name resolution")
+        return real(host, *args, **kw)
+
+    monkeypatch.setattr(socket, "getaddrinfo", stuck)
+    keys = distributor.subscribe("/x").endpoint.split("#", 1)[1]
+    t = make_transport(None, allow=(), resolver=system_resolve, timeout=30.0)
+    try:
+        sends = [asyncio.ensure_future(t.send(wake(f"https://h{i}.stuck.test/up#{keys}")))
+                 for i in range(RESOLVER_THREADS + 4)]
+        done, pending = await asyncio.wait(sends, timeout=10, return_when=asyncio.FIRST_COMPLETED)
+        while len(done) < 4:
+            more, pending = await asyncio.wait(pending, timeout=10, return_when=asyncio.FIRST_COMPLETED)
+            assert more, "an attempt waited for a resolver thread instead of failing at once"
+            done |= more
+        assert len(pending) == RESOLVER_THREADS  # the resolutions under way, still blocked
+        for out in (task.result() for task in done):
+            assert (out.kind, out.reason, out.endpoint_fault) == (TRANSIENT, "ResolverBusy", True)
+            assert 0 < out.retry_after <= 5
+        # The default thread pool (password hashing, file work, other transports' lookups) is free.
+        await asyncio.wait_for(asyncio.gather(*(asyncio.to_thread(lambda: None) for _ in range(16))), 10)
+        assert not release.is_set() and all(not task.done() for task in pending)
+        release.set()
+        for out in await asyncio.gather(*pending):
+            assert (out.kind, out.reason) == (TRANSIENT, "ResolveFailed")
+    finally:
+        release.set()
+        await t.close()
