@@ -411,7 +411,8 @@ def _wire_push(app: Appliance, origins: list[Origin]) -> None:
     push = Push(app.store, app.keyfile, workers=app.settings.lease_workers,
                 relay_max_content_length=app.settings.max_content_length, authorize=authorize,
                 delivery=DeliverySettings.from_settings(app.settings),
-                transports=ProfileTransports(make_gateway=make_gateway, derive=app.keyfile.derive),
+                transports=ProfileTransports(make_gateway=make_gateway, derive=app.keyfile.derive,
+                                             wake_workers=app.settings.wake_workers),
                 draft_transports=app.settings.push_draft_transports)
     push.names = push_names(app.store, app.settings)
     try:

@@ -63,6 +63,8 @@ class TransportContext:
     #: VAPID keys); None in a process without them
     store: Any = None
     keyfile: Any = None
+    #: the executor's delivery workers (`wake_workers`), which a kind may keep from filling up
+    wake_workers: int = 64
 
 
 @dataclass(frozen=True)
@@ -122,7 +124,7 @@ KINDS["fcm"] = _fcm()
 
 
 def _build_unifiedpush(config, ctx: TransportContext) -> Transport:
-    from appliance.transports.unifiedpush import HostRates, UnifiedPushTransport
+    from appliance.transports.unifiedpush import HostRates, InFlight, UnifiedPushTransport
 
     from .vapid import VapidKeys
 
@@ -133,7 +135,13 @@ def _build_unifiedpush(config, ctx: TransportContext) -> Transport:
     # another's wakes to a push host (origins are the operator's, so their number bounds the sum).
     rates = ctx.shared(("unifiedpush-rates", ctx.origin_id, config.host_rate, config.host_burst),
                        lambda: HostRates(config.host_rate, config.host_burst))
-    return UnifiedPushTransport(config, VapidKeys(ctx.store, ctx.keyfile, ctx.origin_id), rates=rates)
+    # Attempts in flight per origin (and per push host): the delivery workers are shared with the
+    # APNs wakes, and a push host that never answers holds a worker for the whole timeout.
+    limit = max(1, ctx.wake_workers // 4)
+    inflight = ctx.shared(("unifiedpush-inflight", ctx.origin_id, limit),
+                          lambda: InFlight(limit, max(1, limit // 2)))
+    return UnifiedPushTransport(config, VapidKeys(ctx.store, ctx.keyfile, ctx.origin_id), rates=rates,
+                                inflight=inflight)
 
 
 def _unifiedpush_kind() -> TransportKind:

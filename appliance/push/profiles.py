@@ -71,7 +71,8 @@ class ProfileTransports:
     def __init__(self, make_apns=ApnsTransport,
                  make_gateway: Callable[[int, str], Transport] | None = None, *,
                  kinds: dict[str, TransportKind] | None = None,
-                 derive: Callable[[str], bytes] | None = None, store=None, keyfile=None):
+                 derive: Callable[[str], bytes] | None = None, store=None, keyfile=None,
+                 wake_workers: int = 64):
         self._make_apns = make_apns
         #: (origin id, gateway_url) -> a gateway transport signing with that origin's relay key
         self._make_gateway = make_gateway
@@ -79,6 +80,7 @@ class ProfileTransports:
         self._derive = derive
         #: the store and key file the kinds keep their own keys in (TransportContext); Push sets them
         self.store, self.keyfile = store, keyfile
+        self.wake_workers = wake_workers
         #: whether the draft transports (push.kinds.DRAFT_TRANSPORTS) are built: `configure` sets it
         self.drafts = False
         self._by_origin: dict[int, dict[str, Transport]] = {}
@@ -153,7 +155,8 @@ class ProfileTransports:
                     key = (kind.name,) + tuple(kind.share_key(config, o.id)) + sigs
                     transport = shared.get(key) or self._shared.get(key)
                     if transport is None:
-                        transport = kind.build(config, TransportContext(o.id, share, self._derive, self.store, self.keyfile))
+                        transport = kind.build(config, TransportContext(o.id, share, self._derive, self.store, self.keyfile,
+                                                                        self.wake_workers))
                     shared[key] = table[pid] = transport
                     continue
                 try:

@@ -60,6 +60,7 @@ __all__ = [
     "UNIFIEDPUSH_PLAINTEXT",
     "EndpointError",
     "HostRates",
+    "InFlight",
     "PushSubscription",
     "UnifiedPushProfile",
     "UnifiedPushTransport",
@@ -256,6 +257,36 @@ class HostRates:
         return wait
 
 
+class InFlight:
+    """Attempts under way, at most `limit` in all and `per_host` to one push host; never waits."""
+
+    #: Retry-After of an attempt refused because the limit is reached.
+    RETRY = 1.0
+
+    def __init__(self, limit: int, per_host: int):
+        if limit < 1 or per_host < 1:
+            raise ValueError("in-flight limits are at least 1")
+        self.limit, self.per_host = limit, per_host
+        self.total = 0
+        self.hosts: dict[str, int] = {}
+
+    def enter(self, host: str) -> bool:
+        """True if an attempt to `host` may start now (then `leave` it), False if it may not."""
+        if self.total >= self.limit or self.hosts.get(host, 0) >= self.per_host:
+            return False
+        self.total += 1
+        self.hosts[host] = self.hosts.get(host, 0) + 1
+        return True
+
+    def leave(self, host: str) -> None:
+        self.total -= 1
+        left = self.hosts[host] - 1
+        if left:
+            self.hosts[host] = left
+        else:
+            del self.hosts[host]
+
+
 Resolver = Callable[[str, int], Awaitable[list[str]]]
 
 
@@ -398,7 +429,8 @@ class UnifiedPushTransport:
 
     def __init__(self, profile: UnifiedPushProfile, vapid_keys: VapidKeys, *,
                  resolve: Resolver = system_resolve, timeout: float = DEFAULT_TIMEOUT,
-                 clock: Callable[[], float] = time.time, rates: HostRates | None = None):
+                 clock: Callable[[], float] = time.time, rates: HostRates | None = None,
+                 inflight: InFlight | None = None):
         self.profile = profile
         self.vapid_keys = vapid_keys
         self.resolve = resolve
@@ -406,6 +438,8 @@ class UnifiedPushTransport:
         self.clock = clock
         #: the per-host token buckets; shared by one origin's profiles with the same cap (push.kinds)
         self.rates = rates or HostRates(profile.host_rate, profile.host_burst)
+        #: the attempts under way; shared by one origin's profiles (push.kinds), None: unbounded
+        self.inflight = inflight
         self._ssl = profile.ssl_context()
         self._clients: OrderedDict[tuple, tuple[httpx.AsyncClient, asyncio.Semaphore]] = OrderedDict()
         self._closing: set[asyncio.Task] = set()
@@ -469,10 +503,22 @@ class UnifiedPushTransport:
         if sub.scheme != "https" and not allowed:
             return Outcome(INVALID_ENDPOINT, reason="InsecureEndpoint", endpoint_fault=True,
                            detail=f"http:// push URL to {sub.host}, which allow_hosts does not name; not sent")
-        wait = self.rates.take(sub.host)
-        if wait > 0:
-            return Outcome(TRANSIENT, reason="HostRateCap", retry_after=wait, endpoint_fault=True,
-                           detail=f"the rate cap of push host {sub.host} ({self.profile.host_rate:g}/s); not sent")
+        inflight = self.inflight
+        if inflight is not None and not inflight.enter(sub.host):
+            # Answered at once: waiting here would hold a delivery worker the APNs wakes need too.
+            return Outcome(TRANSIENT, reason="TooManyInFlight", retry_after=InFlight.RETRY, endpoint_fault=True,
+                           detail=f"too many attempts under way (to {sub.host} or in all); not sent")
+        try:
+            wait = self.rates.take(sub.host)
+            if wait > 0:
+                return Outcome(TRANSIENT, reason="HostRateCap", retry_after=wait, endpoint_fault=True,
+                               detail=f"the rate cap of push host {sub.host} ({self.profile.host_rate:g}/s); not sent")
+            return await self._send(request, sub, allowed)
+        finally:
+            if inflight is not None:
+                inflight.leave(sub.host)
+
+    async def _send(self, request: WakeRequest, sub: PushSubscription, allowed: bool) -> Outcome:
         try:
             async with asyncio.timeout(self.timeout):
                 outcome = await self._attempt(request, sub, allowed)

@@ -196,3 +196,77 @@ async def test_a_test_wake_from_the_dashboard(tmp_path, distributor):
         if dash is not None:
             dash.close()
         server.stop()
+
+
+class Tarpit:
+    """A push host (named by a lease holder) that accepts connections and never answers."""
+
+    def __init__(self):
+        import socket
+        import threading
+
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(64)
+        self.port = self.sock.getsockname()[1]
+        self.conns: list = []
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def _run(self):
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.conns.append(conn)
+
+    def close(self):
+        self.sock.close()
+        for conn in self.conns:
+            conn.close()
+
+
+async def test_stalled_push_hosts_do_not_hold_the_workers_apns_wakes_need(tmp_path):
+    # Four delivery workers; one tenant's leases name a push host that never answers (each attempt
+    # would hold a worker for the whole 5 s timeout). Another tenant's APNs wake still goes at once:
+    # it is delivered before any of the stalled attempts has even timed out.
+    from tests.push.delivery_helpers import Apns, token
+    from tests.push.e2e_helpers import IOS
+
+    apns = Apns(tmp_path).start()
+    pit = Tarpit()
+    up = (f'{{ id = "{UP}", transport = "unifiedpush", vapid_subject = "{CONTACT}", '
+          f'allow_hosts = ["localhost"], host_rate = 1000 }}')
+    cfg = f"""
+public_url = "{ORIGIN}"
+push_draft_transports = true
+wake_workers = 4
+wake_min_interval = 0
+wake_retry_delay = 30
+purge_interval = 3600
+[push]
+app_profiles = [{apns.profile()}, {up}]
+push_kinds = [9]
+class_support = {{ apns = ["default", "time_sensitive"], unifiedpush = ["default", "time_sensitive"] }}
+"""
+    server = Server(tmp_path / "data", config=cfg).start()
+    try:
+        mallory, carol, alice = [await Pusher.connect(server) for _ in range(3)]
+        keys = Distributor().subscribe("/x").endpoint.split("#", 1)[1]
+        for i in range(8):
+            await mallory.lease(f"http://localhost:{pit.port}/up/{i}#{keys}", d=f"m-{i}", app_profile=UP,
+                                transport="unifiedpush", subscriptions=mention(mallory))
+        await carol.lease(token(), app_profile=IOS, transport="apns", subscriptions=mention(carol))
+        await alice.publish(9, [["p", mallory.pubkey]])
+        await wait_until(lambda: len(pit.conns) >= 1, timeout=10)
+        await alice.publish(9, [["p", carol.pubkey]])
+        await wait_until(lambda: [j["state"] for j in jobs(server, app_profile=IOS)] == ["delivered"], timeout=20)
+        up_rows = [r for r in log_rows(server) if r["app_profile"] == UP]
+        assert not any(r["reason"] == "Timeout" for r in up_rows), "the APNs wake waited for a stalled attempt"
+        # The stalled host's other wakes were turned back at once (not queued behind the stalled one).
+        assert any(r["reason"] == "TooManyInFlight" and r["outcome"] == "transient" for r in up_rows), up_rows
+        assert db_rows(server.data_dir, "SELECT reason FROM push_alerts") == []
+    finally:
+        server.stop()
+        apns.stop()
+        pit.close()

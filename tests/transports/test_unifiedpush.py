@@ -488,3 +488,32 @@ async def test_names_that_never_resolve_hold_neither_the_default_pool_nor_the_at
     finally:
         release.set()
         await t.close()
+
+
+def test_the_in_flight_limits():
+    from appliance.transports.unifiedpush import InFlight
+
+    slots = InFlight(3, 2)
+    assert [slots.enter("a"), slots.enter("a"), slots.enter("a")] == [True, True, False]  # per host
+    assert slots.enter("b") and not slots.enter("c")  # in all
+    slots.leave("a")
+    assert slots.enter("c") and not slots.enter("a")
+    for host in ("a", "b", "c"):
+        slots.leave(host)
+    assert slots.total == 0 and slots.hosts == {}
+
+
+async def test_an_attempt_over_the_in_flight_limit_is_turned_back_at_once(distributor):
+    from appliance.transports.unifiedpush import InFlight
+
+    sub = distributor.subscribe("/up/stalled")
+    distributor.behave("/up/stalled", 201, delay=3)
+    t = make_transport(distributor, inflight=InFlight(4, 1))
+    first = asyncio.ensure_future(t.send(wake(sub.endpoint)))
+    await asyncio.sleep(0.2)
+    out = await t.send(wake(sub.endpoint))  # not queued behind the first: answered while it waits
+    assert not first.done()
+    assert (out.kind, out.reason, out.endpoint_fault) == (TRANSIENT, "TooManyInFlight", True)
+    assert 0 < out.retry_after <= 2
+    assert (await first).kind == ACCEPTED and t.inflight.total == 0
+    await t.close()
