@@ -258,10 +258,14 @@ class HostRates:
 
 
 class InFlight:
-    """Attempts under way, at most `limit` in all and `per_host` to one push host; never waits."""
+    """Attempts under way, at most `limit` in all and `per_host` to one push host; an attempt waits
+    a moment for a slot (`acquire`), never the length of a stalled attempt."""
 
     #: Retry-After of an attempt refused because the limit is reached.
     RETRY = 1.0
+    #: How long an attempt waits for a slot: long enough for an answering host's slots to turn
+    #: over (so a busy host is not turned back), short enough that a stalled one holds no worker.
+    WAIT = 0.25
 
     def __init__(self, limit: int, per_host: int):
         if limit < 1 or per_host < 1:
@@ -269,6 +273,26 @@ class InFlight:
         self.limit, self.per_host = limit, per_host
         self.total = 0
         self.hosts: dict[str, int] = {}
+        self._waiters: list[asyncio.Future] = []
+
+    async def acquire(self, host: str, wait: float | None = None) -> bool:
+        """`enter`, waiting up to `wait` seconds (WAIT) for a slot to be left."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + (self.WAIT if wait is None else wait)
+        while not self.enter(host):
+            left = deadline - loop.time()
+            if left <= 0:
+                return False
+            waiter = loop.create_future()
+            self._waiters.append(waiter)
+            try:
+                await asyncio.wait_for(waiter, left)
+            except TimeoutError:
+                return False
+            finally:
+                if waiter in self._waiters:
+                    self._waiters.remove(waiter)
+        return True
 
     def enter(self, host: str) -> bool:
         """True if an attempt to `host` may start now (then `leave` it), False if it may not."""
@@ -285,6 +309,10 @@ class InFlight:
             self.hosts[host] = left
         else:
             del self.hosts[host]
+        waiters, self._waiters = self._waiters, []
+        for waiter in waiters:  # each tries again (the slot may suit only some of them)
+            if not waiter.done():
+                waiter.set_result(None)
 
 
 Resolver = Callable[[str, int], Awaitable[list[str]]]
@@ -504,8 +532,8 @@ class UnifiedPushTransport:
             return Outcome(INVALID_ENDPOINT, reason="InsecureEndpoint", endpoint_fault=True,
                            detail=f"http:// push URL to {sub.host}, which allow_hosts does not name; not sent")
         inflight = self.inflight
-        if inflight is not None and not inflight.enter(sub.host):
-            # Answered at once: waiting here would hold a delivery worker the APNs wakes need too.
+        if inflight is not None and not await inflight.acquire(sub.host):
+            # Answered after a moment: waiting longer would hold a delivery worker the APNs wakes need.
             return Outcome(TRANSIENT, reason="TooManyInFlight", retry_after=InFlight.RETRY, endpoint_fault=True,
                            detail=f"too many attempts under way (to {sub.host} or in all); not sent")
         try:

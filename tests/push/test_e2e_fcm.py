@@ -235,7 +235,7 @@ def test_appliance_push_test_wake_goes_through_an_fcm_profile(server, fcm):
     from tests.ops.helpers import cli
 
     tok = fcm_token()
-    args = ("push", "test-wake", "--data-dir", server.data_dir, "--profile", ANDROID, "--token", tok)
+    args = ("push", "test-wake", "--data-dir", server.data_dir, "--profile", ANDROID, f"--token={tok}")
     out = cli(*args)  # the draft transports are off for this command's own settings
     assert out.returncode == 2 and "push_draft_transports is false" in out.stderr, out.stderr
     out = cli(*args, env={"APPLIANCE_PUSH_DRAFT_TRANSPORTS": "true"})

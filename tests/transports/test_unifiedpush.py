@@ -503,6 +503,18 @@ def test_the_in_flight_limits():
     assert slots.total == 0 and slots.hosts == {}
 
 
+async def test_an_attempt_waits_a_moment_for_a_slot_then_is_sent(distributor):
+    from appliance.transports.unifiedpush import InFlight
+
+    sub = distributor.subscribe("/up/brief")
+    distributor.behave("/up/brief", 201, delay=0.05)
+    t = make_transport(distributor, inflight=InFlight(1, 1))
+    outs = await asyncio.gather(*(t.send(wake(sub.endpoint)) for _ in range(2)))
+    # The second waited for the first's slot instead of being turned back.
+    assert [o.kind for o in outs] == [ACCEPTED, ACCEPTED] and t.inflight.total == 0
+    await t.close()
+
+
 async def test_an_attempt_over_the_in_flight_limit_is_turned_back_at_once(distributor):
     from appliance.transports.unifiedpush import InFlight
 
