@@ -64,6 +64,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.utils import encode_dss_signature
 
+from .threaded import OnItsOwnThread
 from .tls import LocalPki, make_test_pki
 
 # Apple's limits and formats.
@@ -136,8 +137,10 @@ class _Answer:
     delay: float = 0.0
 
 
-class ApnsEmulator:
+class ApnsEmulator(OnItsOwnThread):
     """The emulated provider API. Configure keys and topics, then start it."""
+
+    THREAD_NAME = "apns-emulator"
 
     def __init__(self, *, environment: str = "production", topics: Iterable[str] = (),
                  token_update_interval: float | None = None, pki_dir: str | Path | None = None,
@@ -484,43 +487,6 @@ class ApnsEmulator:
                 await asyncio.wait([asyncio.ensure_future(asyncio.shield(c.lost)) for c in conns], timeout=2)
             await self._server.wait_closed()
             self._server = None
-
-    def start_in_thread(self, host: str = "127.0.0.1", port: int = 0) -> "ApnsEmulator":
-        """Serve on a thread of its own (for tests whose appliance runs as a separate process)."""
-        ready = threading.Event()
-        failed: list[BaseException] = []
-
-        def run() -> None:
-            loop = asyncio.new_event_loop()
-            self._loop = loop
-            try:
-                loop.run_until_complete(self.start(host, port))
-            except BaseException as exc:  # noqa: BLE001 - reported to the starting thread
-                failed.append(exc)
-                ready.set()
-                return
-            ready.set()
-            try:
-                loop.run_forever()
-            finally:
-                loop.run_until_complete(self.stop())
-                loop.close()
-
-        self._thread = threading.Thread(target=run, name="apns-emulator", daemon=True)
-        self._thread.start()
-        ready.wait(30)
-        if failed:
-            raise failed[0]
-        return self
-
-    def stop_thread(self) -> None:
-        if self._thread is not None and self._loop is not None:
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(10)
-            self._thread = None
-        if self._log is not None:
-            self._log.close()
-            self._log = None
 
 
 class _Connection(asyncio.Protocol):

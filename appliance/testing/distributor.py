@@ -50,6 +50,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.utils import encode_dss_signature
 
+from .threaded import OnItsOwnThread
 from .tls import LocalPki, make_test_pki
 
 MAX_BODY = 8192
@@ -116,8 +117,10 @@ class Record:
         return None
 
 
-class Distributor:
+class Distributor(OnItsOwnThread):
     """The push server. `host` is the name its certificate and URLs use (resolved by the tests)."""
+
+    THREAD_NAME = "distributor"
 
     def __init__(self, *, host: str = "localhost", pki_dir: str | Path | None = None,
                  check_requests: bool = True, log_file: str | Path | None = None,
@@ -375,42 +378,6 @@ class Distributor:
                 await asyncio.wait(list(self._tasks), timeout=2)
             await self._server.wait_closed()
             self._server = None
-
-    def start_in_thread(self, host: str = "127.0.0.1", port: int = 0) -> "Distributor":
-        ready = threading.Event()
-        failed: list[BaseException] = []
-
-        def run() -> None:
-            loop = asyncio.new_event_loop()
-            self._loop = loop
-            try:
-                loop.run_until_complete(self.start(host, port))
-            except BaseException as exc:  # noqa: BLE001 - reported to the starting thread
-                failed.append(exc)
-                ready.set()
-                return
-            ready.set()
-            try:
-                loop.run_forever()
-            finally:
-                loop.run_until_complete(self.stop())
-                loop.close()
-
-        self._thread = threading.Thread(target=run, name="distributor", daemon=True)
-        self._thread.start()
-        ready.wait(30)
-        if failed:
-            raise failed[0]
-        return self
-
-    def stop_thread(self) -> None:
-        if self._thread is not None and self._loop is not None:
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(10)
-            self._thread = None
-        if self._log is not None:
-            self._log.close()
-            self._log = None
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -51,6 +51,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import padding, rsa
 
 from .apns_emulator import _Answer, _Connection
+from .threaded import OnItsOwnThread
 from .tls import LocalPki, make_test_pki
 
 TOKEN_PATH = "/token"
@@ -130,8 +131,10 @@ class Record:
         return None
 
 
-class FcmEmulator:
+class FcmEmulator(OnItsOwnThread):
     """The emulated token endpoint and FCM API. Add accounts, then start it."""
+
+    THREAD_NAME = "fcm-emulator"
 
     def __init__(self, *, pki_dir: str | Path | None = None, clock: Callable[[], float] = time.time,
                  token_lifetime: int = 3599, log_file: str | Path | None = None):
@@ -492,42 +495,6 @@ class FcmEmulator:
                 await asyncio.wait([asyncio.ensure_future(asyncio.shield(c.lost)) for c in conns], timeout=2)
             await self._server.wait_closed()
             self._server = None
-
-    def start_in_thread(self, host: str = "127.0.0.1", port: int = 0) -> "FcmEmulator":
-        ready = threading.Event()
-        failed: list[BaseException] = []
-
-        def run() -> None:
-            loop = asyncio.new_event_loop()
-            self._loop = loop
-            try:
-                loop.run_until_complete(self.start(host, port))
-            except BaseException as exc:  # noqa: BLE001 - reported to the starting thread
-                failed.append(exc)
-                ready.set()
-                return
-            ready.set()
-            try:
-                loop.run_forever()
-            finally:
-                loop.run_until_complete(self.stop())
-                loop.close()
-
-        self._thread = threading.Thread(target=run, name="fcm-emulator", daemon=True)
-        self._thread.start()
-        ready.wait(30)
-        if failed:
-            raise failed[0]
-        return self
-
-    def stop_thread(self) -> None:
-        if self._thread is not None and self._loop is not None:
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(10)
-            self._thread = None
-        if self._log is not None:
-            self._log.close()
-            self._log = None
 
 
 def main(argv: list[str] | None = None) -> int:
