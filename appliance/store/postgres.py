@@ -35,6 +35,7 @@ from appliance.store import dialect, pg_schema
 from appliance.store.dsn import redact
 from appliance.store.meta import HeldLocks
 from appliance.store.readpool import ReadPool
+from appliance.store.statement import SQL, PgText
 from appliance.store.writer import Writer, WriterFront
 from appliance.store.interface import Connection
 
@@ -104,6 +105,20 @@ def _params(params):
     return out
 
 
+def _text(sql: str, bound: bool) -> tuple[str, bool]:
+    """(PostgreSQL text, whether it returns the new row's id) of a statement: an SQL's own
+    PostgreSQL text, a PgText as it is (psycopg reads `%` as a binding's mark only in a statement
+    run with bindings: a literal one is written `%%` there, `%` elsewhere)."""
+    cls = sql.__class__
+    if cls is SQL:
+        if sql.postgres is None:
+            raise StoreError(f"a SQLite-only statement ran on PostgreSQL: {sql[:80]!r}")
+        return sql.postgres, sql.returns_id
+    if cls is PgText:
+        return sql, False
+    return dialect.translate(sql, bound)  # not yet given its PostgreSQL text
+
+
 # The first two letters of the transaction control statements a connection's HeldLocks follows
 # (BEGIN, COMMIT, ROLLBACK [TO], SAVEPOINT, RELEASE, END, ABORT); others with them cost a split.
 _CONTROL = frozenset(("BE", "CO", "RO", "SA", "RE", "EN", "AB"))
@@ -128,7 +143,7 @@ class PgConnection:
         if sql[:2] in _CONTROL:
             self.locks.statement(sql)
         bound = bool(params)
-        text, returns_id = dialect.translate(sql, bound)
+        text, returns_id = _text(sql, bound)
         if self.deadline is not None and time.monotonic() > self.deadline:
             raise QueryTimeout(f"query took longer than {self.timeout:g} s")
         cur = self.raw.cursor()
@@ -145,7 +160,7 @@ class PgConnection:
         return cur
 
     def executemany(self, sql: str, seq) -> None:
-        text, _returns_id = dialect.translate(sql, True)
+        text, _returns_id = _text(sql, True)
         rows = [_params(p) for p in seq]
         if not rows:
             self._changes = 0
