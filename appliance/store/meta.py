@@ -5,16 +5,26 @@ from __future__ import annotations
 
 import hashlib
 from appliance.store.interface import Connection, is_sqlite
+from appliance.store.statement import PgText, SQL
 
 
-SQL_BUMP_GENERATION = "UPDATE meta SET value = CAST(value AS INTEGER) + 1 WHERE name = 'config_generation'"
-SQL_GENERATION = "SELECT value FROM meta WHERE name = 'config_generation'"
+SQL_BUMP_GENERATION = SQL("UPDATE meta SET value = CAST(value AS INTEGER) + 1 WHERE name = 'config_generation'",
+                          "UPDATE meta SET value = CAST(value AS INTEGER) + 1 WHERE name = 'config_generation'")
+SQL_GENERATION = SQL("SELECT value FROM meta WHERE name = 'config_generation'",
+                     "SELECT value FROM meta WHERE name = 'config_generation'")
 # Several nodes over PostgreSQL: a transaction-scoped lock on a name's 64-bit key (`lock_key`).
-SQL_NODE_LOCK = "SELECT pg_advisory_xact_lock(?)"
-SQL_HEALTH_PROBE = ("INSERT INTO meta (name, value) VALUES ('health_probe', ?) "
-                    "ON CONFLICT (name) DO UPDATE SET value = excluded.value")
-SQL_META = "SELECT value FROM meta WHERE name = ?"
-SQL_SET_META = "INSERT INTO meta (name, value) VALUES (?, ?) ON CONFLICT (name) DO UPDATE SET value = excluded.value"
+SQL_NODE_LOCK = PgText("SELECT pg_advisory_xact_lock(%s)")
+SQL_HEALTH_PROBE = SQL(
+    "INSERT INTO meta (name, value) VALUES ('health_probe', ?) "
+    "ON CONFLICT (name) DO UPDATE SET value = excluded.value",
+    "INSERT INTO meta (name, value) VALUES ('health_probe', %s) "
+    "ON CONFLICT (name) DO UPDATE SET value = excluded.value",
+)
+SQL_META = SQL("SELECT value FROM meta WHERE name = ?", "SELECT value FROM meta WHERE name = %s")
+SQL_SET_META = SQL(
+    "INSERT INTO meta (name, value) VALUES (?, ?) ON CONFLICT (name) DO UPDATE SET value = excluded.value",
+    "INSERT INTO meta (name, value) VALUES (%s, %s) ON CONFLICT (name) DO UPDATE SET value = excluded.value",
+)
 
 
 def meta_value(conn: Connection, name: str) -> str | None:
@@ -27,7 +37,7 @@ def set_meta(conn: Connection, name: str, value: str) -> None:
     conn.execute(SQL_SET_META, (name, value))
 
 
-SQL_READ_PROBE = "SELECT 1"
+SQL_READ_PROBE = SQL("SELECT 1", "SELECT 1")
 
 
 def read_probe(conn: Connection) -> None:

@@ -27,12 +27,14 @@ import logging
 import secrets
 from typing import Awaitable, Callable
 
+from appliance.store.statement import PgText
+
 log = logging.getLogger("appliance.store")
 
 CHANNEL = "appliance_events"
 # PostgreSQL refuses a NOTIFY payload of 8000 bytes or more (in the server encoding, UTF-8 here).
 MAX_PAYLOAD = 7999
-SQL_NOTIFY = "SELECT pg_notify(?, ?)"
+SQL_NOTIFY = PgText("SELECT pg_notify(%s, %s)")
 # Reconnection backoff of the listener: from the first to the last pause, doubling.
 DEFAULT_BACKOFF_FIRST = 0.1
 DEFAULT_BACKOFF_MAX = 5.0

@@ -211,7 +211,7 @@ class PgConnection:
 class PgWriter(Writer):
     """The one writer on PostgreSQL: reconnects after its connection broke (a database restart)."""
 
-    BEGIN = "BEGIN"
+    BEGIN = PgText("BEGIN")
     ERRORS = (psycopg.Error,)
     FULL_ERRORS = (psycopg.errors.DiskFull,)
 

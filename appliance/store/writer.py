@@ -13,6 +13,7 @@ from appliance.errors import StorageFull
 from appliance.store.faultlog import FaultLog
 from appliance.store.interface import Connection
 from appliance.store.meta import LockOrder
+from appliance.store.statement import SQL
 
 log = logging.getLogger("appliance.store")
 
@@ -27,6 +28,17 @@ _STOP = object()
 LINGER_FROM = 16
 LINGER_STEP = 0.001
 LINGER_SECONDS = 0.01
+
+# Transaction control: the same text on both backends (BEGIN is each backend's, see Writer.BEGIN).
+SQL_COMMIT = SQL("COMMIT", "COMMIT")
+SQL_ROLLBACK = SQL("ROLLBACK", "ROLLBACK")
+# An operation's own savepoint, and that of a run handed to its `run_batch` together.
+SQL_SAVEPOINT_OP = SQL("SAVEPOINT op", "SAVEPOINT op")
+SQL_RELEASE_OP = SQL("RELEASE op", "RELEASE op")
+SQL_UNDO_OP = SQL("ROLLBACK TO op", "ROLLBACK TO op")
+SQL_SAVEPOINT_TOGETHER = SQL("SAVEPOINT together", "SAVEPOINT together")
+SQL_RELEASE_TOGETHER = SQL("RELEASE together", "RELEASE together")
+SQL_UNDO_TOGETHER = SQL("ROLLBACK TO together", "ROLLBACK TO together")
 
 
 class Writer:
@@ -50,7 +62,7 @@ class Writer:
     rolled-back savepoint is never delivered, and its future is resolved once.
     """
 
-    BEGIN = "BEGIN"
+    BEGIN = SQL("BEGIN", "BEGIN")
     ERRORS: tuple[type[BaseException], ...] = ()  # the driver's errors
     FULL_ERRORS: tuple[type[BaseException], ...] = ()  # of those, a full disk
 
@@ -164,7 +176,7 @@ class Writer:
             log.error("write batch failed, %d writes rolled back", len(batch), exc_info=exc)
         if self._conn.in_transaction:
             try:
-                self._conn.execute("ROLLBACK")
+                self._conn.execute(SQL_ROLLBACK)
             except self.ERRORS:
                 pass
         self._deliver([(fut, loop, None, exc) for _op, fut, loop in batch])
@@ -203,12 +215,12 @@ class Writer:
     def _commit(self, conn, outcomes: list) -> None:
         """COMMIT the transaction, then answer its operations (all failed if the commit did)."""
         try:
-            conn.execute("COMMIT")
+            conn.execute(SQL_COMMIT)
         except self.ERRORS as exc:
             self.faults.failed(exc, note=f"commit, {len(outcomes)} writes rolled back")
             if conn.in_transaction:  # SQLite may have rolled it back already (disk full)
                 try:
-                    conn.execute("ROLLBACK")
+                    conn.execute(SQL_ROLLBACK)
                 except self.ERRORS:
                     pass
             self._deliver([(fut, loop, None, exc) for _op, fut, loop, _r, _e in outcomes])
@@ -232,17 +244,17 @@ class Writer:
 
     def _one(self, conn: Connection, op: WriteOp, fut, loop, outcomes: list) -> None:
         """Run `op` in its own savepoint; LockOrder leaves nothing of it and goes to the caller."""
-        conn.execute("SAVEPOINT op")
+        conn.execute(SQL_SAVEPOINT_OP)
         try:
             result = op(conn)
         except LockOrder as order:
-            _undo(conn, "op", order, self.ERRORS)
+            _undo(conn, SQL_UNDO_OP, SQL_RELEASE_OP, order, self.ERRORS)
             raise
         except BaseException as exc:  # noqa: BLE001 - handed to the waiter, not swallowed
-            _undo(conn, "op", exc, self.ERRORS)
+            _undo(conn, SQL_UNDO_OP, SQL_RELEASE_OP, exc, self.ERRORS)
             outcomes.append((op, fut, loop, None, exc))
         else:
-            conn.execute("RELEASE op")
+            conn.execute(SQL_RELEASE_OP)
             outcomes.append((op, fut, loop, result, None))
 
     def _run_in_order(self, conn, order: LockOrder, outcomes: list, again: Callable[[], T]) -> T:
@@ -256,7 +268,7 @@ class Writer:
                 self._commit(conn, outcomes)
                 outcomes.clear()
             else:
-                conn.execute("ROLLBACK")
+                conn.execute(SQL_ROLLBACK)
             conn.execute(self.BEGIN)
             conn.locks.take(conn, sorted(keys))
             try:
@@ -277,16 +289,16 @@ class Writer:
             return self._run_in_order(conn, order, outcomes, lambda: self._together(conn, run_fn, run, outcomes))
 
     def _together(self, conn: Connection, run_fn, run: list, outcomes: list) -> bool:
-        conn.execute("SAVEPOINT together")
+        conn.execute(SQL_SAVEPOINT_TOGETHER)
         try:
             results = run_fn(conn, [op for op, _f, _l in run])
         except LockOrder as order:
-            _undo(conn, "together", order, self.ERRORS)
+            _undo(conn, SQL_UNDO_TOGETHER, SQL_RELEASE_TOGETHER, order, self.ERRORS)
             raise
         except Exception as exc:
-            _undo(conn, "together", exc, self.ERRORS)
+            _undo(conn, SQL_UNDO_TOGETHER, SQL_RELEASE_TOGETHER, exc, self.ERRORS)
             return False
-        conn.execute("RELEASE together")
+        conn.execute(SQL_RELEASE_TOGETHER)
         for (op, fut, loop), result in zip(run, results):
             if isinstance(result, BaseException):
                 outcomes.append((op, fut, loop, None, result))
@@ -359,12 +371,12 @@ class TransactionLost(Exception):
         self.cause = cause
 
 
-def _undo(conn: Connection, savepoint: str, cause: BaseException,
+def _undo(conn: Connection, rollback_to: SQL, release: SQL, cause: BaseException,
           errors: tuple[type[BaseException], ...]) -> None:
-    """Roll back to `savepoint` and release it; TransactionLost if SQLite dropped the transaction."""
+    """Roll back to a savepoint and release it; TransactionLost if SQLite dropped the transaction."""
     try:
-        conn.execute(f"ROLLBACK TO {savepoint}")
-        conn.execute(f"RELEASE {savepoint}")
+        conn.execute(rollback_to)
+        conn.execute(release)
     except errors:
         raise TransactionLost(cause) from cause
 
