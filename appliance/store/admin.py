@@ -8,44 +8,66 @@ import json
 from dataclasses import dataclass
 from typing import Any
 from appliance.store.interface import Connection
+from appliance.store.statement import SQL
 
 
-SQL_AUTH = "SELECT password_hash, setup_token_hash, setup_token_expires, changed_at FROM admin_auth WHERE id = 1"
-SQL_SET_PASSWORD = (
+SQL_AUTH = SQL("SELECT password_hash, setup_token_hash, setup_token_expires, changed_at FROM admin_auth WHERE id = 1",
+               "SELECT password_hash, setup_token_hash, setup_token_expires, changed_at FROM admin_auth WHERE id = 1")
+SQL_SET_PASSWORD = SQL(
     "UPDATE admin_auth SET password_hash = ?, setup_token_hash = NULL, setup_token_expires = NULL, "
-    "changed_at = ? WHERE id = 1"
+    "changed_at = ? WHERE id = 1",
+    "UPDATE admin_auth SET password_hash = %s, setup_token_hash = NULL, setup_token_expires = NULL, "
+    "changed_at = %s WHERE id = 1",
 )
-SQL_SET_TOKEN = "UPDATE admin_auth SET setup_token_hash = ?, setup_token_expires = ? WHERE id = 1"
-SQL_CLEAR_PASSWORD = "UPDATE admin_auth SET password_hash = NULL, changed_at = ? WHERE id = 1"
+SQL_SET_TOKEN = SQL("UPDATE admin_auth SET setup_token_hash = ?, setup_token_expires = ? WHERE id = 1",
+                    "UPDATE admin_auth SET setup_token_hash = %s, setup_token_expires = %s WHERE id = 1")
+SQL_CLEAR_PASSWORD = SQL("UPDATE admin_auth SET password_hash = NULL, changed_at = ? WHERE id = 1",
+                         "UPDATE admin_auth SET password_hash = NULL, changed_at = %s WHERE id = 1")
 # Spends the token: only one request can see its hash match (the writer is single-threaded).
-SQL_SPEND_TOKEN = (
+SQL_SPEND_TOKEN = SQL(
     "UPDATE admin_auth SET setup_token_hash = NULL, setup_token_expires = NULL "
-    "WHERE id = 1 AND setup_token_hash = ? AND setup_token_expires > ?"
+    "WHERE id = 1 AND setup_token_hash = ? AND setup_token_expires > ?",
+    "UPDATE admin_auth SET setup_token_hash = NULL, setup_token_expires = NULL "
+    "WHERE id = 1 AND setup_token_hash = %s AND setup_token_expires > %s",
 )
 
-SQL_SESSION = "SELECT created_at, expires_at FROM admin_sessions WHERE id_hash = ?"
-SQL_NEW_SESSION = "INSERT INTO admin_sessions (id_hash, created_at, expires_at) VALUES (?, ?, ?)"
-SQL_END_SESSION = "DELETE FROM admin_sessions WHERE id_hash = ?"
-SQL_END_ALL_SESSIONS = "DELETE FROM admin_sessions"
-SQL_PURGE_SESSIONS = "DELETE FROM admin_sessions WHERE expires_at <= ?"
+SQL_SESSION = SQL("SELECT created_at, expires_at FROM admin_sessions WHERE id_hash = ?",
+                  "SELECT created_at, expires_at FROM admin_sessions WHERE id_hash = %s")
+SQL_NEW_SESSION = SQL("INSERT INTO admin_sessions (id_hash, created_at, expires_at) VALUES (?, ?, ?)",
+                      "INSERT INTO admin_sessions (id_hash, created_at, expires_at) VALUES (%s, %s, %s)")
+SQL_END_SESSION = SQL("DELETE FROM admin_sessions WHERE id_hash = ?", "DELETE FROM admin_sessions WHERE id_hash = %s")
+SQL_END_ALL_SESSIONS = SQL("DELETE FROM admin_sessions", "DELETE FROM admin_sessions")
+SQL_PURGE_SESSIONS = SQL("DELETE FROM admin_sessions WHERE expires_at <= ?",
+                         "DELETE FROM admin_sessions WHERE expires_at <= %s")
 
-SQL_NOTES = "SELECT value, reason, created_at FROM moderation_notes WHERE origin = ? AND subject = ? ORDER BY value"
-SQL_SAVE_NOTE = (
+SQL_NOTES = SQL(
+    "SELECT value, reason, created_at FROM moderation_notes WHERE origin = ? AND subject = ? ORDER BY value",
+    "SELECT value, reason, created_at FROM moderation_notes WHERE origin = %s AND subject = %s ORDER BY value",
+)
+SQL_SAVE_NOTE = SQL(
     "INSERT INTO moderation_notes (origin, subject, value, reason, created_at) VALUES (?, ?, ?, ?, ?) "
-    "ON CONFLICT (origin, subject, value) DO UPDATE SET reason = excluded.reason, created_at = excluded.created_at"
+    "ON CONFLICT (origin, subject, value) DO UPDATE SET reason = excluded.reason, created_at = excluded.created_at",
+    "INSERT INTO moderation_notes (origin, subject, value, reason, created_at) VALUES (%s, %s, %s, %s, %s) "
+    "ON CONFLICT (origin, subject, value) DO UPDATE SET reason = excluded.reason, created_at = excluded.created_at",
 )
-SQL_DROP_NOTE = "DELETE FROM moderation_notes WHERE origin = ? AND subject = ? AND value = ?"
+SQL_DROP_NOTE = SQL("DELETE FROM moderation_notes WHERE origin = ? AND subject = ? AND value = ?",
+                    "DELETE FROM moderation_notes WHERE origin = %s AND subject = %s AND value = %s")
 
 # A NIP-86 call's authorization event is spent by the insert itself: of two requests (or nodes)
 # carrying one event, only one inserts the row (its primary key), whatever the order.
-SQL_SPEND_AUTH_EVENT = "INSERT INTO admin_auth_events (event_id, expires_at) VALUES (?, ?) ON CONFLICT DO NOTHING"
-SQL_PURGE_AUTH_EVENTS = "DELETE FROM admin_auth_events WHERE expires_at < ?"
-
-SQL_STORED_SETTINGS = "SELECT name, value FROM stored_settings"
-SQL_SAVE_SETTING = (
-    "INSERT INTO stored_settings (name, value) VALUES (?, ?) ON CONFLICT (name) DO UPDATE SET value = excluded.value"
+SQL_SPEND_AUTH_EVENT = SQL(
+    "INSERT INTO admin_auth_events (event_id, expires_at) VALUES (?, ?) ON CONFLICT DO NOTHING",
+    "INSERT INTO admin_auth_events (event_id, expires_at) VALUES (%s, %s) ON CONFLICT DO NOTHING",
 )
-SQL_DROP_SETTING = "DELETE FROM stored_settings WHERE name = ?"
+SQL_PURGE_AUTH_EVENTS = SQL("DELETE FROM admin_auth_events WHERE expires_at < ?",
+                            "DELETE FROM admin_auth_events WHERE expires_at < %s")
+
+SQL_STORED_SETTINGS = SQL("SELECT name, value FROM stored_settings", "SELECT name, value FROM stored_settings")
+SQL_SAVE_SETTING = SQL(
+    "INSERT INTO stored_settings (name, value) VALUES (?, ?) ON CONFLICT (name) DO UPDATE SET value = excluded.value",
+    "INSERT INTO stored_settings (name, value) VALUES (%s, %s) ON CONFLICT (name) DO UPDATE SET value = excluded.value",
+)
+SQL_DROP_SETTING = SQL("DELETE FROM stored_settings WHERE name = ?", "DELETE FROM stored_settings WHERE name = %s")
 
 NOTE_SUBJECTS = ("banned_pubkey", "allowed_pubkey", "banned_event", "allowed_event", "blocked_ip")
 

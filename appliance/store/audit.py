@@ -4,12 +4,17 @@ promised: every lease's endpoint hash, every wake job, every lease with its wate
 from __future__ import annotations
 
 from appliance.store.interface import Connection
+from appliance.store.statement import SQL
 
-SQL_ENDPOINT_HASHES = "SELECT endpoint, endpoint_hash FROM leases WHERE endpoint IS NOT NULL"
-SQL_WAKE_JOBS = "SELECT id, event_id, endpoint_hash, app_profile, transport, origin, state, wake_id FROM wake_jobs"
-SQL_LEASE_GENERATIONS = (
+SQL_ENDPOINT_HASHES = SQL("SELECT endpoint, endpoint_hash FROM leases WHERE endpoint IS NOT NULL",
+                          "SELECT endpoint, endpoint_hash FROM leases WHERE endpoint IS NOT NULL")
+SQL_WAKE_JOBS = SQL("SELECT id, event_id, endpoint_hash, app_profile, transport, origin, state, wake_id FROM wake_jobs",
+                    "SELECT id, event_id, endpoint_hash, app_profile, transport, origin, state, wake_id FROM wake_jobs")
+SQL_LEASE_GENERATIONS = SQL(
     "SELECT l.pubkey, l.d, l.event_id, l.generation, l.active, w.generation FROM leases l "
-    "LEFT JOIN lease_watermarks w USING (origin, pubkey, d)"
+    "LEFT JOIN lease_watermarks w USING (origin, pubkey, d)",
+    "SELECT l.pubkey, l.d, l.event_id, l.generation, l.active, w.generation FROM leases l "
+    "LEFT JOIN lease_watermarks w USING (origin, pubkey, d)",
 )
 
 

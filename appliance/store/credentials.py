@@ -7,13 +7,17 @@ from __future__ import annotations
 
 from .keyfile import KeyFile
 from appliance.store.interface import Connection
+from appliance.store.statement import SQL
 
-SQL_SAVE = (
+SQL_SAVE = SQL(
     "INSERT INTO apns_keys (fingerprint, wrapped, created_at) VALUES (?, ?, ?) "
-    "ON CONFLICT (fingerprint) DO NOTHING"
+    "ON CONFLICT (fingerprint) DO NOTHING",
+    "INSERT INTO apns_keys (fingerprint, wrapped, created_at) VALUES (%s, %s, %s) "
+    "ON CONFLICT (fingerprint) DO NOTHING",
 )
-SQL_ALL = "SELECT fingerprint, wrapped FROM apns_keys"
-SQL_LIST = "SELECT fingerprint, created_at FROM apns_keys ORDER BY created_at"
+SQL_ALL = SQL("SELECT fingerprint, wrapped FROM apns_keys", "SELECT fingerprint, wrapped FROM apns_keys")
+SQL_LIST = SQL("SELECT fingerprint, created_at FROM apns_keys ORDER BY created_at",
+               "SELECT fingerprint, created_at FROM apns_keys ORDER BY created_at")
 
 
 def _label(fingerprint: str) -> str:

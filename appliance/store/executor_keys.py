@@ -5,34 +5,49 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from appliance.store.interface import Connection
+from appliance.store.statement import SQL
 
 
-SQL_KEYS = (
+SQL_KEYS = SQL(
     "SELECT key_id, pubkey, wrapped, state, created_at, became_retiring_at, accept_until "
-    "FROM executor_keys WHERE origin = ? ORDER BY created_at, key_id"
+    "FROM executor_keys WHERE origin = ? ORDER BY created_at, key_id",
+    "SELECT key_id, pubkey, wrapped, state, created_at, became_retiring_at, accept_until "
+    "FROM executor_keys WHERE origin = %s ORDER BY created_at, key_id",
 )
-SQL_INSERT = (
-    "INSERT INTO executor_keys (origin, key_id, pubkey, wrapped, state, created_at) VALUES (?, ?, ?, ?, 'current', ?)"
+SQL_INSERT = SQL(
+    "INSERT INTO executor_keys (origin, key_id, pubkey, wrapped, state, created_at) VALUES (?, ?, ?, ?, 'current', ?)",
+    "INSERT INTO executor_keys (origin, key_id, pubkey, wrapped, state, created_at) VALUES (%s, %s, %s, %s, "
+    "'current', %s)",
 )
-SQL_RETIRE = (
+SQL_RETIRE = SQL(
     "UPDATE executor_keys SET state = 'retiring', became_retiring_at = ?, accept_until = ? "
-    "WHERE origin = ? AND state = 'current'"
+    "WHERE origin = ? AND state = 'current'",
+    "UPDATE executor_keys SET state = 'retiring', became_retiring_at = %s, accept_until = %s "
+    "WHERE origin = %s AND state = 'current'",
 )
-SQL_EXPIRE = "UPDATE executor_keys SET state = 'expired' WHERE state = 'retiring' AND accept_until <= ?"
-SQL_ERASE = (
+SQL_EXPIRE = SQL("UPDATE executor_keys SET state = 'expired' WHERE state = 'retiring' AND accept_until <= ?",
+                 "UPDATE executor_keys SET state = 'expired' WHERE state = 'retiring' AND accept_until <= %s")
+SQL_ERASE = SQL(
     "UPDATE executor_keys SET wrapped = NULL WHERE state = 'expired' AND wrapped IS NOT NULL AND NOT EXISTS ("
     " SELECT 1 FROM leases l WHERE l.origin = executor_keys.origin AND l.exec_key_id = executor_keys.key_id"
-    " AND l.active = 1 AND l.expiration > ?)"
+    " AND l.active = 1 AND l.expiration > ?)",
+    "UPDATE executor_keys SET wrapped = NULL WHERE state = 'expired' AND wrapped IS NOT NULL AND NOT EXISTS ("
+    " SELECT 1 FROM leases l WHERE l.origin = executor_keys.origin AND l.exec_key_id = executor_keys.key_id"
+    " AND l.active = 1 AND l.expiration > %s)",
 )
 
 # Active, unexpired leases naming each key: what erasing the key would break.
-SQL_DEPENDENT_LEASES = (
-    "SELECT exec_key_id, count(*) FROM leases WHERE origin = ? AND active = 1 AND expiration > ? GROUP BY exec_key_id"
+SQL_DEPENDENT_LEASES = SQL(
+    "SELECT exec_key_id, count(*) FROM leases WHERE origin = ? AND active = 1 AND expiration > ? GROUP BY exec_key_id",
+    "SELECT exec_key_id, count(*) FROM leases WHERE origin = %s AND active = 1 AND expiration > %s "
+    "GROUP BY exec_key_id",
 )
-SQL_ERASE_ONE = "UPDATE executor_keys SET state = 'expired', wrapped = NULL WHERE origin = ? AND key_id = ?"
+SQL_ERASE_ONE = SQL("UPDATE executor_keys SET state = 'expired', wrapped = NULL WHERE origin = ? AND key_id = ?",
+                    "UPDATE executor_keys SET state = 'expired', wrapped = NULL WHERE origin = %s AND key_id = %s")
 
 
-SQL_WRAPPED = "SELECT key_id, wrapped FROM executor_keys WHERE origin = ? AND wrapped IS NOT NULL"
+SQL_WRAPPED = SQL("SELECT key_id, wrapped FROM executor_keys WHERE origin = ? AND wrapped IS NOT NULL",
+                  "SELECT key_id, wrapped FROM executor_keys WHERE origin = %s AND wrapped IS NOT NULL")
 
 
 @dataclass(frozen=True)

@@ -5,87 +5,137 @@ and writes rows. Nothing here returns an APNs token in the clear."""
 
 from __future__ import annotations
 from appliance.store.interface import Connection
+from appliance.store.statement import SQL
 
 
 
-SQL_PENDING_CHALLENGES = (
-    "SELECT count(*) FROM (SELECT 1 FROM gateway_challenges WHERE expires_at > ? LIMIT ?)"
+SQL_PENDING_CHALLENGES = SQL(
+    "SELECT count(*) FROM (SELECT 1 FROM gateway_challenges WHERE expires_at > ? LIMIT ?)",
+    "SELECT count(*) FROM (SELECT 1 FROM gateway_challenges WHERE expires_at > %s LIMIT %s) AS _sub1",
 )
-SQL_PUT_CHALLENGE = "INSERT INTO gateway_challenges (id, digest, expires_at) VALUES (?, ?, ?)"
-SQL_CONSUME_CHALLENGE = "DELETE FROM gateway_challenges WHERE id = ? AND digest = ? AND expires_at > ?"
-SQL_INSTALLATION = (
+SQL_PUT_CHALLENGE = SQL("INSERT INTO gateway_challenges (id, digest, expires_at) VALUES (?, ?, ?)",
+                        "INSERT INTO gateway_challenges (id, digest, expires_at) VALUES (%s, %s, %s)")
+SQL_CONSUME_CHALLENGE = SQL("DELETE FROM gateway_challenges WHERE id = ? AND digest = ? AND expires_at > ?",
+                            "DELETE FROM gateway_challenges WHERE id = %s AND digest = %s AND expires_at > %s")
+SQL_INSTALLATION = SQL(
     "SELECT handle, app_profile, public_key, sign_count, endpoint_epoch, token, token_sha256, expires_at, "
-    "revoked_at FROM gateway_installations WHERE handle = ?"
+    "revoked_at FROM gateway_installations WHERE handle = ?",
+    "SELECT handle, app_profile, public_key, sign_count, endpoint_epoch, token, token_sha256, expires_at, "
+    "revoked_at FROM gateway_installations WHERE handle = %s",
 )
-SQL_KEY_ID_TAKEN = "SELECT 1 FROM gateway_installations WHERE key_id = ?"
-SQL_TOKEN_OWNER = (
-    "SELECT handle, expires_at FROM gateway_installations WHERE app_profile = ? AND token_sha256 = ?"
+SQL_KEY_ID_TAKEN = SQL("SELECT 1 FROM gateway_installations WHERE key_id = ?",
+                       "SELECT 1 FROM gateway_installations WHERE key_id = %s")
+SQL_TOKEN_OWNER = SQL(
+    "SELECT handle, expires_at FROM gateway_installations WHERE app_profile = ? AND token_sha256 = ?",
+    "SELECT handle, expires_at FROM gateway_installations WHERE app_profile = %s AND token_sha256 = %s",
 )
-SQL_INSERT_INSTALLATION = (
+SQL_INSERT_INSTALLATION = SQL(
     "INSERT INTO gateway_installations (handle, app_profile, key_id, public_key, sign_count, endpoint_epoch, "
-    "token, token_sha256, expires_at, created_at) VALUES (?, ?, ?, ?, 0, ?, ?, ?, ?, ?)"
+    "token, token_sha256, expires_at, created_at) VALUES (?, ?, ?, ?, 0, ?, ?, ?, ?, ?)",
+    "INSERT INTO gateway_installations (handle, app_profile, key_id, public_key, sign_count, endpoint_epoch, "
+    "token, token_sha256, expires_at, created_at) VALUES (%s, %s, %s, %s, 0, %s, %s, %s, %s, %s)",
 )
-SQL_DELETE_INSTALLATION = "DELETE FROM gateway_installations WHERE handle = ?"
-SQL_ADVANCE_COUNTER = "UPDATE gateway_installations SET sign_count = ? WHERE handle = ? AND sign_count < ?"
-SQL_ROTATE = (
+SQL_DELETE_INSTALLATION = SQL("DELETE FROM gateway_installations WHERE handle = ?",
+                              "DELETE FROM gateway_installations WHERE handle = %s")
+SQL_ADVANCE_COUNTER = SQL("UPDATE gateway_installations SET sign_count = ? WHERE handle = ? AND sign_count < ?",
+                          "UPDATE gateway_installations SET sign_count = %s WHERE handle = %s AND sign_count < %s")
+SQL_ROTATE = SQL(
     "UPDATE gateway_installations SET endpoint_epoch = ?, token = ?, token_sha256 = ? "
-    "WHERE handle = ? AND endpoint_epoch = ? AND revoked_at IS NULL"
+    "WHERE handle = ? AND endpoint_epoch = ? AND revoked_at IS NULL",
+    "UPDATE gateway_installations SET endpoint_epoch = %s, token = %s, token_sha256 = %s "
+    "WHERE handle = %s AND endpoint_epoch = %s AND revoked_at IS NULL",
 )
-SQL_REVOKE_INSTALLATION = (
+SQL_REVOKE_INSTALLATION = SQL(
     "UPDATE gateway_installations SET endpoint_epoch = ?, revoked_at = ?, token = NULL, token_sha256 = NULL "
-    "WHERE handle = ? AND endpoint_epoch = ? AND revoked_at IS NULL"
+    "WHERE handle = ? AND endpoint_epoch = ? AND revoked_at IS NULL",
+    "UPDATE gateway_installations SET endpoint_epoch = %s, revoked_at = %s, token = NULL, token_sha256 = NULL "
+    "WHERE handle = %s AND endpoint_epoch = %s AND revoked_at IS NULL",
 )
-SQL_REVOKE_ALL_DELEGATIONS = (
-    "UPDATE gateway_delegations SET revoked_at = ? WHERE handle = ? AND revoked_at IS NULL"
+SQL_REVOKE_ALL_DELEGATIONS = SQL(
+    "UPDATE gateway_delegations SET revoked_at = ? WHERE handle = ? AND revoked_at IS NULL",
+    "UPDATE gateway_delegations SET revoked_at = %s WHERE handle = %s AND revoked_at IS NULL",
 )
-SQL_DELEGATION = (
+SQL_DELEGATION = SQL(
     "SELECT endpoint_epoch, generation, not_before, expires_at, revoked_at FROM gateway_delegations "
-    "WHERE handle = ? AND relay_pubkey = ?"
+    "WHERE handle = ? AND relay_pubkey = ?",
+    "SELECT endpoint_epoch, generation, not_before, expires_at, revoked_at FROM gateway_delegations "
+    "WHERE handle = %s AND relay_pubkey = %s",
 )
-SQL_UPSERT_DELEGATION = (
+SQL_UPSERT_DELEGATION = SQL(
     "INSERT INTO gateway_delegations (handle, relay_pubkey, endpoint_epoch, generation, not_before, expires_at) "
     "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (handle, relay_pubkey) DO UPDATE SET "
     "endpoint_epoch = excluded.endpoint_epoch, generation = excluded.generation, "
     "not_before = excluded.not_before, expires_at = excluded.expires_at, revoked_at = NULL "
-    "WHERE excluded.generation > gateway_delegations.generation"
+    "WHERE excluded.generation > gateway_delegations.generation",
+    "INSERT INTO gateway_delegations (handle, relay_pubkey, endpoint_epoch, generation, not_before, expires_at) "
+    "VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (handle, relay_pubkey) DO UPDATE SET "
+    "endpoint_epoch = excluded.endpoint_epoch, generation = excluded.generation, "
+    "not_before = excluded.not_before, expires_at = excluded.expires_at, revoked_at = NULL "
+    "WHERE excluded.generation > gateway_delegations.generation",
 )
-SQL_REVOKE_DELEGATION = (
+SQL_REVOKE_DELEGATION = SQL(
     "UPDATE gateway_delegations SET revoked_at = ? WHERE handle = ? AND relay_pubkey = ? AND generation = ? "
-    "AND revoked_at IS NULL"
+    "AND revoked_at IS NULL",
+    "UPDATE gateway_delegations SET revoked_at = %s WHERE handle = %s AND relay_pubkey = %s AND generation = %s "
+    "AND revoked_at IS NULL",
 )
-SQL_RAISE_KEY_EXPIRY = (
-    "UPDATE gateway_grant_keys SET max_expires_at = max(max_expires_at, ?) WHERE key_id = ?"
+SQL_RAISE_KEY_EXPIRY = SQL(
+    "UPDATE gateway_grant_keys SET max_expires_at = max(max_expires_at, ?) WHERE key_id = ?",
+    "UPDATE gateway_grant_keys SET max_expires_at = GREATEST(max_expires_at, %s) WHERE key_id = %s",
 )
-SQL_BURN_EVENT = "INSERT INTO gateway_auth_events (event_id, expires_at) VALUES (?, ?) ON CONFLICT DO NOTHING"
-SQL_RESERVE = (
-    "INSERT INTO gateway_reservations (relay_pubkey, request_id, expires_at) VALUES (?, ?, ?) ON CONFLICT DO NOTHING"
+SQL_BURN_EVENT = SQL("INSERT INTO gateway_auth_events (event_id, expires_at) VALUES (?, ?) ON CONFLICT DO NOTHING",
+                     "INSERT INTO gateway_auth_events (event_id, expires_at) VALUES (%s, %s) ON CONFLICT DO NOTHING")
+SQL_RESERVE = SQL(
+    "INSERT INTO gateway_reservations (relay_pubkey, request_id, expires_at) VALUES (?, ?, ?) ON CONFLICT DO NOTHING",
+    "INSERT INTO gateway_reservations (relay_pubkey, request_id, expires_at) VALUES (%s, %s, %s) ON CONFLICT "
+    "DO NOTHING",
 )
-SQL_QUOTA = "SELECT window_start, admitted FROM gateway_endpoint_quota WHERE app_profile = ? AND token_sha256 = ?"
-SQL_QUOTA_SET = (
+SQL_QUOTA = SQL(
+    "SELECT window_start, admitted FROM gateway_endpoint_quota WHERE app_profile = ? AND token_sha256 = ?",
+    "SELECT window_start, admitted FROM gateway_endpoint_quota WHERE app_profile = %s AND token_sha256 = %s",
+)
+SQL_QUOTA_SET = SQL(
     "INSERT INTO gateway_endpoint_quota (app_profile, token_sha256, window_start, admitted) VALUES (?, ?, ?, ?) "
     "ON CONFLICT (app_profile, token_sha256) DO UPDATE SET window_start = excluded.window_start, "
-    "admitted = excluded.admitted"
+    "admitted = excluded.admitted",
+    "INSERT INTO gateway_endpoint_quota (app_profile, token_sha256, window_start, admitted) VALUES (%s, %s, %s, %s) "
+    "ON CONFLICT (app_profile, token_sha256) DO UPDATE SET window_start = excluded.window_start, "
+    "admitted = excluded.admitted",
 )
-SQL_RELEASE = "DELETE FROM gateway_reservations WHERE relay_pubkey = ? AND request_id = ?"
-SQL_GRANT_KEYS = (
+SQL_RELEASE = SQL("DELETE FROM gateway_reservations WHERE relay_pubkey = ? AND request_id = ?",
+                  "DELETE FROM gateway_reservations WHERE relay_pubkey = %s AND request_id = %s")
+SQL_GRANT_KEYS = SQL(
     "SELECT key_id, wrapped, state, created_at, retired_at, max_expires_at FROM gateway_grant_keys "
-    "ORDER BY created_at, key_id"
+    "ORDER BY created_at, key_id",
+    "SELECT key_id, wrapped, state, created_at, retired_at, max_expires_at FROM gateway_grant_keys "
+    "ORDER BY created_at, key_id",
 )
-SQL_INSERT_GRANT_KEY = "INSERT INTO gateway_grant_keys (key_id, wrapped, state, created_at) VALUES (?, ?, 'current', ?)"
-SQL_RETIRE_GRANT_KEY = "UPDATE gateway_grant_keys SET state = 'retired', retired_at = ? WHERE state = 'current'"
-SQL_ERASE_GRANT_KEYS = (
+SQL_INSERT_GRANT_KEY = SQL(
+    "INSERT INTO gateway_grant_keys (key_id, wrapped, state, created_at) VALUES (?, ?, 'current', ?)",
+    "INSERT INTO gateway_grant_keys (key_id, wrapped, state, created_at) VALUES (%s, %s, 'current', %s)",
+)
+SQL_RETIRE_GRANT_KEY = SQL("UPDATE gateway_grant_keys SET state = 'retired', retired_at = ? WHERE state = 'current'",
+                           "UPDATE gateway_grant_keys SET state = 'retired', retired_at = %s WHERE state = 'current'")
+SQL_ERASE_GRANT_KEYS = SQL(
     "UPDATE gateway_grant_keys SET wrapped = NULL WHERE state = 'retired' AND wrapped IS NOT NULL "
-    "AND max_expires_at < ?"
+    "AND max_expires_at < ?",
+    "UPDATE gateway_grant_keys SET wrapped = NULL WHERE state = 'retired' AND wrapped IS NOT NULL "
+    "AND max_expires_at < %s",
 )
 SQL_PURGE = (
-    "DELETE FROM gateway_challenges WHERE expires_at <= ?",
-    "DELETE FROM gateway_auth_events WHERE expires_at < ?",
-    "DELETE FROM gateway_reservations WHERE expires_at < ?",
+    SQL("DELETE FROM gateway_challenges WHERE expires_at <= ?",
+        "DELETE FROM gateway_challenges WHERE expires_at <= %s"),
+    SQL("DELETE FROM gateway_auth_events WHERE expires_at < ?",
+        "DELETE FROM gateway_auth_events WHERE expires_at < %s"),
+    SQL("DELETE FROM gateway_reservations WHERE expires_at < ?",
+        "DELETE FROM gateway_reservations WHERE expires_at < %s"),
     # Expired installations go with their delegations (ON DELETE CASCADE); revoked ones stay as
     # tombstones (their handle and key id stay taken) until their own expiry.
-    "DELETE FROM gateway_installations WHERE expires_at < ?",
+    SQL("DELETE FROM gateway_installations WHERE expires_at < ?",
+        "DELETE FROM gateway_installations WHERE expires_at < %s"),
 )
-SQL_PURGE_QUOTA = "DELETE FROM gateway_endpoint_quota WHERE window_start <= ?"
+SQL_PURGE_QUOTA = SQL("DELETE FROM gateway_endpoint_quota WHERE window_start <= ?",
+                      "DELETE FROM gateway_endpoint_quota WHERE window_start <= %s")
 
 
 # -- challenges ----------------------------------------------------------------------------------
@@ -234,26 +284,37 @@ def maintain(conn: Connection, now: int, quota_window: int) -> int:
 # Nothing here returns an APNs token, a wrapped secret or an App Attest key; installation handles,
 # token digests and relay pubkeys are returned for the caller to redact.
 
-SQL_INSTALLATIONS = (
+SQL_INSTALLATIONS = SQL(
     "SELECT handle, app_profile, endpoint_epoch, token_sha256, sign_count, created_at, expires_at, revoked_at "
-    "FROM gateway_installations ORDER BY created_at DESC LIMIT ? OFFSET ?"
+    "FROM gateway_installations ORDER BY created_at DESC LIMIT ? OFFSET ?",
+    "SELECT handle, app_profile, endpoint_epoch, token_sha256, sign_count, created_at, expires_at, revoked_at "
+    "FROM gateway_installations ORDER BY created_at DESC LIMIT %s OFFSET %s",
 )
-SQL_INSTALLATION_COUNTS = (
+SQL_INSTALLATION_COUNTS = SQL(
     "SELECT app_profile, sum(revoked_at IS NULL AND expires_at >= ?), sum(revoked_at IS NOT NULL), count(*) "
-    "FROM gateway_installations GROUP BY app_profile ORDER BY app_profile"
+    "FROM gateway_installations GROUP BY app_profile ORDER BY app_profile",
+    "SELECT app_profile, sum(revoked_at IS NULL AND expires_at >= %s), sum(revoked_at IS NOT NULL), count(*) "
+    "FROM gateway_installations GROUP BY app_profile ORDER BY app_profile",
 )
-SQL_DELEGATIONS = (
+SQL_DELEGATIONS = SQL(
     "SELECT handle, relay_pubkey, endpoint_epoch, generation, not_before, expires_at, revoked_at "
-    "FROM gateway_delegations ORDER BY not_before DESC LIMIT ? OFFSET ?"
+    "FROM gateway_delegations ORDER BY not_before DESC LIMIT ? OFFSET ?",
+    "SELECT handle, relay_pubkey, endpoint_epoch, generation, not_before, expires_at, revoked_at "
+    "FROM gateway_delegations ORDER BY not_before DESC LIMIT %s OFFSET %s",
 )
-SQL_DELEGATION_COUNT = "SELECT count(*), sum(revoked_at IS NULL AND expires_at >= ?) FROM gateway_delegations"
-SQL_RESERVATIONS = (
+SQL_DELEGATION_COUNT = SQL("SELECT count(*), sum(revoked_at IS NULL AND expires_at >= ?) FROM gateway_delegations",
+                           "SELECT count(*), sum(revoked_at IS NULL AND expires_at >= %s) FROM gateway_delegations")
+SQL_RESERVATIONS = SQL(
     "SELECT relay_pubkey, count(*), sum(expires_at >= ?), max(expires_at) FROM gateway_reservations "
-    "GROUP BY relay_pubkey ORDER BY count(*) DESC LIMIT ?"
+    "GROUP BY relay_pubkey ORDER BY count(*) DESC LIMIT ?",
+    "SELECT relay_pubkey, count(*), sum(expires_at >= %s), max(expires_at) FROM gateway_reservations "
+    "GROUP BY relay_pubkey ORDER BY count(*) DESC LIMIT %s",
 )
-SQL_QUOTA_USAGE = (
+SQL_QUOTA_USAGE = SQL(
     "SELECT app_profile, token_sha256, window_start, admitted FROM gateway_endpoint_quota "
-    "ORDER BY admitted DESC, window_start DESC LIMIT ?"
+    "ORDER BY admitted DESC, window_start DESC LIMIT ?",
+    "SELECT app_profile, token_sha256, window_start, admitted FROM gateway_endpoint_quota "
+    "ORDER BY admitted DESC, window_start DESC LIMIT %s",
 )
 
 

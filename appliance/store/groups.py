@@ -5,28 +5,51 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from appliance.store.interface import Connection
+from appliance.store.statement import SQL
 
-SQL_GROUP = "SELECT name, about, picture, closed, private FROM groups WHERE origin = ? AND h = ?"
-SQL_GROUPS = "SELECT origin, h, name, about, picture, closed, private FROM groups"
-SQL_MEMBERS = "SELECT pubkey, role FROM group_members WHERE origin = ? AND h = ?"
-SQL_ALL_MEMBERS = "SELECT origin, h, pubkey, role FROM group_members"
-SQL_CREATE = "INSERT INTO groups (origin, h, name, about, picture, closed, private, created_at) VALUES (?,?,?,?,?,?,?,?)"
-SQL_UPDATE = "UPDATE groups SET name = ?, about = ?, picture = ?, closed = ?, private = ? WHERE origin = ? AND h = ?"
-SQL_PUT = (
-    "INSERT INTO group_members (origin, h, pubkey, role) VALUES (?,?,?,?) "
-    "ON CONFLICT (origin, h, pubkey) DO UPDATE SET role = excluded.role"
+SQL_GROUP = SQL("SELECT name, about, picture, closed, private FROM groups WHERE origin = ? AND h = ?",
+                "SELECT name, about, picture, closed, private FROM groups WHERE origin = %s AND h = %s")
+SQL_GROUPS = SQL("SELECT origin, h, name, about, picture, closed, private FROM groups",
+                 "SELECT origin, h, name, about, picture, closed, private FROM groups")
+SQL_MEMBERS = SQL("SELECT pubkey, role FROM group_members WHERE origin = ? AND h = ?",
+                  "SELECT pubkey, role FROM group_members WHERE origin = %s AND h = %s")
+SQL_ALL_MEMBERS = SQL("SELECT origin, h, pubkey, role FROM group_members",
+                      "SELECT origin, h, pubkey, role FROM group_members")
+SQL_CREATE = SQL(
+    "INSERT INTO groups (origin, h, name, about, picture, closed, private, created_at) VALUES (?,?,?,?,?,?,?,?)",
+    "INSERT INTO groups (origin, h, name, about, picture, closed, private, created_at) VALUES "
+    "(%s,%s,%s,%s,%s,%s,%s,%s)",
 )
-SQL_REMOVE = "DELETE FROM group_members WHERE origin = ? AND h = ? AND pubkey = ?"
-SQL_DROP = "DELETE FROM groups WHERE origin = ? AND h = ?"
-SQL_GROUP_EVENT_ROWS = "SELECT rowid FROM events WHERE origin = ? AND grp = ?"
-SQL_GROUP_EVENT_BY_ID = "SELECT rowid FROM events WHERE origin = ? AND grp = ? AND id = ?"
-SQL_RELAY_KEY = "SELECT pubkey, wrapped FROM relay_keys WHERE origin = ?"
-SQL_SAVE_RELAY_KEY = "INSERT INTO relay_keys (origin, pubkey, wrapped) VALUES (?, ?, ?)"
-SQL_IS_PRIVATE = "SELECT private FROM groups WHERE origin = ? AND h = ?"
-SQL_IS_MEMBER = "SELECT 1 FROM group_members WHERE origin = ? AND h = ? AND pubkey = ?"
-SQL_HIDDEN = (
+SQL_UPDATE = SQL(
+    "UPDATE groups SET name = ?, about = ?, picture = ?, closed = ?, private = ? WHERE origin = ? AND h = ?",
+    "UPDATE groups SET name = %s, about = %s, picture = %s, closed = %s, private = %s WHERE origin = %s AND h = %s",
+)
+SQL_PUT = SQL(
+    "INSERT INTO group_members (origin, h, pubkey, role) VALUES (?,?,?,?) "
+    "ON CONFLICT (origin, h, pubkey) DO UPDATE SET role = excluded.role",
+    "INSERT INTO group_members (origin, h, pubkey, role) VALUES (%s,%s,%s,%s) "
+    "ON CONFLICT (origin, h, pubkey) DO UPDATE SET role = excluded.role",
+)
+SQL_REMOVE = SQL("DELETE FROM group_members WHERE origin = ? AND h = ? AND pubkey = ?",
+                 "DELETE FROM group_members WHERE origin = %s AND h = %s AND pubkey = %s")
+SQL_DROP = SQL("DELETE FROM groups WHERE origin = ? AND h = ?", "DELETE FROM groups WHERE origin = %s AND h = %s")
+SQL_GROUP_EVENT_ROWS = SQL("SELECT rowid FROM events WHERE origin = ? AND grp = ?",
+                           "SELECT rowid FROM events WHERE origin = %s AND grp = %s")
+SQL_GROUP_EVENT_BY_ID = SQL("SELECT rowid FROM events WHERE origin = ? AND grp = ? AND id = ?",
+                            "SELECT rowid FROM events WHERE origin = %s AND grp = %s AND id = %s")
+SQL_RELAY_KEY = SQL("SELECT pubkey, wrapped FROM relay_keys WHERE origin = ?",
+                    "SELECT pubkey, wrapped FROM relay_keys WHERE origin = %s")
+SQL_SAVE_RELAY_KEY = SQL("INSERT INTO relay_keys (origin, pubkey, wrapped) VALUES (?, ?, ?)",
+                         "INSERT INTO relay_keys (origin, pubkey, wrapped) VALUES (%s, %s, %s)")
+SQL_IS_PRIVATE = SQL("SELECT private FROM groups WHERE origin = ? AND h = ?",
+                     "SELECT private FROM groups WHERE origin = %s AND h = %s")
+SQL_IS_MEMBER = SQL("SELECT 1 FROM group_members WHERE origin = ? AND h = ? AND pubkey = ?",
+                    "SELECT 1 FROM group_members WHERE origin = %s AND h = %s AND pubkey = %s")
+SQL_HIDDEN = SQL(
     "SELECT g.h FROM groups g WHERE g.origin = ? AND g.private = 1 AND NOT EXISTS "
-    "(SELECT 1 FROM group_members m WHERE m.origin = g.origin AND m.h = g.h AND m.pubkey = ?)"
+    "(SELECT 1 FROM group_members m WHERE m.origin = g.origin AND m.h = g.h AND m.pubkey = ?)",
+    "SELECT g.h FROM groups g WHERE g.origin = %s AND g.private = 1 AND NOT EXISTS "
+    "(SELECT 1 FROM group_members m WHERE m.origin = g.origin AND m.h = g.h AND m.pubkey = %s)",
 )
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from appliance.errors import StoreError
-from appliance.store.dialect import postgres_variant
+from appliance.store.statement import SQL
 
 log = logging.getLogger("appliance.store")
 
@@ -108,28 +108,43 @@ class KeyFile:
             raise StoreError(f"cannot unwrap {label}: wrong key file for this database?") from None
 
 
+SQL_HOLDS_WRAPPED = SQL(
+    "SELECT EXISTS (SELECT 1 FROM relay_keys) OR EXISTS (SELECT 1 FROM executor_keys WHERE wrapped IS NOT NULL) "
+    "OR EXISTS (SELECT 1 FROM apns_keys) OR EXISTS (SELECT 1 FROM vapid_keys)"
+    " OR EXISTS (SELECT 1 FROM gateway_grant_keys WHERE wrapped IS NOT NULL)"
+    " OR EXISTS (SELECT 1 FROM gateway_installations WHERE token IS NOT NULL)",
+    "SELECT EXISTS (SELECT 1 FROM relay_keys) OR EXISTS (SELECT 1 FROM executor_keys WHERE wrapped IS NOT NULL) "
+    "OR EXISTS (SELECT 1 FROM apns_keys) OR EXISTS (SELECT 1 FROM vapid_keys)"
+    " OR EXISTS (SELECT 1 FROM gateway_grant_keys WHERE wrapped IS NOT NULL)"
+    " OR EXISTS (SELECT 1 FROM gateway_installations WHERE token IS NOT NULL)",
+)
+
+
 def holds_wrapped_keys(conn) -> bool:
     """Whether the database holds any private key wrapped by a key file."""
-    return bool(conn.execute(
-        "SELECT EXISTS (SELECT 1 FROM relay_keys) OR EXISTS (SELECT 1 FROM executor_keys WHERE wrapped IS NOT NULL) "
-        "OR EXISTS (SELECT 1 FROM apns_keys) OR EXISTS (SELECT 1 FROM vapid_keys)"
-        " OR EXISTS (SELECT 1 FROM gateway_grant_keys WHERE wrapped IS NOT NULL)"
-        " OR EXISTS (SELECT 1 FROM gateway_installations WHERE token IS NOT NULL)"
-    ).fetchone()[0])
+    return bool(conn.execute(SQL_HOLDS_WRAPPED).fetchone()[0])
 
 
 # What a key file must unwrap, by owner (each owner knows its own labels; see commands.backup).
-SQL_TABLES = postgres_variant(
+SQL_TABLES = SQL(
     "SELECT name FROM sqlite_schema WHERE type = 'table'",
     "SELECT table_name FROM information_schema.tables WHERE table_schema = current_schema() "
-    "AND table_type = 'BASE TABLE'")
-SQL_RELAY_KEY_ORIGINS = "SELECT origin FROM relay_keys ORDER BY origin"
-SQL_EXECUTOR_KEY_ORIGINS = "SELECT DISTINCT origin FROM executor_keys WHERE wrapped IS NOT NULL ORDER BY origin"
-SQL_GATEWAY_GRANT_KEYS = "SELECT count(*) FROM gateway_grant_keys WHERE wrapped IS NOT NULL"
-SQL_APNS_KEYS = "SELECT count(*) FROM apns_keys"
-SQL_VAPID_KEYS = "SELECT count(*) FROM vapid_keys"
-SQL_GATEWAY_TOKENS = ("SELECT handle, endpoint_epoch, token FROM gateway_installations "
-                      "WHERE token IS NOT NULL ORDER BY handle")
+    "AND table_type = 'BASE TABLE'",
+)
+SQL_RELAY_KEY_ORIGINS = SQL("SELECT origin FROM relay_keys ORDER BY origin",
+                            "SELECT origin FROM relay_keys ORDER BY origin")
+SQL_EXECUTOR_KEY_ORIGINS = SQL("SELECT DISTINCT origin FROM executor_keys WHERE wrapped IS NOT NULL ORDER BY origin",
+                               "SELECT DISTINCT origin FROM executor_keys WHERE wrapped IS NOT NULL ORDER BY origin")
+SQL_GATEWAY_GRANT_KEYS = SQL("SELECT count(*) FROM gateway_grant_keys WHERE wrapped IS NOT NULL",
+                             "SELECT count(*) FROM gateway_grant_keys WHERE wrapped IS NOT NULL")
+SQL_APNS_KEYS = SQL("SELECT count(*) FROM apns_keys", "SELECT count(*) FROM apns_keys")
+SQL_VAPID_KEYS = SQL("SELECT count(*) FROM vapid_keys", "SELECT count(*) FROM vapid_keys")
+SQL_GATEWAY_TOKENS = SQL(
+    "SELECT handle, endpoint_epoch, token FROM gateway_installations "
+    "WHERE token IS NOT NULL ORDER BY handle",
+    "SELECT handle, endpoint_epoch, token FROM gateway_installations "
+    "WHERE token IS NOT NULL ORDER BY handle",
+)
 
 
 def wrapped_inventory(conn) -> dict:

@@ -3,15 +3,20 @@
 
 from __future__ import annotations
 from appliance.store.interface import Connection
+from appliance.store.statement import SQL
 
 
 
-SQL_ALL = "SELECT id, origin, config FROM origins ORDER BY id"
-SQL_UPSERT = (
+SQL_ALL = SQL("SELECT id, origin, config FROM origins ORDER BY id",
+              "SELECT id, origin, config FROM origins ORDER BY id")
+SQL_UPSERT = SQL(
     "INSERT INTO origins (origin, config) VALUES (?, ?) "
-    "ON CONFLICT (origin) DO UPDATE SET config = excluded.config RETURNING id"
+    "ON CONFLICT (origin) DO UPDATE SET config = excluded.config RETURNING id",
+    "INSERT INTO origins (origin, config) VALUES (%s, %s) "
+    "ON CONFLICT (origin) DO UPDATE SET config = excluded.config RETURNING id",
 )
-SQL_REWRITE = "UPDATE origins SET origin = ?, config = ? WHERE id = ?"
+SQL_REWRITE = SQL("UPDATE origins SET origin = ?, config = ? WHERE id = ?",
+                  "UPDATE origins SET origin = %s, config = %s WHERE id = %s")
 
 
 def origin_rows(conn: Connection) -> list[tuple[int, str, str]]:

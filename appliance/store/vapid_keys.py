@@ -4,14 +4,21 @@ made on first use and kept wrapped by the key file like executor keys."""
 from __future__ import annotations
 
 from appliance.store.interface import Connection
+from appliance.store.statement import SQL
 
 from .keyfile import KeyFile
 
-SQL_SAVE = ("INSERT INTO vapid_keys (origin, push_origin, wrapped, created_at) VALUES (?, ?, ?, ?) "
-            "ON CONFLICT (origin, push_origin) DO NOTHING")
-SQL_GET = "SELECT wrapped FROM vapid_keys WHERE origin = ? AND push_origin = ?"
-SQL_ALL = "SELECT origin, push_origin, wrapped FROM vapid_keys"
-SQL_COUNT = "SELECT count(*) FROM vapid_keys"
+SQL_SAVE = SQL(
+    "INSERT INTO vapid_keys (origin, push_origin, wrapped, created_at) VALUES (?, ?, ?, ?) "
+    "ON CONFLICT (origin, push_origin) DO NOTHING",
+    "INSERT INTO vapid_keys (origin, push_origin, wrapped, created_at) VALUES (%s, %s, %s, %s) "
+    "ON CONFLICT (origin, push_origin) DO NOTHING",
+)
+SQL_GET = SQL("SELECT wrapped FROM vapid_keys WHERE origin = ? AND push_origin = ?",
+              "SELECT wrapped FROM vapid_keys WHERE origin = %s AND push_origin = %s")
+SQL_ALL = SQL("SELECT origin, push_origin, wrapped FROM vapid_keys",
+              "SELECT origin, push_origin, wrapped FROM vapid_keys")
+SQL_COUNT = SQL("SELECT count(*) FROM vapid_keys", "SELECT count(*) FROM vapid_keys")
 
 
 def vapid_label(origin: int, push_origin: str) -> str:
