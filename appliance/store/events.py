@@ -16,8 +16,8 @@ from appliance.errors import AlreadyStored, Rejected
 from appliance.nostr.event import Event, is_addressable, is_event_id, is_replaceable
 from appliance.nostr.filters import Filter
 from appliance.store import search
-from appliance.store.dialect import postgres_variant
 from appliance.store.interface import Connection
+from appliance.store.statement import SQL
 
 # NIP-PL, Lease and Key Lifecycle: "relays MUST ignore deletion requests targeting this kind".
 UNDELETABLE_KINDS = frozenset({30350})
@@ -101,26 +101,41 @@ class WriteHooks:
         self.stored_batch.append(hook)
 
 
-SQL_EXISTS_ID = "SELECT 1 FROM events WHERE origin = ? AND id = ?"
-SQL_DELETED_ID = "SELECT 1 FROM deletions WHERE origin = ? AND target = ? AND pubkey = ?"
-SQL_DELETED_ADDR = "SELECT 1 FROM deletions WHERE origin = ? AND target = ? AND pubkey = ? AND created_at >= ?"
-SQL_ADDRESS = "SELECT rowid, id, created_at FROM events WHERE origin = ? AND pubkey = ? AND kind = ? AND d = ?"
-SQL_INSERT_EVENT = (
+SQL_EXISTS_ID = SQL("SELECT 1 FROM events WHERE origin = ? AND id = ?",
+                    "SELECT 1 FROM events WHERE origin = %s AND id = %s")
+SQL_DELETED_ID = SQL("SELECT 1 FROM deletions WHERE origin = ? AND target = ? AND pubkey = ?",
+                     "SELECT 1 FROM deletions WHERE origin = %s AND target = %s AND pubkey = %s")
+SQL_DELETED_ADDR = SQL("SELECT 1 FROM deletions WHERE origin = ? AND target = ? AND pubkey = ? AND created_at >= ?",
+                       "SELECT 1 FROM deletions WHERE origin = %s AND target = %s AND pubkey = %s AND created_at >= %s")
+SQL_ADDRESS = SQL("SELECT rowid, id, created_at FROM events WHERE origin = ? AND pubkey = ? AND kind = ? AND d = ?",
+                  "SELECT rowid, id, created_at FROM events WHERE origin = %s AND pubkey = %s AND kind = %s AND d = %s")
+SQL_INSERT_EVENT = SQL(
     "INSERT INTO events (origin, id, pubkey, created_at, kind, d, grp, expiration, raw) "
-    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+    "INSERT INTO events (origin, id, pubkey, created_at, kind, d, grp, expiration, raw) "
+    "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s) RETURNING rowid",
+    returns_id=True,
 )
-SQL_INSERT_TAG = "INSERT INTO tags (event, origin, name, value, created_at, kind) VALUES (?, ?, ?, ?, ?, ?)"
-SQL_DELETE_ROW = "DELETE FROM events WHERE rowid = ?"
-SQL_DELETE_TAGS = "DELETE FROM tags WHERE event = ?"
-SQL_ROW_BY_ID = "SELECT rowid, pubkey, kind FROM events WHERE origin = ? AND id = ?"
-SQL_ROWS_BY_ADDR = (
-    "SELECT rowid, id, kind FROM events WHERE origin = ? AND pubkey = ? AND kind = ? AND d = ? AND created_at <= ?"
+SQL_INSERT_TAG = SQL("INSERT INTO tags (event, origin, name, value, created_at, kind) VALUES (?, ?, ?, ?, ?, ?)",
+                     "INSERT INTO tags (event, origin, name, value, created_at, kind) VALUES (%s, %s, %s, %s, %s, %s)")
+SQL_DELETE_ROW = SQL("DELETE FROM events WHERE rowid = ?", "DELETE FROM events WHERE rowid = %s")
+SQL_DELETE_TAGS = SQL("DELETE FROM tags WHERE event = ?", "DELETE FROM tags WHERE event = %s")
+SQL_ROW_BY_ID = SQL("SELECT rowid, pubkey, kind FROM events WHERE origin = ? AND id = ?",
+                    "SELECT rowid, pubkey, kind FROM events WHERE origin = %s AND id = %s")
+SQL_ROWS_BY_ADDR = SQL(
+    "SELECT rowid, id, kind FROM events WHERE origin = ? AND pubkey = ? AND kind = ? AND d = ? AND created_at <= ?",
+    "SELECT rowid, id, kind FROM events WHERE origin = %s AND pubkey = %s AND kind = %s AND d = %s "
+    "AND created_at <= %s",
 )
-SQL_RECORD_DELETION = (
+SQL_RECORD_DELETION = SQL(
     "INSERT INTO deletions (origin, target, pubkey, created_at) VALUES (?, ?, ?, ?) "
-    "ON CONFLICT (origin, target, pubkey) DO UPDATE SET created_at = max(created_at, excluded.created_at)"
+    "ON CONFLICT (origin, target, pubkey) DO UPDATE SET created_at = max(created_at, excluded.created_at)",
+    "INSERT INTO deletions (origin, target, pubkey, created_at) VALUES (%s, %s, %s, %s) "
+    "ON CONFLICT (origin, target, pubkey) DO UPDATE SET created_at = GREATEST(deletions.created_at, "
+    "excluded.created_at)",
 )
-SQL_EXPIRED_ROWS = "SELECT rowid FROM events WHERE expiration IS NOT NULL AND expiration <= ? LIMIT ?"
+SQL_EXPIRED_ROWS = SQL("SELECT rowid FROM events WHERE expiration IS NOT NULL AND expiration <= ? LIMIT ?",
+                       "SELECT rowid FROM events WHERE expiration IS NOT NULL AND expiration <= %s LIMIT %s")
 
 
 def address_rows(conn: Connection, origin: int, pubkey: str, kind: int, d: str) -> list[tuple[int, str, int]]:
@@ -272,21 +287,31 @@ def _apply_deletion(conn: Connection, origin: int, ev: Event) -> list[str]:
 # waits to get back from the busy event loop. This path writes a whole run of such events with a
 # handful of statements (json_each over the batch) and stays equivalent to store_event.
 
-SQL_EXISTING_IDS = "SELECT id FROM events WHERE origin = ? AND id IN (SELECT value FROM json_each(?))"
-SQL_DELETED_IDS = "SELECT target, pubkey FROM deletions WHERE origin = ? AND target IN (SELECT value FROM json_each(?))"
-SQL_INSERT_EVENTS = postgres_variant(
+SQL_EXISTING_IDS = SQL(
+    "SELECT id FROM events WHERE origin = ? AND id IN (SELECT value FROM json_each(?))",
+    "SELECT id FROM events WHERE origin = %s AND id IN (SELECT value FROM jsonb_array_elements_text(%s::jsonb))",
+)
+SQL_DELETED_IDS = SQL(
+    "SELECT target, pubkey FROM deletions WHERE origin = ? AND target IN (SELECT value FROM json_each(?))",
+    "SELECT target, pubkey FROM deletions WHERE origin = %s AND target IN (SELECT value "
+    "FROM jsonb_array_elements_text(%s::jsonb))",
+)
+SQL_INSERT_EVENTS = SQL(
     "INSERT INTO events (origin, id, pubkey, created_at, kind, d, grp, expiration, raw) "
     "SELECT ?, j.value ->> 0, j.value ->> 1, j.value ->> 2, j.value ->> 3, NULL, NULL, j.value ->> 4, j.value ->> 5 "
     "FROM json_each(?) j",
     # PostgreSQL: ->> gives text, cast to the integer columns
     "INSERT INTO events (origin, id, pubkey, created_at, kind, d, grp, expiration, raw) "
-    "SELECT ?, j.value ->> 0, j.value ->> 1, (j.value ->> 2)::bigint, (j.value ->> 3)::bigint, NULL, NULL, "
-    "(j.value ->> 4)::bigint, j.value ->> 5 FROM json_each(?) j",
+    "SELECT %s, j.value ->> 0, j.value ->> 1, (j.value ->> 2)::bigint, (j.value ->> 3)::bigint, NULL, NULL, "
+    "(j.value ->> 4)::bigint, j.value ->> 5 FROM jsonb_array_elements(%s::jsonb) j",
 )
-SQL_INSERT_TAGS = (
+SQL_INSERT_TAGS = SQL(
     "INSERT INTO tags (event, origin, name, value, created_at, kind) "
     "SELECT e.rowid, e.origin, t.value ->> 1, t.value ->> 2, e.created_at, e.kind "
-    "FROM json_each(?) t CROSS JOIN events e ON e.origin = ? AND e.id = t.value ->> 0"  # CROSS: json_each outer
+    "FROM json_each(?) t CROSS JOIN events e ON e.origin = ? AND e.id = t.value ->> 0",  # CROSS: json_each outer
+    "INSERT INTO tags (event, origin, name, value, created_at, kind) "
+    "SELECT e.rowid, e.origin, t.value ->> 1, t.value ->> 2, e.created_at, e.kind "
+    "FROM jsonb_array_elements(%s::jsonb) t JOIN events e ON e.origin = %s AND e.id = t.value ->> 0",
 )
 
 
@@ -465,7 +490,8 @@ def _scope_sql(scope: ReadScope, now: int, params: list, *, kinds: frozenset[int
     return " AND ".join(clauses) or "TRUE", needs_row
 
 
-SQL_ANY_EXPIRED = "SELECT 1 FROM events WHERE expiration IS NOT NULL AND expiration <= ? LIMIT 1"
+SQL_ANY_EXPIRED = SQL("SELECT 1 FROM events WHERE expiration IS NOT NULL AND expiration <= ? LIMIT 1",
+                      "SELECT 1 FROM events WHERE expiration IS NOT NULL AND expiration <= %s LIMIT 1")
 
 
 def any_expired(conn, now: int) -> bool:
@@ -821,11 +847,14 @@ def count_events(conn: Connection, origin: int, filters: list[Filter], scope: Re
     return conn.execute(sql, params).fetchone()[0]
 
 
-SQL_TOP_AUTHORS_SINCE = (
+SQL_TOP_AUTHORS_SINCE = SQL(
     "SELECT pubkey, count(*) AS n FROM events WHERE origin = ? AND created_at >= ? "
-    "GROUP BY pubkey ORDER BY n DESC, pubkey LIMIT ?"
+    "GROUP BY pubkey ORDER BY n DESC, pubkey LIMIT ?",
+    "SELECT pubkey, count(*) AS n FROM events WHERE origin = %s AND created_at >= %s "
+    "GROUP BY pubkey ORDER BY n DESC, pubkey LIMIT %s",
 )
-SQL_EVENT_COUNTS = "SELECT origin, count(*) FROM events GROUP BY origin"
+SQL_EVENT_COUNTS = SQL("SELECT origin, count(*) FROM events GROUP BY origin",
+                       "SELECT origin, count(*) FROM events GROUP BY origin")
 
 
 def top_authors(conn: Connection, origin: int, since: int, limit: int = 10) -> list[tuple[str, int]]:
@@ -839,8 +868,9 @@ def event_counts(conn: Connection) -> dict[int, int]:
 
 
 # Per origin, so each max is one step down the (origin, created_at) index.
-SQL_NEWEST_CREATED_AT = (
-    "SELECT max(m) FROM (SELECT (SELECT max(created_at) FROM events WHERE origin = o.id) AS m FROM origins o)"
+SQL_NEWEST_CREATED_AT = SQL(
+    "SELECT max(m) FROM (SELECT (SELECT max(created_at) FROM events WHERE origin = o.id) AS m FROM origins o)",
+    "SELECT max(m) FROM (SELECT (SELECT max(created_at) FROM events WHERE origin = o.id) AS m FROM origins o) AS _sub1",
 )
 
 
@@ -849,7 +879,8 @@ def newest_created_at(conn) -> int | None:
     return conn.execute(SQL_NEWEST_CREATED_AT).fetchone()[0]
 
 
-SQL_EVENT_RAW = "SELECT raw FROM events WHERE origin = ? AND id = ?"
+SQL_EVENT_RAW = SQL("SELECT raw FROM events WHERE origin = ? AND id = ?",
+                    "SELECT raw FROM events WHERE origin = %s AND id = %s")
 
 
 def event_raw(conn, origin: int, event_id: str) -> str | None:

@@ -9,31 +9,52 @@ import orjson
 
 from appliance.store import wakes
 from appliance.store.interface import Connection
+from appliance.store.statement import SQL
 
 # One pass over the author's unexpired active leases at other addresses (<= max_leases_per_pubkey rows):
 # (how many, how many hold the same (app_profile, transport, endpoint_hash)).
-SQL_OTHER_ACTIVE = (
+SQL_OTHER_ACTIVE = SQL(
     "SELECT count(*), coalesce(sum(app_profile = ? AND transport = ? AND endpoint_hash = ?), 0) FROM leases "
-    "WHERE origin = ? AND pubkey = ? AND active = 1 AND expiration > ? AND d != ?"
+    "WHERE origin = ? AND pubkey = ? AND active = 1 AND expiration > ? AND d != ?",
+    "SELECT count(*), coalesce(sum(app_profile = %s AND transport = %s AND endpoint_hash = %s), 0) FROM leases "
+    "WHERE origin = %s AND pubkey = %s AND active = 1 AND expiration > %s AND d != %s",
 )
 # Same shape as the store's address lookup (events_address index); at most one row per address.
-SQL_STORED_WINNER = "SELECT id, created_at FROM events WHERE origin = ? AND pubkey = ? AND kind = ? AND d = ?"
-SQL_WATERMARK = (
+SQL_STORED_WINNER = SQL("SELECT id, created_at FROM events WHERE origin = ? AND pubkey = ? AND kind = ? AND d = ?",
+                        "SELECT id, created_at FROM events WHERE origin = %s AND pubkey = %s AND kind = %s AND d = %s")
+SQL_WATERMARK = SQL(
     "SELECT generation, last_active_expiration, tombstone_accepted_at FROM lease_watermarks "
-    "WHERE origin = ? AND pubkey = ? AND d = ?"
+    "WHERE origin = ? AND pubkey = ? AND d = ?",
+    "SELECT generation, last_active_expiration, tombstone_accepted_at FROM lease_watermarks "
+    "WHERE origin = %s AND pubkey = %s AND d = %s",
 )
-SQL_UPSERT_LEASE = (
+SQL_UPSERT_LEASE = SQL(
     "INSERT OR REPLACE INTO leases (origin, pubkey, d, event_id, created_at, expiration, generation, active, "
     "app_profile, transport, endpoint, endpoint_hash, subscriptions, exec_key_id) "
-    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+    "INSERT INTO leases (origin, pubkey, d, event_id, created_at, expiration, generation, active, "
+    "app_profile, transport, endpoint, endpoint_hash, subscriptions, exec_key_id) "
+    "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT (origin, pubkey, d) DO UPDATE "
+    "SET event_id = EXCLUDED.event_id, created_at = EXCLUDED.created_at, expiration = EXCLUDED.expiration, "
+    "generation = EXCLUDED.generation, active = EXCLUDED.active, app_profile = EXCLUDED.app_profile, "
+    "transport = EXCLUDED.transport, endpoint = EXCLUDED.endpoint, endpoint_hash = EXCLUDED.endpoint_hash, "
+    "subscriptions = EXCLUDED.subscriptions, exec_key_id = EXCLUDED.exec_key_id, revoked_at = DEFAULT, "
+    "invalidated_at = DEFAULT",
 )
-SQL_UPSERT_WATERMARK = (
+SQL_UPSERT_WATERMARK = SQL(
     "INSERT OR REPLACE INTO lease_watermarks (origin, pubkey, d, generation, last_active_expiration, "
-    "tombstone_accepted_at, retain_until) VALUES (?, ?, ?, ?, ?, ?, ?)"
+    "tombstone_accepted_at, retain_until) VALUES (?, ?, ?, ?, ?, ?, ?)",
+    "INSERT INTO lease_watermarks (origin, pubkey, d, generation, last_active_expiration, "
+    "tombstone_accepted_at, retain_until) VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT (origin, pubkey, d) DO "
+    "UPDATE SET generation = EXCLUDED.generation, last_active_expiration = EXCLUDED.last_active_expiration, "
+    "tombstone_accepted_at = EXCLUDED.tombstone_accepted_at, retain_until = EXCLUDED.retain_until",
 )
-SQL_DELETE_SELECTORS = "DELETE FROM lease_selectors WHERE origin = ? AND pubkey = ? AND d = ?"
-SQL_INSERT_SELECTOR = (
-    "INSERT OR IGNORE INTO lease_selectors (origin, selector_type, value, pubkey, d) VALUES (?, ?, ?, ?, ?)"
+SQL_DELETE_SELECTORS = SQL("DELETE FROM lease_selectors WHERE origin = ? AND pubkey = ? AND d = ?",
+                           "DELETE FROM lease_selectors WHERE origin = %s AND pubkey = %s AND d = %s")
+SQL_INSERT_SELECTOR = SQL(
+    "INSERT OR IGNORE INTO lease_selectors (origin, selector_type, value, pubkey, d) VALUES (?, ?, ?, ?, ?)",
+    "INSERT INTO lease_selectors (origin, selector_type, value, pubkey, d) VALUES (%s, %s, %s, %s, %s) ON CONFLICT "
+    "DO NOTHING",
 )
 
 
@@ -77,32 +98,44 @@ def insert_selectors(conn: Connection, origin: int, pubkey: str, d: str, pairs) 
 def purge(conn: Connection, now: int) -> int:
     """Drop expired lease rows (and their index) and watermarks past their retention."""
     conn.execute(
-        "DELETE FROM lease_selectors WHERE EXISTS (SELECT 1 FROM leases l WHERE l.origin = lease_selectors.origin "
-        "AND l.pubkey = lease_selectors.pubkey AND l.d = lease_selectors.d AND l.expiration <= ?)", (now,)
+        SQL("DELETE FROM lease_selectors WHERE EXISTS (SELECT 1 FROM leases l WHERE l.origin = lease_selectors.origin "
+            "AND l.pubkey = lease_selectors.pubkey AND l.d = lease_selectors.d AND l.expiration <= ?)",
+            "DELETE FROM lease_selectors WHERE EXISTS (SELECT 1 FROM leases l WHERE l.origin = lease_selectors.origin "
+            "AND l.pubkey = lease_selectors.pubkey AND l.d = lease_selectors.d AND l.expiration <= %s)"), (now,)
     )
-    conn.execute("DELETE FROM leases WHERE expiration <= ?", (now,))
+    conn.execute(SQL("DELETE FROM leases WHERE expiration <= ?", "DELETE FROM leases WHERE expiration <= %s"), (now,))
     n = conn.changes()
-    conn.execute("DELETE FROM lease_watermarks WHERE retain_until <= ?", (now,))
+    conn.execute(SQL("DELETE FROM lease_watermarks WHERE retain_until <= ?",
+                     "DELETE FROM lease_watermarks WHERE retain_until <= %s"), (now,))
     return n + conn.changes()
 
 
 # One statement per event: the (selector type, value) pairs the event offers, looked up in the
 # lease_selectors primary key (json_each drives the loop: CROSS JOIN keeps that order), joined to
 # the effective lease row. Cost follows the number of candidates, not the number of leases.
-SQL_CANDIDATES = (
+SQL_CANDIDATES = SQL(
     "SELECT DISTINCT l.pubkey, l.d, l.event_id, l.generation, l.app_profile, l.transport, l.endpoint_hash, "
     "l.subscriptions, l.endpoint, l.expiration FROM json_each(?) j CROSS JOIN lease_selectors s ON s.origin = ? "
     "AND s.selector_type = j.value ->> 0 AND s.value = j.value ->> 1 "
     "JOIN leases l ON l.origin = s.origin AND l.pubkey = s.pubkey AND l.d = s.d "
-    "WHERE l.active = 1 AND l.expiration > ? AND l.invalidated_at IS NULL"
+    "WHERE l.active = 1 AND l.expiration > ? AND l.invalidated_at IS NULL",
+    "SELECT DISTINCT l.pubkey, l.d, l.event_id, l.generation, l.app_profile, l.transport, l.endpoint_hash, "
+    "l.subscriptions, l.endpoint, l.expiration FROM jsonb_array_elements(%s::jsonb) j JOIN lease_selectors s "
+    "ON s.origin = %s AND s.selector_type = j.value ->> 0 AND s.value = j.value ->> 1 "
+    "JOIN leases l ON l.origin = s.origin AND l.pubkey = s.pubkey AND l.d = s.d "
+    "WHERE l.active = 1 AND l.expiration > %s AND l.invalidated_at IS NULL",
 )
-SQL_EFFECTIVE = (
+SQL_EFFECTIVE = SQL(
     "SELECT generation, active, expiration, invalidated_at, app_profile, transport, endpoint, endpoint_hash "
-    "FROM leases WHERE origin = ? AND pubkey = ? AND d = ?"
+    "FROM leases WHERE origin = ? AND pubkey = ? AND d = ?",
+    "SELECT generation, active, expiration, invalidated_at, app_profile, transport, endpoint, endpoint_hash "
+    "FROM leases WHERE origin = %s AND pubkey = %s AND d = %s",
 )
-SQL_INVALIDATE = (
+SQL_INVALIDATE = SQL(
     "UPDATE leases SET invalidated_at = ? WHERE origin = ? AND pubkey = ? AND d = ? AND generation = ? "
-    "AND invalidated_at IS NULL"
+    "AND invalidated_at IS NULL",
+    "UPDATE leases SET invalidated_at = %s WHERE origin = %s AND pubkey = %s AND d = %s AND generation = %s "
+    "AND invalidated_at IS NULL",
 )
 
 
@@ -178,19 +211,25 @@ _STATE_SQL = {
     "revoked": "(revoked_at IS NOT NULL AND expiration > ?)",
     "endpoint-invalid": "(active = 1 AND invalidated_at IS NOT NULL AND expiration > ?)",
 }
-SQL_REVOKE = (
+SQL_REVOKE = SQL(
     "UPDATE leases SET active = 0, endpoint = NULL, endpoint_hash = NULL, subscriptions = '[]', revoked_at = ? "
-    "WHERE origin = ? AND pubkey = ? AND d = ? AND active = 1"
+    "WHERE origin = ? AND pubkey = ? AND d = ? AND active = 1",
+    "UPDATE leases SET active = 0, endpoint = NULL, endpoint_hash = NULL, subscriptions = '[]', revoked_at = %s "
+    "WHERE origin = %s AND pubkey = %s AND d = %s AND active = 1",
 )
-SQL_LEASES_PER_AUTHOR = (
+SQL_LEASES_PER_AUTHOR = SQL(
     "SELECT pubkey, count(*) AS n FROM leases WHERE origin = ? AND active = 1 AND expiration > ? "
-    "GROUP BY pubkey ORDER BY n DESC, pubkey LIMIT ?"
+    "GROUP BY pubkey ORDER BY n DESC, pubkey LIMIT ?",
+    "SELECT pubkey, count(*) AS n FROM leases WHERE origin = %s AND active = 1 AND expiration > %s "
+    "GROUP BY pubkey ORDER BY n DESC, pubkey LIMIT %s",
 )
 # Active: the effective leases that can wake a device now (the Leases page's "active" state):
 # not expired, not revoked, and their endpoint generation not invalidated by the provider.
-SQL_LEASE_TOTALS = (
+SQL_LEASE_TOTALS = SQL(
     "SELECT origin, sum(active = 1 AND invalidated_at IS NULL AND revoked_at IS NULL AND expiration > ?), "
-    "sum(active = 0 AND expiration > ?), count(*) FROM leases GROUP BY origin"
+    "sum(active = 0 AND expiration > ?), count(*) FROM leases GROUP BY origin",
+    "SELECT origin, sum(active = 1 AND invalidated_at IS NULL AND revoked_at IS NULL AND expiration > %s), "
+    "sum(active = 0 AND expiration > %s), count(*) FROM leases GROUP BY origin",
 )
 
 

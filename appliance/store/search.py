@@ -19,6 +19,7 @@ from typing import Callable
 
 from appliance.nostr.search import search_terms  # noqa: F401 - the words a search looks for
 from appliance.store.dialect import postgres_variant
+from appliance.store.statement import SQL
 
 # Events per write transaction of a rebuild.
 DEFAULT_CHUNK = 10_000
@@ -51,26 +52,30 @@ def register(sqlite_sql: str) -> str:
 
 # -- the kinds indexed, and rebuilding --------------------------------------------------------------
 
-SQL_KINDS = "SELECT kind FROM search_kinds ORDER BY kind"
-SQL_ADD_KIND = "INSERT INTO search_kinds (kind) VALUES (?) ON CONFLICT (kind) DO NOTHING"
-SQL_DROP_KIND = "DELETE FROM search_kinds WHERE kind = ?"
-SQL_CLEAR_KINDS = "DELETE FROM search_kinds"
-SQL_MAX_ROWID = "SELECT max(rowid) FROM events"
-SQL_CLEAR = postgres_variant("INSERT INTO events_fts (events_fts) VALUES ('delete-all')", "DELETE FROM events_search")
-SQL_INDEX_RANGE = postgres_variant(
+SQL_KINDS = SQL("SELECT kind FROM search_kinds ORDER BY kind", "SELECT kind FROM search_kinds ORDER BY kind")
+SQL_ADD_KIND = SQL("INSERT INTO search_kinds (kind) VALUES (?) ON CONFLICT (kind) DO NOTHING",
+                   "INSERT INTO search_kinds (kind) VALUES (%s) ON CONFLICT (kind) DO NOTHING")
+SQL_DROP_KIND = SQL("DELETE FROM search_kinds WHERE kind = ?", "DELETE FROM search_kinds WHERE kind = %s")
+SQL_CLEAR_KINDS = SQL("DELETE FROM search_kinds", "DELETE FROM search_kinds")
+SQL_MAX_ROWID = SQL("SELECT max(rowid) FROM events", "SELECT max(rowid) FROM events")
+SQL_CLEAR = SQL("INSERT INTO events_fts (events_fts) VALUES ('delete-all')", "DELETE FROM events_search")
+SQL_INDEX_RANGE = SQL(
     "INSERT INTO events_fts (rowid, content) SELECT rowid, raw ->> '$.content' FROM events "
     "WHERE rowid > ? AND rowid <= ? AND kind IN (SELECT value FROM json_each(?))",
     "INSERT INTO events_search (event, tsv) SELECT rowid, appliance_search_text(raw) FROM events "
-    "WHERE rowid > ? AND rowid <= ? AND kind IN (SELECT value::bigint FROM json_each(?)) "
-    "ON CONFLICT (event) DO NOTHING")
-SQL_UNINDEX_RANGE = postgres_variant(
+    "WHERE rowid > %s AND rowid <= %s AND kind IN (SELECT value::bigint FROM jsonb_array_elements(%s::jsonb)) "
+    "ON CONFLICT (event) DO NOTHING",
+)
+SQL_UNINDEX_RANGE = SQL(
     "DELETE FROM events_fts WHERE rowid IN (SELECT rowid FROM events "
     "WHERE rowid > ? AND rowid <= ? AND kind IN (SELECT value FROM json_each(?)))",
     "DELETE FROM events_search WHERE event IN (SELECT rowid FROM events "
-    "WHERE rowid > ? AND rowid <= ? AND kind IN (SELECT value::bigint FROM json_each(?)))")
-SQL_COUNT_KINDS = postgres_variant(
+    "WHERE rowid > %s AND rowid <= %s AND kind IN (SELECT value::bigint FROM jsonb_array_elements(%s::jsonb)))",
+)
+SQL_COUNT_KINDS = SQL(
     "SELECT count(*) FROM events WHERE kind IN (SELECT value FROM json_each(?))",
-    "SELECT count(*) FROM events WHERE kind IN (SELECT value::bigint FROM json_each(?))")
+    "SELECT count(*) FROM events WHERE kind IN (SELECT value::bigint FROM jsonb_array_elements(%s::jsonb))",
+)
 
 
 def indexed_kinds(conn) -> tuple[int, ...]:

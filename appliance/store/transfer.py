@@ -16,6 +16,7 @@ from appliance.nostr.filters import Filter
 from appliance.store.backend import value_errors
 from appliance.store.events import _in, delete_row
 from appliance.store.interface import Connection, is_sqlite
+from appliance.store.statement import SQL
 
 # Events per page of an export, and per write transaction of a delete.
 DEFAULT_PAGE = 5000
@@ -90,7 +91,7 @@ def export_pages(conn, origin: int, f: Filter, now: int, page: int = DEFAULT_PAG
         rows = conn.execute(rest, [origin, *params, created_at, created_at, eid, page]).fetchall()
 
 
-SQL_MAX_ROWID = "SELECT max(rowid) FROM events"
+SQL_MAX_ROWID = SQL("SELECT max(rowid) FROM events", "SELECT max(rowid) FROM events")
 
 
 def count_matching(conn, origin: int, f: Filter, now: int) -> int:
@@ -150,6 +151,11 @@ def widen_cache(conn) -> None:
         conn.execute(f"PRAGMA cache_size = -{IMPORT_CACHE_KIB}")
 
 
+SQL_SAVEPOINT = SQL("SAVEPOINT imported", "SAVEPOINT imported")
+SQL_UNDO = SQL("ROLLBACK TO imported", "ROLLBACK TO imported")
+SQL_RELEASE = SQL("RELEASE imported", "RELEASE imported")
+
+
 def store_imported(conn, items: list) -> list:
     """Store imported events (`events.PendingEvent`s, no hooks) in order, inside one write
     transaction, under the rules of a publish (NIP-01 replacement, NIP-09 deletion, NIP-40
@@ -165,26 +171,26 @@ def store_imported(conn, items: list) -> list:
         while j < len(items) and batchable(items[j].ev, None):
             j += 1
         if j - i > 1:
-            conn.execute("SAVEPOINT imported")
+            conn.execute(SQL_SAVEPOINT)
             try:
                 results[i:j] = store_events_batch(conn, items[i:j])
             except (AlreadyStored, Rejected, *_DB_ERRORS):
                 # (a value the batch statement cannot take, say): the run again one by one
-                conn.execute("ROLLBACK TO imported")
-                conn.execute("RELEASE imported")
+                conn.execute(SQL_UNDO)
+                conn.execute(SQL_RELEASE)
             else:
-                conn.execute("RELEASE imported")
+                conn.execute(SQL_RELEASE)
                 i = j
                 continue
         j = max(j, i + 1)
         for k in range(i, j):
-            conn.execute("SAVEPOINT imported")
+            conn.execute(SQL_SAVEPOINT)
             try:
                 results[k] = items[k](conn)
             except (AlreadyStored, Rejected) as exc:
-                conn.execute("ROLLBACK TO imported")
+                conn.execute(SQL_UNDO)
                 results[k] = exc
-            conn.execute("RELEASE imported")
+            conn.execute(SQL_RELEASE)
         i = j
     return results
 
