@@ -26,9 +26,9 @@ from typing import Any, Callable, NamedTuple
 
 import orjson
 
-from appliance.store.dialect import postgres_variant
 from appliance.store.interface import Connection, is_sqlite
 from appliance.store.meta import node_lock
+from appliance.store.statement import SQL
 
 __all__ = [
     "JOB_STATES",
@@ -64,36 +64,53 @@ FINISHED_STATES = ("delivered", "dead", "dropped", "invalidated", "cancelled")
 _JOB_COLUMNS = ("id, origin, app_profile, transport, endpoint_hash, event_id, lease_pubkey, lease_d, generation, "
                 "class, state, wake_id, created_at, due_at, expires_at, attempts, finished_at, last_error")
 
-SQL_INSERT_JOB = (
+SQL_INSERT_JOB = SQL(
     "INSERT INTO wake_jobs (id, origin, app_profile, transport, endpoint_hash, event_id, lease_pubkey, lease_d, "
     "generation, class, state, wake_id, created_at, due_at, expires_at) "
     "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
-    "ON CONFLICT (origin, app_profile, transport, endpoint_hash, event_id) DO NOTHING"
+    "ON CONFLICT (origin, app_profile, transport, endpoint_hash, event_id) DO NOTHING",
+    "INSERT INTO wake_jobs (id, origin, app_profile, transport, endpoint_hash, event_id, lease_pubkey, lease_d, "
+    "generation, class, state, wake_id, created_at, due_at, expires_at) "
+    "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) "
+    "ON CONFLICT (origin, app_profile, transport, endpoint_hash, event_id) DO NOTHING",
 )
 # The endpoint's row: when a wake last went to it, and its pending wake (a hint, see SQL_IS_PENDING).
-SQL_ENDPOINT = (
+SQL_ENDPOINT = SQL(
     "SELECT last_sent_at, pending_wake FROM wake_endpoints WHERE origin = ? AND app_profile = ? AND transport = ? "
-    "AND endpoint_hash = ?"
+    "AND endpoint_hash = ?",
+    "SELECT last_sent_at, pending_wake FROM wake_endpoints WHERE origin = %s AND app_profile = %s AND transport = %s "
+    "AND endpoint_hash = %s",
 )
-SQL_IS_PENDING = "SELECT 1 FROM wake_jobs WHERE id = ? AND state = 'pending'"
-SQL_NOTE_PENDING = (
+SQL_IS_PENDING = SQL("SELECT 1 FROM wake_jobs WHERE id = ? AND state = 'pending'",
+                     "SELECT 1 FROM wake_jobs WHERE id = %s AND state = 'pending'")
+SQL_NOTE_PENDING = SQL(
     "INSERT INTO wake_endpoints (origin, app_profile, transport, endpoint_hash, pending_wake) VALUES (?, ?, ?, ?, ?) "
-    "ON CONFLICT (origin, app_profile, transport, endpoint_hash) DO UPDATE SET pending_wake = excluded.pending_wake"
+    "ON CONFLICT (origin, app_profile, transport, endpoint_hash) DO UPDATE SET pending_wake = excluded.pending_wake",
+    "INSERT INTO wake_endpoints (origin, app_profile, transport, endpoint_hash, pending_wake) VALUES (%s, %s, %s, %s, "
+    "%s) "
+    "ON CONFLICT (origin, app_profile, transport, endpoint_hash) DO UPDATE SET pending_wake = excluded.pending_wake",
 )
 # A wake sent (claimed): noted for the rate cap; if it was the endpoint's pending wake, it no longer is.
-SQL_NOTE_SENT = (
+SQL_NOTE_SENT = SQL(
     "INSERT INTO wake_endpoints (origin, app_profile, transport, endpoint_hash, last_sent_at) VALUES (?, ?, ?, ?, ?) "
     "ON CONFLICT (origin, app_profile, transport, endpoint_hash) DO UPDATE SET last_sent_at = excluded.last_sent_at, "
-    "pending_wake = CASE WHEN pending_wake = ? THEN NULL ELSE pending_wake END"
+    "pending_wake = CASE WHEN pending_wake = ? THEN NULL ELSE pending_wake END",
+    "INSERT INTO wake_endpoints (origin, app_profile, transport, endpoint_hash, last_sent_at) VALUES (%s, %s, %s, %s, "
+    "%s) "
+    "ON CONFLICT (origin, app_profile, transport, endpoint_hash) DO UPDATE SET last_sent_at = excluded.last_sent_at, "
+    "pending_wake = CASE WHEN wake_endpoints.pending_wake = %s THEN NULL ELSE wake_endpoints.pending_wake END",
 )
 # Pending wakes that are due, and claims that lapsed (the process died while sending).
 # INDEXED BY: without statistics the planner would rather walk every pending job by state and
 # sort them; the partial index on due_at hands over the due ones in order.
-SQL_DUE = (
+SQL_DUE = SQL(
     f"SELECT {_JOB_COLUMNS} FROM wake_jobs INDEXED BY wake_jobs_due WHERE state IN ('pending', 'claimed') "
-    "AND due_at <= ? ORDER BY due_at LIMIT ?"
+    "AND due_at <= ? ORDER BY due_at LIMIT ?",
+    f"SELECT {_JOB_COLUMNS} FROM wake_jobs WHERE state IN ('pending', 'claimed') "
+    "AND due_at <= %s ORDER BY due_at LIMIT %s",
 )
-SQL_MEMBERS = f"SELECT {_JOB_COLUMNS} FROM wake_jobs WHERE wake_id = ? AND state = 'coalesced'"
+SQL_MEMBERS = SQL(f"SELECT {_JOB_COLUMNS} FROM wake_jobs WHERE wake_id = ? AND state = 'coalesced'",
+                  f"SELECT {_JOB_COLUMNS} FROM wake_jobs WHERE wake_id = %s AND state = 'coalesced'")
 # The same, with what the re-check before an attempt needs: the lease row at the job's address and
 # the stored event (one statement per claim batch instead of several per job).
 _CHECK_COLUMNS = (
@@ -103,93 +120,135 @@ _CHECK_COLUMNS = (
     "LEFT JOIN leases l ON l.origin = j.origin AND l.pubkey = j.lease_pubkey AND l.d = j.lease_d "
     "LEFT JOIN events e ON e.origin = j.origin AND e.id = j.event_id "
 )
-SQL_DUE_CHECKED = _CHECK_COLUMNS.format(indexed="INDEXED BY wake_jobs_due") + (
-    "WHERE j.state IN ('pending', 'claimed') AND j.due_at <= ? ORDER BY j.due_at LIMIT ?")
-# PostgreSQL, where several nodes claim from one table: each takes the due wakes no other node's
-# open claim holds, without waiting, and keeps them locked until its claim commits (a row another
-# node held meanwhile is re-checked against the WHERE by PostgreSQL once free, or skipped).
-SQL_DUE_CHECKED_PG = _CHECK_COLUMNS.format(indexed="") + (
-    "WHERE j.state IN ('pending', 'claimed') AND j.due_at <= ? ORDER BY j.due_at LIMIT ? "
-    "FOR UPDATE OF j SKIP LOCKED")
+SQL_DUE_CHECKED = SQL(
+    _CHECK_COLUMNS.format(indexed="INDEXED BY wake_jobs_due")
+    + "WHERE j.state IN ('pending', 'claimed') AND j.due_at <= ? ORDER BY j.due_at LIMIT ?",
+    # PostgreSQL, where several nodes claim from one table: each takes the due wakes no other node's
+    # open claim holds, without waiting, and keeps them locked until its claim commits (a row another
+    # node held meanwhile is re-checked against the WHERE by PostgreSQL once free, or skipped).
+    _CHECK_COLUMNS.format(indexed="")
+    + "WHERE j.state IN ('pending', 'claimed') AND j.due_at <= %s ORDER BY j.due_at LIMIT %s "
+    "FOR UPDATE OF j SKIP LOCKED",
+)
 # Several nodes over PostgreSQL: the decisions about one endpoint (coalesce into its pending
 # wake, or a new wake due under the rate cap; claim it and note the send) are serialized by a
 # transaction-scoped advisory lock on its key (meta.node_lock), taken before the first of them and
 # held to the commit. On SQLite the one writer serializes them already. (docs/scaling.md, "Wakes
 # across nodes", says why this lock rather than a row lock or a unique index.)
 # (Finished coalesced jobs stay until retention: look them up by wake, never by state.)
-SQL_MEMBERS_CHECKED = _CHECK_COLUMNS.format(indexed="INDEXED BY wake_jobs_wake") + (
-    "WHERE j.wake_id IN (SELECT value FROM json_each(?)) AND j.state = 'coalesced'"
+SQL_MEMBERS_CHECKED = SQL(
+    _CHECK_COLUMNS.format(indexed="INDEXED BY wake_jobs_wake")
+    + "WHERE j.wake_id IN (SELECT value FROM json_each(?)) AND j.state = 'coalesced'",
+    _CHECK_COLUMNS.format(indexed="")
+    + "WHERE j.wake_id IN (SELECT value FROM jsonb_array_elements_text(%s::jsonb)) AND j.state = 'coalesced'",
 )
-SQL_JOB_CHECKED = _CHECK_COLUMNS.format(indexed="") + "WHERE j.id = ?"
-SQL_CLAIM = "UPDATE wake_jobs SET state = 'claimed', due_at = ? WHERE id = ?"
+SQL_JOB_CHECKED = SQL(_CHECK_COLUMNS.format(indexed="") + "WHERE j.id = ?",
+                      _CHECK_COLUMNS.format(indexed="") + "WHERE j.id = %s")
+SQL_CLAIM = SQL("UPDATE wake_jobs SET state = 'claimed', due_at = ? WHERE id = ?",
+                "UPDATE wake_jobs SET state = 'claimed', due_at = %s WHERE id = %s")
 # A claim batch in a statement for the jobs and two per (origin, app profile, transport) among
 # them (one, nearly always), whatever its size (`claim_wakes`): the endpoints' rate state, existing
 # rows, then the rows of endpoints never noted before, each looked up by its primary key from a
 # list of endpoint hashes. A statement per wake cost the writer a round trip through the GIL each
 # (see store.events on batches); endpoint keys as JSON arrays cost it four JSON extractions a row.
-SQL_CLAIM_MANY = "UPDATE wake_jobs SET state = 'claimed', due_at = ? WHERE id IN (SELECT value FROM json_each(?))"
-SQL_NOTE_SENT_MANY = (
+SQL_CLAIM_MANY = SQL(
+    "UPDATE wake_jobs SET state = 'claimed', due_at = ? WHERE id IN (SELECT value FROM json_each(?))",
+    "UPDATE wake_jobs SET state = 'claimed', due_at = %s WHERE id IN (SELECT value "
+    "FROM jsonb_array_elements_text(%s::jsonb))",
+)
+SQL_NOTE_SENT_MANY = SQL(
     "UPDATE wake_endpoints SET last_sent_at = ?, "
     "pending_wake = CASE WHEN pending_wake IN (SELECT value FROM json_each(?)) THEN NULL ELSE pending_wake END "
-    "WHERE origin = ? AND app_profile = ? AND transport = ? AND endpoint_hash IN (SELECT value FROM json_each(?))"
+    "WHERE origin = ? AND app_profile = ? AND transport = ? AND endpoint_hash IN (SELECT value FROM json_each(?))",
+    "UPDATE wake_endpoints SET last_sent_at = %s, "
+    "pending_wake = CASE WHEN pending_wake IN (SELECT value FROM jsonb_array_elements_text(%s::jsonb)) THEN NULL "
+    "ELSE pending_wake END "
+    "WHERE origin = %s AND app_profile = %s AND transport = %s AND endpoint_hash IN (SELECT value "
+    "FROM jsonb_array_elements_text(%s::jsonb))",
 )
-SQL_NOTE_SENT_NEW = postgres_variant(
+SQL_NOTE_SENT_NEW = SQL(
     "INSERT INTO wake_endpoints (origin, app_profile, transport, endpoint_hash, last_sent_at) "
     "SELECT ?, ?, ?, value, ? FROM json_each(?) WHERE true "
     "ON CONFLICT (origin, app_profile, transport, endpoint_hash) DO NOTHING",
     "INSERT INTO wake_endpoints (origin, app_profile, transport, endpoint_hash, last_sent_at) "
-    "SELECT ?::bigint, ?::text, ?::text, value, ?::double precision FROM jsonb_array_elements_text(?::jsonb) "
+    "SELECT %s::bigint, %s::text, %s::text, value, %s::double precision FROM jsonb_array_elements_text(%s::jsonb) "
     "ON CONFLICT (origin, app_profile, transport, endpoint_hash) DO NOTHING",
 )
 # Claims given back by a stopping process: due again at once (an outcome recorded meanwhile wins).
-SQL_COUNT_ATTEMPT = "UPDATE wake_jobs SET attempts = attempts + 1 WHERE id = ?"
-SQL_SET_STATE = "UPDATE wake_jobs SET state = ?, finished_at = ?, last_error = ? WHERE id = ?"
+SQL_COUNT_ATTEMPT = SQL("UPDATE wake_jobs SET attempts = attempts + 1 WHERE id = ?",
+                        "UPDATE wake_jobs SET attempts = attempts + 1 WHERE id = %s")
+SQL_SET_STATE = SQL("UPDATE wake_jobs SET state = ?, finished_at = ?, last_error = ? WHERE id = ?",
+                    "UPDATE wake_jobs SET state = %s, finished_at = %s, last_error = %s WHERE id = %s")
 # An accepted attempt: counted and finished in one statement (`count_attempt` + `set_state`).
-SQL_DELIVERED = (
+SQL_DELIVERED = SQL(
     "UPDATE wake_jobs SET attempts = attempts + 1, state = 'delivered', finished_at = ?, last_error = NULL "
-    "WHERE id = ?"
+    "WHERE id = ?",
+    "UPDATE wake_jobs SET attempts = attempts + 1, state = 'delivered', finished_at = %s, last_error = NULL "
+    "WHERE id = %s",
 )
-SQL_FINISH_MEMBERS = (
-    "UPDATE wake_jobs SET finished_at = ? WHERE wake_id = ? AND state = 'coalesced' AND finished_at IS NULL"
+SQL_FINISH_MEMBERS = SQL(
+    "UPDATE wake_jobs SET finished_at = ? WHERE wake_id = ? AND state = 'coalesced' AND finished_at IS NULL",
+    "UPDATE wake_jobs SET finished_at = %s WHERE wake_id = %s AND state = 'coalesced' AND finished_at IS NULL",
 )
 # Accepted attempts, a statement per step for the whole run (`record_delivered`).
-SQL_DELIVERED_MANY = (
+SQL_DELIVERED_MANY = SQL(
     "UPDATE wake_jobs SET attempts = attempts + 1, state = 'delivered', finished_at = ?, last_error = NULL "
-    "WHERE id IN (SELECT value FROM json_each(?))"
+    "WHERE id IN (SELECT value FROM json_each(?))",
+    "UPDATE wake_jobs SET attempts = attempts + 1, state = 'delivered', finished_at = %s, last_error = NULL "
+    "WHERE id IN (SELECT value FROM jsonb_array_elements_text(%s::jsonb))",
 )
-SQL_FINISH_MEMBERS_MANY = (
+SQL_FINISH_MEMBERS_MANY = SQL(
     "UPDATE wake_jobs INDEXED BY wake_jobs_wake SET finished_at = ? WHERE wake_id IN (SELECT value FROM json_each(?)) "
-    "AND state = 'coalesced' AND finished_at IS NULL"
+    "AND state = 'coalesced' AND finished_at IS NULL",
+    "UPDATE wake_jobs SET finished_at = %s WHERE wake_id IN (SELECT value FROM jsonb_array_elements_text(%s::jsonb)) "
+    "AND state = 'coalesced' AND finished_at IS NULL",
 )
-SQL_RELEASE = (
+SQL_RELEASE = SQL(
     "UPDATE wake_jobs SET state = 'pending', due_at = ? WHERE id IN (SELECT value FROM json_each(?)) "
-    "AND state = 'claimed' RETURNING origin, app_profile, transport, endpoint_hash, id"
+    "AND state = 'claimed' RETURNING origin, app_profile, transport, endpoint_hash, id",
+    "UPDATE wake_jobs SET state = 'pending', due_at = %s WHERE id IN (SELECT value "
+    "FROM jsonb_array_elements_text(%s::jsonb)) "
+    "AND state = 'claimed' RETURNING origin, app_profile, transport, endpoint_hash, id",
 )
-SQL_EXTEND_CLAIMS = (
-    "UPDATE wake_jobs SET due_at = ? WHERE id IN (SELECT value FROM json_each(?)) AND state = 'claimed'"
+SQL_EXTEND_CLAIMS = SQL(
+    "UPDATE wake_jobs SET due_at = ? WHERE id IN (SELECT value FROM json_each(?)) AND state = 'claimed'",
+    "UPDATE wake_jobs SET due_at = %s WHERE id IN (SELECT value FROM jsonb_array_elements_text(%s::jsonb)) "
+    "AND state = 'claimed'",
 )
-SQL_RESCHEDULE = (
+SQL_RESCHEDULE = SQL(
     "UPDATE wake_jobs SET state = 'pending', due_at = ?, last_error = ? WHERE id = ? "
-    "RETURNING origin, app_profile, transport, endpoint_hash, id"
+    "RETURNING origin, app_profile, transport, endpoint_hash, id",
+    "UPDATE wake_jobs SET state = 'pending', due_at = %s, last_error = %s WHERE id = %s "
+    "RETURNING origin, app_profile, transport, endpoint_hash, id",
 )
-SQL_SHIFT_DUE = "UPDATE wake_jobs SET due_at = due_at - ? WHERE state IN ('pending', 'claimed') AND due_at > ?"
-SQL_CANCEL_LEASE = (
+SQL_SHIFT_DUE = SQL("UPDATE wake_jobs SET due_at = due_at - ? WHERE state IN ('pending', 'claimed') AND due_at > ?",
+                    "UPDATE wake_jobs SET due_at = due_at - %s WHERE state IN ('pending', 'claimed') AND due_at > %s")
+SQL_CANCEL_LEASE = SQL(
     "UPDATE wake_jobs INDEXED BY wake_jobs_lease SET state = 'cancelled', finished_at = ?, last_error = ? "
     "WHERE origin = ? AND lease_pubkey = ? AND lease_d = ? AND state IN ('pending', 'coalesced') "
-    "RETURNING id, due_at, wake_id IS NULL"
+    "RETURNING id, due_at, wake_id IS NULL",
+    "UPDATE wake_jobs SET state = 'cancelled', finished_at = %s, last_error = %s "
+    "WHERE origin = %s AND lease_pubkey = %s AND lease_d = %s AND state IN ('pending', 'coalesced') "
+    "RETURNING id, due_at, wake_id IS NULL",
 )
 # Jobs of other leases that had joined a cancelled wake (oldest first): they stay one wake.
-SQL_ORPHANS = (
+SQL_ORPHANS = SQL(
     "SELECT id, origin, app_profile, transport, endpoint_hash FROM wake_jobs WHERE wake_id = ? "
-    "AND state = 'coalesced' ORDER BY id"
+    "AND state = 'coalesced' ORDER BY id",
+    "SELECT id, origin, app_profile, transport, endpoint_hash FROM wake_jobs WHERE wake_id = %s "
+    "AND state = 'coalesced' ORDER BY id",
 )
-SQL_LEAD_ORPHANS = "UPDATE wake_jobs SET state = 'pending', wake_id = NULL, due_at = ? WHERE id = ?"
-SQL_MOVE_ORPHANS = "UPDATE wake_jobs SET wake_id = ? WHERE wake_id = ? AND state = 'coalesced'"
-SQL_LOG = (
+SQL_LEAD_ORPHANS = SQL("UPDATE wake_jobs SET state = 'pending', wake_id = NULL, due_at = ? WHERE id = ?",
+                       "UPDATE wake_jobs SET state = 'pending', wake_id = NULL, due_at = %s WHERE id = %s")
+SQL_MOVE_ORPHANS = SQL("UPDATE wake_jobs SET wake_id = ? WHERE wake_id = ? AND state = 'coalesced'",
+                       "UPDATE wake_jobs SET wake_id = %s WHERE wake_id = %s AND state = 'coalesced'")
+SQL_LOG = SQL(
     "INSERT INTO delivery_log (at, origin, lease, app_profile, transport, class, job_id, attempt, outcome, status, "
-    "reason, latency_ms, detail) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    "reason, latency_ms, detail) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+    "INSERT INTO delivery_log (at, origin, lease, app_profile, transport, class, job_id, attempt, outcome, status, "
+    "reason, latency_ms, detail) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
 )
-SQL_ALERT = (
+SQL_ALERT = SQL(
     "INSERT INTO push_alerts (origin, app_profile, reason, detail, status, first_at, last_at, count, cleared_at) "
     "VALUES (?, ?, ?, ?, ?, ?, ?, 1, NULL) "
     "ON CONFLICT (origin, app_profile, reason) DO UPDATE SET detail = excluded.detail, status = excluded.status, "
@@ -197,38 +256,65 @@ SQL_ALERT = (
     "first_at = CASE WHEN cleared_at IS NULL THEN first_at ELSE excluded.first_at END, cleared_at = NULL, "
     # dismissed by the operator: hidden for the rest of this episode, shown again once it came back
     "dismissed_at = CASE WHEN cleared_at IS NULL THEN dismissed_at ELSE NULL END "
-    "RETURNING count, first_at = last_at"
+    "RETURNING count, first_at = last_at",
+    "INSERT INTO push_alerts (origin, app_profile, reason, detail, status, first_at, last_at, count, cleared_at) "
+    "VALUES (%s, %s, %s, %s, %s, %s, %s, 1, NULL) "
+    "ON CONFLICT (origin, app_profile, reason) DO UPDATE SET detail = excluded.detail, status = excluded.status, "
+    "last_at = excluded.last_at, count = push_alerts.count + 1, "
+    "first_at = CASE WHEN push_alerts.cleared_at IS NULL THEN push_alerts.first_at ELSE excluded.first_at END, "
+    "cleared_at = NULL, "
+    "dismissed_at = CASE WHEN push_alerts.cleared_at IS NULL THEN push_alerts.dismissed_at ELSE NULL END "
+    "RETURNING count, first_at = last_at",
 )
-SQL_DISMISS_ALERT = (
+SQL_DISMISS_ALERT = SQL(
     "UPDATE push_alerts SET dismissed_at = ? WHERE origin = ? AND app_profile = ? AND reason = ? "
-    "AND cleared_at IS NULL AND dismissed_at IS NULL"
+    "AND cleared_at IS NULL AND dismissed_at IS NULL",
+    "UPDATE push_alerts SET dismissed_at = %s WHERE origin = %s AND app_profile = %s AND reason = %s "
+    "AND cleared_at IS NULL AND dismissed_at IS NULL",
 )
 # One attempt's outcome in its profile's health row: transient failures count up (anything else
 # the host answered resets them), `refused` is this attempt's, an accepted one notes when.
-SQL_HEALTH = (
+SQL_HEALTH = SQL(
     "INSERT INTO transport_health (origin, app_profile, failures, refused, last_at, last_outcome, last_detail, "
     "ok_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?) "
     "ON CONFLICT (origin, app_profile) DO UPDATE SET "
     "failures = CASE WHEN excluded.failures = 0 THEN 0 ELSE transport_health.failures + 1 END, "
     "refused = excluded.refused, last_at = excluded.last_at, last_outcome = excluded.last_outcome, "
     "last_detail = excluded.last_detail, ok_at = coalesce(excluded.ok_at, transport_health.ok_at) "
-    "RETURNING failures, refused"
+    "RETURNING failures, refused",
+    "INSERT INTO transport_health (origin, app_profile, failures, refused, last_at, last_outcome, last_detail, "
+    "ok_at) VALUES (%s, %s, %s, %s, %s, %s, %s, %s) "
+    "ON CONFLICT (origin, app_profile) DO UPDATE SET "
+    "failures = CASE WHEN excluded.failures = 0 THEN 0 ELSE transport_health.failures + 1 END, "
+    "refused = excluded.refused, last_at = excluded.last_at, last_outcome = excluded.last_outcome, "
+    "last_detail = excluded.last_detail, ok_at = coalesce(excluded.ok_at, transport_health.ok_at) "
+    "RETURNING failures, refused",
 )
-SQL_HEALTH_ROWS = (
-    "SELECT origin, app_profile, failures, refused, last_at, last_outcome, last_detail, ok_at FROM transport_health"
+SQL_HEALTH_ROWS = SQL(
+    "SELECT origin, app_profile, failures, refused, last_at, last_outcome, last_detail, ok_at FROM transport_health",
+    "SELECT origin, app_profile, failures, refused, last_at, last_outcome, last_detail, ok_at FROM transport_health",
 )
-SQL_CLEAR_ALERTS = "UPDATE push_alerts SET cleared_at = ? WHERE origin = ? AND app_profile = ? AND cleared_at IS NULL"
-SQL_PURGE_JOBS = "DELETE FROM wake_jobs WHERE finished_at IS NOT NULL AND finished_at < ?"
-SQL_PURGE_LOG = "DELETE FROM delivery_log WHERE at < ?"
-SQL_PURGE_ENDPOINTS = "DELETE FROM wake_endpoints WHERE last_sent_at < ?"
+SQL_CLEAR_ALERTS = SQL(
+    "UPDATE push_alerts SET cleared_at = ? WHERE origin = ? AND app_profile = ? AND cleared_at IS NULL",
+    "UPDATE push_alerts SET cleared_at = %s WHERE origin = %s AND app_profile = %s AND cleared_at IS NULL",
+)
+SQL_PURGE_JOBS = SQL("DELETE FROM wake_jobs WHERE finished_at IS NOT NULL AND finished_at < ?",
+                     "DELETE FROM wake_jobs WHERE finished_at IS NOT NULL AND finished_at < %s")
+SQL_PURGE_LOG = SQL("DELETE FROM delivery_log WHERE at < ?", "DELETE FROM delivery_log WHERE at < %s")
+SQL_PURGE_ENDPOINTS = SQL("DELETE FROM wake_endpoints WHERE last_sent_at < ?",
+                          "DELETE FROM wake_endpoints WHERE last_sent_at < %s")
 # Rows that only named a pending wake, once it is gone (never sent to: no rate state to keep).
 # This and SQL_PURGE_ENDPOINTS scan wake_endpoints (no index by last_sent_at: schema 13 says why).
-SQL_PURGE_HINTS = (
+SQL_PURGE_HINTS = SQL(
     "DELETE FROM wake_endpoints WHERE last_sent_at IS NULL "
-    "AND NOT EXISTS (SELECT 1 FROM wake_jobs WHERE id = pending_wake AND state = 'pending')"
+    "AND NOT EXISTS (SELECT 1 FROM wake_jobs WHERE id = pending_wake AND state = 'pending')",
+    "DELETE FROM wake_endpoints WHERE last_sent_at IS NULL "
+    "AND NOT EXISTS (SELECT 1 FROM wake_jobs WHERE id = pending_wake AND state = 'pending')",
 )
-SQL_PURGE_ALERTS = "DELETE FROM push_alerts WHERE cleared_at IS NOT NULL AND cleared_at < ?"
-SQL_NEXT_DUE = "SELECT min(due_at) FROM wake_jobs INDEXED BY wake_jobs_due WHERE state IN ('pending', 'claimed')"
+SQL_PURGE_ALERTS = SQL("DELETE FROM push_alerts WHERE cleared_at IS NOT NULL AND cleared_at < ?",
+                       "DELETE FROM push_alerts WHERE cleared_at IS NOT NULL AND cleared_at < %s")
+SQL_NEXT_DUE = SQL("SELECT min(due_at) FROM wake_jobs INDEXED BY wake_jobs_due WHERE state IN ('pending', 'claimed')",
+                   "SELECT min(due_at) FROM wake_jobs WHERE state IN ('pending', 'claimed')")
 
 
 class WakeJob(NamedTuple):
@@ -407,9 +493,9 @@ def _checked(row: tuple) -> tuple[WakeJob, tuple | None, str | None, int | None]
 def due_wakes_checked(conn: Connection, now: float, limit: int) -> list[tuple]:
     """`due_wakes`, each with its lease row (generation, active, expiration, invalidated_at,
     app_profile, transport, endpoint, endpoint_hash) and its event (raw, expiration)."""
+    due = [_checked(r) for r in conn.execute(SQL_DUE_CHECKED, (now, limit))]
     if is_sqlite(conn):
-        return [_checked(r) for r in conn.execute(SQL_DUE_CHECKED, (now, limit))]
-    due = [_checked(r) for r in conn.execute(SQL_DUE_CHECKED_PG, (now, limit))]
+        return due
     # Other nodes: wait for any transaction still deciding about these endpoints (a match joining
     # one of these wakes right now), so the members read next include what it committed.
     lock_endpoints(conn, [item[0].endpoint_key for item in due])
@@ -628,9 +714,11 @@ def job_counts(conn: Connection, origin: int | None = None) -> dict[str, int]:
     """How many jobs are in each state (every state listed, zeros included)."""
     counts = dict.fromkeys(JOB_STATES, 0)
     if origin is None:
-        rows = conn.execute("SELECT state, count(*) FROM wake_jobs GROUP BY state")
+        rows = conn.execute(SQL("SELECT state, count(*) FROM wake_jobs GROUP BY state",
+                                "SELECT state, count(*) FROM wake_jobs GROUP BY state"))
     else:
-        rows = conn.execute("SELECT state, count(*) FROM wake_jobs WHERE origin = ? GROUP BY state", (origin,))
+        rows = conn.execute(SQL("SELECT state, count(*) FROM wake_jobs WHERE origin = ? GROUP BY state",
+                                "SELECT state, count(*) FROM wake_jobs WHERE origin = %s GROUP BY state"), (origin,))
     counts.update(dict(rows))
     return counts
 
@@ -672,34 +760,48 @@ def alerts(conn: Connection, *, active_only: bool = True) -> list[dict[str, Any]
 
 # -- operator actions and views (the dashboard) -------------------------------------------------------
 
-SQL_DEAD_JOB = f"SELECT {_JOB_COLUMNS} FROM wake_jobs WHERE id = ? AND state = 'dead'"
-SQL_RETRY_DEAD = (
+SQL_DEAD_JOB = SQL(f"SELECT {_JOB_COLUMNS} FROM wake_jobs WHERE id = ? AND state = 'dead'",
+                   f"SELECT {_JOB_COLUMNS} FROM wake_jobs WHERE id = %s AND state = 'dead'")
+SQL_RETRY_DEAD = SQL(
     "UPDATE wake_jobs SET state = ?, wake_id = ?, due_at = ?, expires_at = ?, attempts = 0, finished_at = NULL, "
-    "last_error = NULL WHERE id = ? AND state = 'dead'"
+    "last_error = NULL WHERE id = ? AND state = 'dead'",
+    "UPDATE wake_jobs SET state = %s, wake_id = %s, due_at = %s, expires_at = %s, attempts = 0, finished_at = NULL, "
+    "last_error = NULL WHERE id = %s AND state = 'dead'",
 )
-SQL_DISCARD_DEAD = (
-    "UPDATE wake_jobs SET state = 'cancelled', finished_at = ?, last_error = ? WHERE id = ? AND state = 'dead'"
+SQL_DISCARD_DEAD = SQL(
+    "UPDATE wake_jobs SET state = 'cancelled', finished_at = ?, last_error = ? WHERE id = ? AND state = 'dead'",
+    "UPDATE wake_jobs SET state = 'cancelled', finished_at = %s, last_error = %s WHERE id = %s AND state = 'dead'",
 )
-SQL_QUEUE_SUMMARY = (
+SQL_QUEUE_SUMMARY = SQL(
     "SELECT coalesce(sum(state IN ('pending', 'claimed')), 0), "
     "coalesce(sum(state IN ('pending', 'claimed') AND attempts > 0), 0), coalesce(sum(state = 'dead'), 0) "
-    "FROM wake_jobs WHERE state IN ('pending', 'claimed', 'dead')"
+    "FROM wake_jobs WHERE state IN ('pending', 'claimed', 'dead')",
+    "SELECT coalesce(sum(state IN ('pending', 'claimed')), 0), "
+    "coalesce(sum(state IN ('pending', 'claimed') AND attempts > 0), 0), coalesce(sum(state = 'dead'), 0) "
+    "FROM wake_jobs WHERE state IN ('pending', 'claimed', 'dead')",
 )
-SQL_OUTCOME_COUNTS = "SELECT outcome, count(*) FROM delivery_log WHERE at >= ? GROUP BY outcome"
-SQL_OUTCOME_COUNTS_ORIGIN = "SELECT outcome, count(*) FROM delivery_log WHERE at >= ? AND origin = ? GROUP BY outcome"
+SQL_OUTCOME_COUNTS = SQL("SELECT outcome, count(*) FROM delivery_log WHERE at >= ? GROUP BY outcome",
+                         "SELECT outcome, count(*) FROM delivery_log WHERE at >= %s GROUP BY outcome")
+SQL_OUTCOME_COUNTS_ORIGIN = SQL(
+    "SELECT outcome, count(*) FROM delivery_log WHERE at >= ? AND origin = ? GROUP BY outcome",
+    "SELECT outcome, count(*) FROM delivery_log WHERE at >= %s AND origin = %s GROUP BY outcome",
+)
 # Per-minute attempts, mean and slowest latency (delivery_log_at index range).
-SQL_LATENCY_MINUTES = postgres_variant(
+SQL_LATENCY_MINUTES = SQL(
     "SELECT CAST(at / 60 AS INTEGER) * 60, count(*), avg(latency_ms), max(latency_ms) FROM delivery_log "
     "WHERE at >= ? AND latency_ms IS NOT NULL GROUP BY 1 ORDER BY 1",
     # PostgreSQL rounds a cast to an integer; SQLite truncates
     "SELECT CAST(floor(at / 60) AS BIGINT) * 60, count(*), avg(latency_ms), max(latency_ms) FROM delivery_log "
-    "WHERE at >= ? AND latency_ms IS NOT NULL GROUP BY 1 ORDER BY 1",
+    "WHERE at >= %s AND latency_ms IS NOT NULL GROUP BY 1 ORDER BY 1",
 )
 # The latest attempt of each (origin, app profile): how its transport last answered.
-SQL_LAST_OUTCOMES = (
+SQL_LAST_OUTCOMES = SQL(
     "SELECT d.origin, d.app_profile, d.transport, d.outcome, d.status, d.reason, d.at FROM delivery_log d "
     "JOIN (SELECT origin, app_profile, max(id) AS id FROM delivery_log WHERE at >= ? GROUP BY origin, app_profile) m "
-    "ON d.id = m.id"
+    "ON d.id = m.id",
+    "SELECT d.origin, d.app_profile, d.transport, d.outcome, d.status, d.reason, d.at FROM delivery_log d "
+    "JOIN (SELECT origin, app_profile, max(id) AS id FROM delivery_log WHERE at >= %s GROUP BY origin, app_profile) m "
+    "ON d.id = m.id",
 )
 
 
@@ -747,7 +849,9 @@ def last_outcomes(conn: Connection, since: float) -> list[dict[str, Any]]:
     return [dict(zip(keys, r)) for r in conn.execute(SQL_LAST_OUTCOMES, (since,))]
 
 
-SQL_JOBS_BY_ID = f"SELECT {_JOB_COLUMNS} FROM wake_jobs WHERE id IN (SELECT value FROM json_each(?))"
+SQL_JOBS_BY_ID = SQL(f"SELECT {_JOB_COLUMNS} FROM wake_jobs WHERE id IN (SELECT value FROM json_each(?))",
+                     f"SELECT {_JOB_COLUMNS} FROM wake_jobs WHERE id IN "
+                     "(SELECT value FROM jsonb_array_elements_text(%s::jsonb))")
 
 
 def jobs_by_id(conn: Connection, ids) -> dict[str, WakeJob]:
