@@ -1,7 +1,8 @@
 """Event storage rules in SQL: NIP-01 replacement, NIP-09 deletion, NIP-40 expiry, filter queries.
 
 Every function takes a store connection (store.interface); writes run inside the writer's transaction, reads on a
-reader connection. SQL text lives in module constants; values are always bound, never formatted.
+reader connection. SQL text lives in module constants, but a filter's statements, which the builders
+below write in the connection's dialect (statement.Dialect); values are always bound, never formatted.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from appliance.nostr.event import Event, is_addressable, is_event_id, is_replace
 from appliance.nostr.filters import Filter
 from appliance.store import search
 from appliance.store.interface import Connection
-from appliance.store.statement import SQL
+from appliance.store.statement import POSTGRES, SQL, SQLITE, Dialect, dialect_of
 
 # NIP-PL, Lease and Key Lifecycle: "relays MUST ignore deletion requests targeting this kind".
 UNDELETABLE_KINDS = frozenset({30350})
@@ -429,15 +430,15 @@ def purge_expired(conn: Connection, now: int, batch: int = 1000) -> int:
 _TAG_PREFERENCE = ("e", "p", "a", "h", "d", "t")
 
 
-def _in(column: str, values: Iterable, params: list) -> str:
+def _in(d: Dialect, column: str, values: Iterable, params: list) -> str:
     values = list(values)
     params.extend(values)
     if len(values) == 1:
-        return f"{column} = ?"
-    return f"{column} IN ({','.join('?' * len(values))})"
+        return f"{column} = {d.mark}"
+    return f"{column} IN ({d.marks(len(values))})"
 
 
-def _scope_sql(scope: ReadScope, now: int, params: list, *, kinds: frozenset[int] | None = None,
+def _scope_sql(d: Dialect, scope: ReadScope, now: int, params: list, *, kinds: frozenset[int] | None = None,
                kind_col: str = "e.kind", rowid_col: str = "e.rowid", row_read: bool = False,
                expired: bool = True) -> tuple[str, bool]:
     """The read-authorization rule as SQL (mirrors relay.authz.can_read), and whether it needs
@@ -449,14 +450,15 @@ def _scope_sql(scope: ReadScope, now: int, params: list, *, kinds: frozenset[int
     if row_read:
         # Expired events not purged yet: the row at hand says so, with no list of them built for
         # the statement (cheaper than the list below: docs/performance.md#expiry-in-a-read).
-        clauses = ["(e.expiration IS NULL OR e.expiration > ?)"]
+        clauses = [_FIXED[d.backend]["live"]]
         params.append(now)
     elif expired:
         # Expired events not purged yet, found through the partial index on expiration (a handful
         # at any time): the check needs no event row, so index-only scans (COUNT by kind) stay
         # index-only. It costs every row scanned a probe (docs/performance.md#expiry-in-a-read):
         # left out when there are none.
-        clauses = [f"{rowid_col} NOT IN (SELECT rowid FROM events WHERE expiration IS NOT NULL AND expiration <= ?)"]
+        clauses = [f"{rowid_col} NOT IN (SELECT rowid FROM events WHERE expiration IS NOT NULL AND "
+                   f"expiration <= {d.mark})"]
         params.append(now)
     else:
         clauses = []
@@ -474,17 +476,18 @@ def _scope_sql(scope: ReadScope, now: int, params: list, *, kinds: frozenset[int
     else:
         if gated:
             clauses.append(
-                f"({kind_col} NOT IN (" + ",".join(str(k) for k in gated) + ") OR e.pubkey = ? OR EXISTS "
-                f"(SELECT 1 FROM tags g WHERE g.event = {rowid_col} AND g.name = 'p' AND g.value = ?))"
+                f"({kind_col} NOT IN (" + ",".join(str(k) for k in gated) + f") OR e.pubkey = {d.mark} OR EXISTS "
+                f"(SELECT 1 FROM tags g WHERE g.event = {rowid_col} AND g.name = 'p' AND g.value = {d.mark}))"
             )
             params.extend([scope.reader, scope.reader])
             needs_row = True
         if author_only:
-            clauses.append(f"({kind_col} NOT IN (" + ",".join(str(k) for k in author_only) + ") OR e.pubkey = ?)")
+            clauses.append(f"({kind_col} NOT IN (" + ",".join(str(k) for k in author_only) +
+                           f") OR e.pubkey = {d.mark})")
             params.append(scope.reader)
             needs_row = True
     if scope.hidden_groups:
-        clauses.append("(e.grp IS NULL OR e.grp NOT IN (SELECT value FROM json_each(?)))")
+        clauses.append(f"(e.grp IS NULL OR e.grp NOT IN {d.json_values})")
         params.append(orjson.dumps(sorted(scope.hidden_groups)).decode())
         needs_row = True
     return " AND ".join(clauses) or "TRUE", needs_row
@@ -500,35 +503,28 @@ def any_expired(conn, now: int) -> bool:
     return conn.execute(SQL_ANY_EXPIRED, (now,)).fetchone() is not None
 
 
-def build_query(origin: int, f: Filter, scope: ReadScope | None, now: int, limit: int, *, count: bool = False,
-                rowids: bool = False, condition: bool = False, raw_bytes: bool = False,
+def build_query(d: Dialect, origin: int, f: Filter, scope: ReadScope | None, now: int, limit: int, *,
+                count: bool = False, rowids: bool = False, condition: bool = False, raw_bytes: bool = False,
                 at_second: int | None = None, expired: bool = True, records: bool = False, ranked: bool = False):
-    """SQL and bindings for one filter: pick the most selective index to drive the scan.
+    """SQL and bindings for one filter, in `d`'s text: pick the most selective index to drive the scan.
     `expired`: as for `_scope_sql`. `records`: (created_at, id) rows, see `negentropy_rows`.
     A filter with `search` is driven by the search index (store/search.py); `ranked`: its answer,
-    most relevant first (see `_search_answer`)."""
-    if f.search is not None:
-        sql, params = _build_query(origin, f, scope, now, limit, count=count, rowids=rowids, condition=condition,
-                                   raw_bytes=raw_bytes, expired=expired, records=records, ranked=ranked)
-        return (sql if sql is None else search.register(sql)), params
-    return _build_query(origin, f, scope, now, limit, count=count, rowids=rowids, condition=condition,
-                        raw_bytes=raw_bytes, at_second=at_second, expired=expired, records=records)
-
-
-def _build_query(origin: int, f: Filter, scope: ReadScope | None, now: int, limit: int, *, count: bool = False,
-                 rowids: bool = False, condition: bool = False, raw_bytes: bool = False,
-                 at_second: int | None = None, expired: bool = True, records: bool = False, ranked: bool = False):
+    most relevant first (see `_search_answer`). `condition`: the filter as a condition on `events e`
+    past its origin, a fragment of a statement (None: it drives from tags or searches)."""
     params: list = []
     where: list[str] = []
     tag_items = sorted(f.tags.items(), key=lambda kv: (_TAG_PREFERENCE.index(kv[0])
                                                        if kv[0] in _TAG_PREFERENCE else 99, kv[0]))
     drive_tag = None
     searching = f.search is not None
+    mark = d.mark
     if searching:
         if condition:
             return None, None
-        # The search's value is the first binding (PostgreSQL's text binds it in FROM: search.register).
-        where.append(search.CONDITION)
+        # The search's value is the first binding (PostgreSQL's text binds it in FROM).
+        found = search.search_text(d)
+        if found.condition is not None:
+            where.append(found.condition)
         params.append(search.fts_query(search.search_terms(f.search)))
     elif f.ids is None and tag_items and (f.authors is None or tag_items[0][0] in ("e", "p")):
         drive_tag, tag_items = tag_items[0], tag_items[1:]
@@ -539,36 +535,36 @@ def _build_query(origin: int, f: Filter, scope: ReadScope | None, now: int, limi
     if drive_tag is not None:
         name, values = drive_tag
         params.extend([origin, name])
-        where.append("t.origin = ? AND t.name = ?")
-        where.append(_in("t.value", sorted(values), params))
+        where.append(_FIXED[d.backend]["tag"])
+        where.append(_in(d, "t.value", sorted(values), params))
         time_col, kind_col, rowid_col = "t.created_at", "t.kind", "t.event"
     else:
-        where.append("e.origin = ?")
+        where.append(_FIXED[d.backend]["origin"])
         params.append(origin)
         time_col, kind_col, rowid_col = "e.created_at", "e.kind", "e.rowid"
     if f.ids is not None:
-        where.append(_in("e.id", sorted(f.ids), params))
+        where.append(_in(d, "e.id", sorted(f.ids), params))
     if f.authors is not None:
-        where.append(_in("e.pubkey", sorted(f.authors), params))
+        where.append(_in(d, "e.pubkey", sorted(f.authors), params))
     if f.kinds is not None:
-        where.append(_in(kind_col, sorted(f.kinds), params))
+        where.append(_in(d, kind_col, sorted(f.kinds), params))
     if f.since is not None:
-        where.append(f"{time_col} >= ?")
+        where.append(f"{time_col} >= {mark}")
         params.append(f.since)
     if f.until is not None:
-        where.append(f"{time_col} <= ?")
+        where.append(f"{time_col} <= {mark}")
         params.append(f.until)
     for name, values in tag_items:
         sub_params: list = [name]
-        cond = _in("x.value", sorted(values), sub_params)
-        where.append(f"EXISTS (SELECT 1 FROM tags x WHERE x.event = {rowid_col} AND x.name = ? AND {cond})")
+        cond = _in(d, "x.value", sorted(values), sub_params)
+        where.append(f"EXISTS (SELECT 1 FROM tags x WHERE x.event = {rowid_col} AND x.name = {mark} AND {cond})")
         params.extend(sub_params)
     if condition:  # the filter as a condition on `events e` past its origin (None: it drives from tags)
         if drive_tag is not None:
             return None, None
         return " AND ".join(where[1:]) or "TRUE", params[1:]
     if scope is not None:
-        scope_sql, scope_needs_row = _scope_sql(scope, now, params, kinds=f.kinds, kind_col=kind_col,
+        scope_sql, scope_needs_row = _scope_sql(d, scope, now, params, kinds=f.kinds, kind_col=kind_col,
                                                 rowid_col=rowid_col, row_read=not (count or rowids),
                                                 expired=expired)
         where.append(scope_sql)
@@ -579,46 +575,66 @@ def _build_query(origin: int, f: Filter, scope: ReadScope | None, now: int, limi
     # and scans every event of the origin in it (events_time for `ids`, events_id for the tie
     # reads below; docs/performance.md#the-driving-index-named).
     if searching:
-        source = search.SOURCE
+        source = found.source
     elif drive_tag is None:
-        source = f"events e INDEXED BY {_events_index(f)}"
+        source = _SOURCES[d.backend][_events_index(f)]
     elif (count or rowids) and not needs_row:
-        source = "tags t INDEXED BY tags_lookup"  # an index-only scan: nothing here needs the event row
+        source = _SOURCES[d.backend]["tags"]  # an index-only scan: nothing here needs the event row
     else:
-        source = "tags t INDEXED BY tags_lookup JOIN events e ON e.rowid = t.event"
+        source = _SOURCES[d.backend]["tags+events"]
     # Driving from the tag index, an event carrying several of the wanted values appears once per
     # value: count distinct rows, and over-fetch so deduplication cannot starve the limit.
     fanout = len(drive_tag[1]) if drive_tag is not None else 1
-    if rowids:  # the matching rows, for a COUNT over several filters
+    if rowids:  # the matching rows, for a COUNT over several filters (a fragment: no d.text)
         return f"SELECT {rowid_col} FROM {source} WHERE {clause}", params
     if count:
         what = f"count(DISTINCT {rowid_col})" if fanout > 1 else "count(*)"
-        return f"SELECT {what} FROM {source} WHERE {clause}", params
+        return d.text(f"SELECT {what} FROM {source} WHERE {clause}"), params
     if records:  # oldest first; with a filter limit, its newest `limit` (lowest id first within a second)
         distinct = "DISTINCT " if fanout > 1 else ""
         params.append(limit)
         if f.limit is not None:
-            return (f"SELECT created_at, id FROM (SELECT {distinct}{time_col} AS created_at, e.id AS id "
-                    f"FROM {source} WHERE {clause} ORDER BY {time_col} DESC, e.id LIMIT ?) AS r ORDER BY created_at",
-                    params)
-        return f"SELECT {distinct}{time_col}, e.id FROM {source} WHERE {clause} ORDER BY {time_col} LIMIT ?", params
-    raw = "CAST(e.raw AS BLOB)" if raw_bytes else "e.raw"  # bytes: no UTF-8 decoding, ready to send
+            return d.text(f"SELECT created_at, id FROM (SELECT {distinct}{time_col} AS created_at, e.id AS id "
+                          f"FROM {source} WHERE {clause} ORDER BY {time_col} DESC, e.id LIMIT {mark}) AS r "
+                          "ORDER BY created_at"), params
+        return d.text(f"SELECT {distinct}{time_col}, e.id FROM {source} WHERE {clause} ORDER BY {time_col} "
+                      f"LIMIT {mark}"), params
+    raw = _FIXED[d.backend]["raw bytes"] if raw_bytes else "e.raw"  # bytes: no UTF-8 decoding, ready to send
     if ranked:  # NIP-50: most relevant first, then newest, then lowest id
         params.append(limit)
-        return (f"SELECT e.created_at, e.id, {raw} FROM {source} WHERE {clause} "
-                f"ORDER BY {search.RANK}, e.created_at DESC, e.id LIMIT ?", params)
+        return d.text(f"SELECT e.created_at, e.id, {raw} FROM {source} WHERE {clause} "
+                      f"ORDER BY {found.rank}, e.created_at DESC, e.id LIMIT {mark}"), params
     if at_second is not None:  # every event of one second, lowest id first (see _filter_answer)
         params.append(at_second)
         params.append(limit * fanout)
-        return (f"SELECT e.created_at, e.id, {raw} FROM {source} WHERE {clause} AND {time_col} = ? "
-                f"ORDER BY e.id LIMIT ?", params)
+        return d.text(f"SELECT e.created_at, e.id, {raw} FROM {source} WHERE {clause} AND {time_col} = {mark} "
+                      f"ORDER BY e.id LIMIT {mark}"), params
     # Newest first, one row more than the answer needs (it tells whether the last second is
     # complete); the order within a second is settled by the caller (_filter_answer).
     params.append(limit * fanout)
-    return (
-        f"SELECT e.created_at, e.id, {raw} FROM {source} WHERE {clause} ORDER BY {time_col} DESC LIMIT ? + 1",
-        params,
-    )
+    return d.text(
+        f"SELECT e.created_at, e.id, {raw} FROM {source} WHERE {clause} ORDER BY {time_col} DESC LIMIT {mark} + 1"
+    ), params
+
+
+# The fixed parts of a filter's statement, per backend (written once, not per REQ).
+_FIXED = {
+    d.backend: {
+        "tag": f"t.origin = {d.mark} AND t.name = {d.mark}",
+        "origin": f"e.origin = {d.mark}",
+        "live": f"(e.expiration IS NULL OR e.expiration > {d.mark})",
+        "raw bytes": d.blob("e.raw"),
+    } for d in (SQLITE, POSTGRES)
+}
+# What drives a filter's scan (see _build_query), per backend.
+_SOURCES = {
+    d.backend: {
+        **{index: "events e" + d.indexed_by(index) for index in ("events_id", "events_author", "events_kind",
+                                                                  "events_time")},
+        "tags": "tags t" + d.indexed_by("tags_lookup"),
+        "tags+events": "tags t" + d.indexed_by("tags_lookup") + " JOIN events e ON e.rowid = t.event",
+    } for d in (SQLITE, POSTGRES)
+}
 
 
 def _events_index(f: Filter) -> str:
@@ -698,7 +714,7 @@ def _search_answer(conn: Connection, origin: int, f: Filter, scope: ReadScope, n
                    share: int | None, raw_bytes: bool) -> list[tuple]:
     """A search filter's answer (NIP-50): (created_at, id, raw), the most relevant first, then the
     newest, then the lowest id; at most `limit` events and, past the first, `share` bytes."""
-    sql, params = build_query(origin, f, scope, now, limit, raw_bytes=raw_bytes, ranked=True)
+    sql, params = build_query(dialect_of(conn), origin, f, scope, now, limit, raw_bytes=raw_bytes, ranked=True)
     rows = conn.execute(sql, params).fetchall()
     if share is None:
         return rows
@@ -722,7 +738,8 @@ def _filter_answer(conn: Connection, origin: int, f: Filter, scope: ReadScope, n
     50-event query). Rows are read a whole second at a time, so the last second's events are all
     seen before the lowest ids are kept; if the statement's LIMIT cut that second short, its
     events are read again by id."""
-    sql, params = build_query(origin, f, scope, now, limit, raw_bytes=raw_bytes)
+    d = dialect_of(conn)
+    sql, params = build_query(d, origin, f, scope, now, limit, raw_bytes=raw_bytes)
     n = params[-1]  # the LIMIT: limit x the driving tag's values (one event can match each)
     fetched = conn.execute(sql, params)
     if n == limit:  # a row per event: at most limit + 1 rows, all read at once
@@ -756,7 +773,7 @@ def _filter_answer(conn: Connection, origin: int, f: Filter, scope: ReadScope, n
             size += len(row[2])
     else:
         if rows > n:  # the LIMIT (one row past n) cut the last second short: read it all by id
-            tail_sql, tail_params = build_query(origin, f, scope, now, limit, raw_bytes=raw_bytes,
+            tail_sql, tail_params = build_query(d, origin, f, scope, now, limit, raw_bytes=raw_bytes,
                                                 at_second=current)
             del got[group_start:]
             last = None
@@ -805,7 +822,7 @@ def negentropy_rows(conn: Connection, origin: int, f: Filter, scope: ReadScope, 
     if _matches_nothing(f) or f.search is not None or f.limit == 0:
         return ()
     limit = cap if f.limit is None else min(f.limit, cap)
-    sql, params = build_query(origin, f, scope, now, limit, records=True)
+    sql, params = build_query(dialect_of(conn), origin, f, scope, now, limit, records=True)
     return conn.execute(sql, params)
 
 
@@ -816,8 +833,9 @@ def count_events(conn: Connection, origin: int, filters: list[Filter], scope: Re
     if not live:
         return 0
     expired = any_expired(conn, now)
+    d = dialect_of(conn)
     if len(live) == 1:
-        sql, params = build_query(origin, live[0], scope, now, 0, count=True, expired=expired)
+        sql, params = build_query(d, origin, live[0], scope, now, 0, count=True, expired=expired)
         return conn.execute(sql, params).fetchone()[0]
     # Broad filters (kinds, times, secondary tags; no ids, authors or driving tag): one pass over
     # the origin's events with all of them OR-ed, each event counted once. Selective filters: the
@@ -826,24 +844,23 @@ def count_events(conn: Connection, origin: int, filters: list[Filter], scope: Re
     for f in live:
         if f.ids is not None or f.authors is not None:
             break
-        cond, cond_params = build_query(origin, f, None, now, 0, condition=True)
+        cond, cond_params = build_query(d, origin, f, None, now, 0, condition=True)
         if cond is None:
             break
         conditions.append(f"({cond})")
         params += cond_params
     else:
         scope_params: list = []
-        scope_sql, _needs_row = _scope_sql(scope, now, scope_params, expired=expired)
-        sql = f"SELECT count(*) FROM events e WHERE e.origin = ? AND ({' OR '.join(conditions)}) AND {scope_sql}"
+        scope_sql, _needs_row = _scope_sql(d, scope, now, scope_params, expired=expired)
+        sql = d.text(f"SELECT count(*) FROM events e WHERE e.origin = {d.mark} AND ({' OR '.join(conditions)}) "
+                     f"AND {scope_sql}")
         return conn.execute(sql, [origin, *params, *scope_params]).fetchone()[0]
     parts, params = [], []
     for f in live:
-        part, part_params = build_query(origin, f, scope, now, 0, rowids=True, expired=expired)
+        part, part_params = build_query(d, origin, f, scope, now, 0, rowids=True, expired=expired)
         parts.append(part)
         params += part_params
-    sql = f"SELECT count(*) FROM ({' UNION '.join(parts)})"
-    if any(f.search is not None for f in live):  # its searches' PostgreSQL text (search.register)
-        sql = search.register(sql)
+    sql = d.text(f"SELECT count(*) FROM ({' UNION '.join(parts)}) AS u")
     return conn.execute(sql, params).fetchone()[0]
 
 

@@ -15,18 +15,29 @@ import hashlib
 import hmac
 from typing import Iterable, Iterator
 
+from appliance.store.statement import SQL
+
 FINGERPRINT_HEX = 10  # 40 bits
 KEY_PURPOSE = "admin-fingerprint"
 
 # Pubkeys seen at one origin, and at all of them (each column of each table is indexed by origin first).
 SQL_SEEN = (
-    "SELECT DISTINCT pubkey FROM events WHERE origin = ?",
-    "SELECT DISTINCT pubkey FROM leases WHERE origin = ?",
-    "SELECT DISTINCT value FROM lease_selectors WHERE origin = ? AND selector_type = 'authors'",
-    "SELECT DISTINCT pubkey FROM group_members WHERE origin = ?",
+    SQL("SELECT DISTINCT pubkey FROM events WHERE origin = ?",
+        "SELECT DISTINCT pubkey FROM events WHERE origin = %s"),
+    SQL("SELECT DISTINCT pubkey FROM leases WHERE origin = ?",
+        "SELECT DISTINCT pubkey FROM leases WHERE origin = %s"),
+    SQL("SELECT DISTINCT value FROM lease_selectors WHERE origin = ? AND selector_type = 'authors'",
+        "SELECT DISTINCT value FROM lease_selectors WHERE origin = %s AND selector_type = 'authors'"),
+    SQL("SELECT DISTINCT pubkey FROM group_members WHERE origin = ?",
+        "SELECT DISTINCT pubkey FROM group_members WHERE origin = %s"),
 )
-SQL_SEEN_ALL = tuple(sql.replace(" WHERE origin = ? AND", " WHERE").replace(" WHERE origin = ?", "")
-                     for sql in SQL_SEEN)
+SQL_SEEN_ALL = (
+    SQL("SELECT DISTINCT pubkey FROM events", "SELECT DISTINCT pubkey FROM events"),
+    SQL("SELECT DISTINCT pubkey FROM leases", "SELECT DISTINCT pubkey FROM leases"),
+    SQL("SELECT DISTINCT value FROM lease_selectors WHERE selector_type = 'authors'",
+        "SELECT DISTINCT value FROM lease_selectors WHERE selector_type = 'authors'"),
+    SQL("SELECT DISTINCT pubkey FROM group_members", "SELECT DISTINCT pubkey FROM group_members"),
+)
 
 
 def fingerprint(key: bytes, value: str, kind: str = "pk") -> str:

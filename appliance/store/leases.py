@@ -9,7 +9,7 @@ import orjson
 
 from appliance.store import wakes
 from appliance.store.interface import Connection
-from appliance.store.statement import SQL
+from appliance.store.statement import SQL, dialect_of
 
 # One pass over the author's unexpired active leases at other addresses (<= max_leases_per_pubkey rows):
 # (how many, how many hold the same (app_profile, transport, endpoint_hash)).
@@ -198,18 +198,20 @@ def invalidate_generation(conn: Connection, origin: int, pubkey: str, d: str, ge
 
 LEASE_STATES = ("active", "expired", "tombstoned", "revoked", "endpoint-invalid")
 
-SQL_LEASE_COLUMNS = (
+_LEASE_COLUMNS = (
     "SELECT origin, pubkey, d, event_id, created_at, expiration, generation, active, app_profile, transport, "
     "endpoint_hash, subscriptions, exec_key_id, revoked_at, invalidated_at FROM leases"
 )
-# Each state as a condition (bound `now`); endpoint-invalid: the transport said this generation's
-# endpoint is dead (delivery sets invalidated_at; a newer generation clears it).
+SQL_LEASE = SQL(f"{_LEASE_COLUMNS} WHERE origin = ? AND pubkey = ? AND d = ?",
+                f"{_LEASE_COLUMNS} WHERE origin = %s AND pubkey = %s AND d = %s")
+# Each state as a condition (bound `now`, `{}` its mark); endpoint-invalid: the transport said this
+# generation's endpoint is dead (delivery sets invalidated_at; a newer generation clears it).
 _STATE_SQL = {
-    "active": "(active = 1 AND invalidated_at IS NULL AND expiration > ?)",
-    "expired": "(expiration <= ?)",
-    "tombstoned": "(active = 0 AND revoked_at IS NULL AND expiration > ?)",
-    "revoked": "(revoked_at IS NOT NULL AND expiration > ?)",
-    "endpoint-invalid": "(active = 1 AND invalidated_at IS NOT NULL AND expiration > ?)",
+    "active": "(active = 1 AND invalidated_at IS NULL AND expiration > {})",
+    "expired": "(expiration <= {})",
+    "tombstoned": "(active = 0 AND revoked_at IS NULL AND expiration > {})",
+    "revoked": "(revoked_at IS NOT NULL AND expiration > {})",
+    "endpoint-invalid": "(active = 1 AND invalidated_at IS NOT NULL AND expiration > {})",
 }
 SQL_REVOKE = SQL(
     "UPDATE leases SET active = 0, endpoint = NULL, endpoint_hash = NULL, subscriptions = '[]', revoked_at = ? "
@@ -255,30 +257,32 @@ def list_leases(conn: Connection, now: int, *, origin: int | None = None, app_pr
                 transport: str | None = None, state: str | None = None, expiring_within: int | None = None,
                 limit: int = 100, offset: int = 0) -> list[dict]:
     """Lease rows for the operator, newest first, filtered (every value bound)."""
+    dialect = dialect_of(conn)
+    mark = dialect.mark
     where: list[str] = []
     args: list = []
     if origin is not None:
-        where.append("origin = ?")
+        where.append(f"origin = {mark}")
         args.append(origin)
     if app_profile:
-        where.append("app_profile = ?")
+        where.append(f"app_profile = {mark}")
         args.append(app_profile)
     if transport:
-        where.append("transport = ?")
+        where.append(f"transport = {mark}")
         args.append(transport)
     if state in _STATE_SQL:
-        where.append(_STATE_SQL[state])
+        where.append(_STATE_SQL[state].format(mark))
         args.append(now)
     if expiring_within is not None:
-        where.append("(expiration > ? AND expiration <= ?)")
+        where.append(f"(expiration > {mark} AND expiration <= {mark})")
         args += [now, now + expiring_within]
-    sql = SQL_LEASE_COLUMNS + (" WHERE " + " AND ".join(where) if where else "") + \
-        " ORDER BY created_at DESC, pubkey, d LIMIT ? OFFSET ?"
+    sql = dialect.text(_LEASE_COLUMNS + (" WHERE " + " AND ".join(where) if where else "") +
+                       f" ORDER BY created_at DESC, pubkey, d LIMIT {mark} OFFSET {mark}")
     return [_lease_dict(r) for r in conn.execute(sql, (*args, limit, offset))]
 
 
 def get_lease(conn: Connection, origin: int, pubkey: str, d: str) -> dict | None:
-    row = conn.execute(SQL_LEASE_COLUMNS + " WHERE origin = ? AND pubkey = ? AND d = ?", (origin, pubkey, d)).fetchone()
+    row = conn.execute(SQL_LEASE, (origin, pubkey, d)).fetchone()
     return None if row is None else _lease_dict(row)
 
 

@@ -15,11 +15,11 @@ extensions are not words), ranked by relevance: BM25 on SQLite, ts_rank on Postg
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable
 
 from appliance.nostr.search import search_terms  # noqa: F401 - the words a search looks for
-from appliance.store.dialect import postgres_variant
-from appliance.store.statement import SQL
+from appliance.store.statement import SQL, Dialect
 
 # Events per write transaction of a rebuild.
 DEFAULT_CHUNK = 10_000
@@ -30,24 +30,32 @@ def fts_query(terms: list[str]) -> str:
     return " ".join(f'"{t}"' for t in terms)
 
 
-# -- the SQL source of a search (events.build_query) -----------------------------------------------
+# -- a search in a filter's statement (events.build_query) ------------------------------------------
 
-# SQLite text; PostgreSQL's is derived from it by `register` (the search's value is bound first on
-# both, so the bindings are the same).
-SOURCE = "events_fts f JOIN events e ON e.rowid = f.rowid"
-CONDITION = "events_fts MATCH ?"
-RANK = "f.rank"  # BM25, lower is better
-# The search string goes through the words rule the index was written with (pg_words.py).
-PG_SOURCE = ("(SELECT plainto_tsquery('simple', appliance_search_words(?)) AS q) s "
-             "JOIN events_search f ON f.tsv @@ s.q JOIN events e ON e.rowid = f.event")
-# Normalization 1: divided by 1 + log(length), so a word among many weighs less (as BM25 has it).
-PG_RANK = "-ts_rank(f.tsv, s.q, 1)"
+@dataclass(frozen=True)
+class SearchText:
+    """How one backend's statement reads the index: `source` in FROM (the index joined to the
+    events `e`), `condition` in WHERE (None: the source matches already), `rank` to order by (the
+    most relevant first). The search's value is the statement's first binding on both."""
+
+    source: str
+    condition: str | None
+    rank: str
 
 
-def register(sqlite_sql: str) -> str:
-    """Register the PostgreSQL text of a statement built on SOURCE; returns the SQLite text."""
-    pg = sqlite_sql.replace(SOURCE, PG_SOURCE).replace(f"{CONDITION} AND ", "").replace(RANK, PG_RANK)
-    return postgres_variant(sqlite_sql, pg)
+_TEXT = {
+    "sqlite": SearchText("events_fts f JOIN events e ON e.rowid = f.rowid", "events_fts MATCH ?",
+                         "f.rank"),  # BM25, lower is better
+    # The search string goes through the words rule the index was written with (pg_words.py).
+    # Normalization 1: divided by 1 + log(length), so a word among many weighs less (as BM25 has it).
+    "postgresql": SearchText("(SELECT plainto_tsquery('simple', appliance_search_words(%s)) AS q) s "
+                             "JOIN events_search f ON f.tsv @@ s.q JOIN events e ON e.rowid = f.event", None,
+                             "-ts_rank(f.tsv, s.q, 1)"),
+}
+
+
+def search_text(d: Dialect) -> SearchText:
+    return _TEXT[d.backend]
 
 
 # -- the kinds indexed, and rebuilding --------------------------------------------------------------

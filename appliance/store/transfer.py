@@ -16,33 +16,34 @@ from appliance.nostr.filters import Filter
 from appliance.store.backend import value_errors
 from appliance.store.events import _in, delete_row
 from appliance.store.interface import Connection, is_sqlite
-from appliance.store.statement import SQL
+from appliance.store.statement import SQL, Dialect, dialect_of
 
 # Events per page of an export, and per write transaction of a delete.
 DEFAULT_PAGE = 5000
 
 
-def filter_condition(f: Filter, now: int) -> tuple[str, list]:
-    """The filter (but its `limit`) as a condition on `events e` past its origin, and its bindings.
-    Expired events not purged yet are left out, as REQ leaves them out."""
-    where = ["(e.expiration IS NULL OR e.expiration > ?)"]
+def filter_condition(d: Dialect, f: Filter, now: int) -> tuple[str, list]:
+    """The filter (but its `limit`) as a condition on `events e` past its origin, in `d`'s text, and
+    its bindings. Expired events not purged yet are left out, as REQ leaves them out."""
+    mark = d.mark
+    where = [f"(e.expiration IS NULL OR e.expiration > {mark})"]
     params: list = [now]
     if f.ids is not None:
-        where.append(_in("e.id", sorted(f.ids), params))
+        where.append(_in(d, "e.id", sorted(f.ids), params))
     if f.authors is not None:
-        where.append(_in("e.pubkey", sorted(f.authors), params))
+        where.append(_in(d, "e.pubkey", sorted(f.authors), params))
     if f.kinds is not None:
-        where.append(_in("e.kind", sorted(f.kinds), params))
+        where.append(_in(d, "e.kind", sorted(f.kinds), params))
     if f.since is not None:
-        where.append("e.created_at >= ?")
+        where.append(f"e.created_at >= {mark}")
         params.append(f.since)
     if f.until is not None:
-        where.append("e.created_at <= ?")
+        where.append(f"e.created_at <= {mark}")
         params.append(f.until)
     for name, values in sorted(f.tags.items()):
         sub: list = [name]
-        cond = _in("x.value", sorted(values), sub)
-        where.append(f"EXISTS (SELECT 1 FROM tags x WHERE x.event = e.rowid AND x.name = ? AND {cond})")
+        cond = _in(d, "x.value", sorted(values), sub)
+        where.append(f"EXISTS (SELECT 1 FROM tags x WHERE x.event = e.rowid AND x.name = {mark} AND {cond})")
         params.extend(sub)
     return " AND ".join(where), params
 
@@ -53,19 +54,23 @@ def _matches_nothing(f: Filter) -> bool:
             or f.limit == 0 or (f.since is not None and f.until is not None and f.since > f.until))
 
 
-def _limited(conn, origin: int, f: Filter, cond: str, params: list) -> tuple[str, list]:
-    """With a `limit`, the filter selects its newest `limit` events (newest first, on equal
-    created_at the lowest id first: REQ's order): the condition grows a bound on (created_at, id)
-    at the last of them, found with one indexed walk."""
+def _condition(conn, origin: int, f: Filter, now: int) -> tuple[Dialect, str, list]:
+    """The connection's dialect, and the filter as a condition in it (`filter_condition`). With a
+    `limit`, the filter selects its newest `limit` events (newest first, on equal created_at the
+    lowest id first: REQ's order): the condition grows a bound on (created_at, id) at the last of
+    them, found with one indexed walk."""
+    d = dialect_of(conn)
+    mark = d.mark
+    cond, params = filter_condition(d, f, now)
     if f.limit is None:
-        return cond, params
-    row = conn.execute(
-        f"SELECT e.created_at, e.id FROM events e WHERE e.origin = ? AND {cond} "
-        "ORDER BY e.created_at DESC, e.id LIMIT 1 OFFSET ?", [origin, *params, f.limit - 1]).fetchone()
+        return d, cond, params
+    row = conn.execute(d.text(
+        f"SELECT e.created_at, e.id FROM events e WHERE e.origin = {mark} AND {cond} "
+        f"ORDER BY e.created_at DESC, e.id LIMIT 1 OFFSET {mark}"), [origin, *params, f.limit - 1]).fetchone()
     if row is None:  # fewer than `limit` match: all of them
-        return cond, params
+        return d, cond, params
     created_at, eid = row
-    return (f"{cond} AND e.created_at >= ? AND (e.created_at > ? OR e.id <= ?)",
+    return (d, f"{cond} AND e.created_at >= {mark} AND (e.created_at > {mark} OR e.id <= {mark})",
             [*params, created_at, created_at, eid])
 
 
@@ -76,12 +81,12 @@ def export_pages(conn, origin: int, f: Filter, now: int, page: int = DEFAULT_PAG
     inside one read transaction: the pages then come from one snapshot."""
     if _matches_nothing(f):
         return
-    cond, params = _limited(conn, origin, f, *filter_condition(f, now))
-    first = ("SELECT e.created_at, e.id, CAST(e.raw AS BLOB) FROM events e INDEXED BY events_time "
-             f"WHERE e.origin = ? AND {cond} ORDER BY e.created_at, e.id LIMIT ?")
-    rest = ("SELECT e.created_at, e.id, CAST(e.raw AS BLOB) FROM events e INDEXED BY events_time "
-            f"WHERE e.origin = ? AND {cond} AND e.created_at >= ? AND (e.created_at > ? OR e.id > ?) "
-            "ORDER BY e.created_at, e.id LIMIT ?")
+    d, cond, params = _condition(conn, origin, f, now)
+    mark = d.mark
+    head = f"SELECT e.created_at, e.id, {d.blob('e.raw')} FROM events e{d.indexed_by('events_time')} "
+    first = d.text(f"{head}WHERE e.origin = {mark} AND {cond} ORDER BY e.created_at, e.id LIMIT {mark}")
+    rest = d.text(f"{head}WHERE e.origin = {mark} AND {cond} AND e.created_at >= {mark} "
+                  f"AND (e.created_at > {mark} OR e.id > {mark}) ORDER BY e.created_at, e.id LIMIT {mark}")
     rows = conn.execute(first, [origin, *params, page]).fetchall()
     while rows:
         yield [r[2] for r in rows]
@@ -98,8 +103,8 @@ def count_matching(conn, origin: int, f: Filter, now: int) -> int:
     """How many events at `origin` the filter selects (what a `Deletion` of it deletes)."""
     if _matches_nothing(f):
         return 0
-    cond, params = _limited(conn, origin, f, *filter_condition(f, now))
-    return conn.execute(f"SELECT count(*) FROM events e WHERE e.origin = ? AND {cond}",
+    d, cond, params = _condition(conn, origin, f, now)
+    return conn.execute(d.text(f"SELECT count(*) FROM events e WHERE e.origin = {d.mark} AND {cond}"),
                         [origin, *params]).fetchone()[0]
 
 
@@ -117,7 +122,7 @@ class Deletion:
         self.after = 0
         self.deleted = 0
         self.done = _matches_nothing(f)
-        self._cond: tuple[str, list] | None = None
+        self._cond: tuple[Dialect, str, list] | None = None
 
     def step(self, conn) -> int:
         """Delete the next chunk (inside a write transaction); how many rows went."""
@@ -125,11 +130,12 @@ class Deletion:
             return 0
         if self._cond is None:
             self.bound = conn.execute(SQL_MAX_ROWID).fetchone()[0] or 0
-            self._cond = _limited(conn, self.origin, self.filter, *filter_condition(self.filter, self.now))
-        cond, params = self._cond
-        rowids = [r[0] for r in conn.execute(
-            f"SELECT e.rowid FROM events e WHERE e.origin = ? AND e.rowid > ? AND e.rowid <= ? AND {cond} "
-            "ORDER BY e.rowid LIMIT ?", [self.origin, self.after, self.bound, *params, self.chunk])]
+            self._cond = _condition(conn, self.origin, self.filter, self.now)
+        d, cond, params = self._cond
+        mark = d.mark
+        rowids = [r[0] for r in conn.execute(d.text(
+            f"SELECT e.rowid FROM events e WHERE e.origin = {mark} AND e.rowid > {mark} AND e.rowid <= {mark} "
+            f"AND {cond} ORDER BY e.rowid LIMIT {mark}"), [self.origin, self.after, self.bound, *params, self.chunk])]
         for rowid in rowids:
             delete_row(conn, rowid)
         if len(rowids) < self.chunk:
@@ -143,12 +149,13 @@ class Deletion:
 # Page cache of an import's writer connection (SQLite): a bulk load's indexes outgrow the usual
 # 64 MiB: docs/performance.md#import_cache_kib
 IMPORT_CACHE_KIB = 256 * 1024
+SQL_WIDEN_CACHE = SQL(f"PRAGMA cache_size = -{IMPORT_CACHE_KIB}", None)  # SQLite's only
 
 
 def widen_cache(conn) -> None:
     """Give this (the import's own) SQLite writer connection IMPORT_CACHE_KIB of page cache."""
     if is_sqlite(conn):
-        conn.execute(f"PRAGMA cache_size = -{IMPORT_CACHE_KIB}")
+        conn.execute(SQL_WIDEN_CACHE)
 
 
 SQL_SAVEPOINT = SQL("SAVEPOINT imported", "SAVEPOINT imported")

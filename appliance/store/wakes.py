@@ -27,6 +27,7 @@ from typing import Any, Callable, NamedTuple
 import orjson
 
 from appliance.store.interface import Connection, is_sqlite
+from appliance.store.statement import dialect_of
 from appliance.store.meta import node_lock
 from appliance.store.statement import SQL
 
@@ -693,21 +694,22 @@ def next_due(conn: Connection) -> float | None:
 def list_jobs(conn: Connection, *, state: str | None = None, origin: int | None = None,
               limit: int = 100, before: float | None = None) -> list[WakeJob]:
     """Jobs, newest first; filtered by state, origin, created before `before` (paging)."""
+    d = dialect_of(conn)
     where, args = [], []
     if state is not None:
-        where.append("state = ?")
+        where.append(f"state = {d.mark}")
         args.append(state)
     if origin is not None:
-        where.append("origin = ?")
+        where.append(f"origin = {d.mark}")
         args.append(origin)
     if before is not None:
-        where.append("created_at < ?")
+        where.append(f"created_at < {d.mark}")
         args.append(before)
     sql = f"SELECT {_JOB_COLUMNS} FROM wake_jobs"
     if where:
         sql += " WHERE " + " AND ".join(where)
-    sql += " ORDER BY created_at DESC LIMIT ?"
-    return [_job(r) for r in conn.execute(sql, (*args, limit))]
+    sql += f" ORDER BY created_at DESC LIMIT {d.mark}"
+    return [_job(r) for r in conn.execute(d.text(sql), (*args, limit))]
 
 
 def job_counts(conn: Connection, origin: int | None = None) -> dict[str, int]:
@@ -725,9 +727,9 @@ def job_counts(conn: Connection, origin: int | None = None) -> dict[str, int]:
 
 _LOG_COLUMNS = ("id", "at", "origin", "lease", "app_profile", "transport", "class", "job_id", "attempt", "outcome",
                 "status", "reason", "latency_ms", "detail")
-_LOG_FILTERS = {"origin": "origin = ?", "outcome": "outcome = ?", "app_profile": "app_profile = ?",
-                "transport": "transport = ?", "job_id": "job_id = ?", "since": "at >= ?", "until": "at < ?",
-                "before_id": "id < ?"}
+_LOG_FILTERS = {"origin": "origin = {}", "outcome": "outcome = {}", "app_profile": "app_profile = {}",
+                "transport": "transport = {}", "job_id": "job_id = {}", "since": "at >= {}", "until": "at < {}",
+                "before_id": "id < {}"}  # `{}`: the binding's mark
 
 
 def delivery_log(conn: Connection, *, limit: int = 100, **filters: Any) -> list[dict[str, Any]]:
@@ -736,13 +738,14 @@ def delivery_log(conn: Connection, *, limit: int = 100, **filters: Any) -> list[
     unknown = set(filters) - set(_LOG_FILTERS)
     if unknown:
         raise TypeError(f"unknown delivery log filter {sorted(unknown)[0]!r}")
-    where = [_LOG_FILTERS[k] for k, v in filters.items() if v is not None]
+    d = dialect_of(conn)
+    where = [_LOG_FILTERS[k].format(d.mark) for k, v in filters.items() if v is not None]
     args = [v for v in filters.values() if v is not None]
     sql = f"SELECT {', '.join(_LOG_COLUMNS)} FROM delivery_log"
     if where:
         sql += " WHERE " + " AND ".join(where)
-    sql += " ORDER BY id DESC LIMIT ?"
-    return [dict(zip(_LOG_COLUMNS, r)) for r in conn.execute(sql, (*args, limit))]
+    sql += f" ORDER BY id DESC LIMIT {d.mark}"
+    return [dict(zip(_LOG_COLUMNS, r)) for r in conn.execute(d.text(sql), (*args, limit))]
 
 
 _ALERT_COLUMNS = ("origin", "app_profile", "reason", "detail", "status", "first_at", "last_at", "count", "cleared_at",
@@ -755,7 +758,7 @@ def alerts(conn: Connection, *, active_only: bool = True) -> list[dict[str, Any]
     if active_only:
         sql += " WHERE cleared_at IS NULL"
     sql += " ORDER BY last_at DESC"
-    return [dict(zip(_ALERT_COLUMNS, r)) for r in conn.execute(sql)]
+    return [dict(zip(_ALERT_COLUMNS, r)) for r in conn.execute(dialect_of(conn).text(sql))]
 
 
 # -- operator actions and views (the dashboard) -------------------------------------------------------

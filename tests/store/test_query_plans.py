@@ -13,6 +13,7 @@ from appliance.nostr.filters import parse_filter
 from appliance.relay.authz import AUTHOR_ONLY_KINDS, GATED_KINDS
 from appliance.store.events import ReadScope, build_query
 from appliance.store.sqlite import SqliteStore
+from appliance.store.statement import SQLITE
 
 pytestmark = pytest.mark.sqlite_only("reads SQLite's query plan (EXPLAIN QUERY PLAN)")
 
@@ -28,7 +29,7 @@ def store(tmp_path):
 
 
 def driving_step(store, flt: dict, **kw) -> str:
-    sql, params = build_query(1, parse_filter(flt), SCOPE, 2_000_000_000, 50, **kw)
+    sql, params = build_query(SQLITE, 1, parse_filter(flt), SCOPE, 2_000_000_000, 50, **kw)
     plan = store.read_sync(lambda conn: [row[3] for row in conn.execute("EXPLAIN QUERY PLAN " + sql, params)])
     return plan[0]
 
