@@ -131,17 +131,23 @@ def drop_all() -> None:
 
 
 def db_rows(data_dir: Path, sql: str, args=()) -> list[tuple]:
-    """Rows of one SQLite-dialect query on the database of `data_dir`, read beside a running
-    server (read-only on SQLite; translated as the store translates it on PostgreSQL)."""
+    """Rows of one query on the database of `data_dir`, read beside a running server (read-only on
+    SQLite). `sql`: a statement.SQL, whose PostgreSQL text runs on PostgreSQL, or a text without
+    bindings that both backends run as it is."""
     if on_postgres():
         import psycopg
 
-        from appliance.store.dialect import translate
         from appliance.store.postgres import _configure
+        from appliance.store.statement import SQL
 
+        if isinstance(sql, SQL):
+            text = sql.postgres
+        elif args:
+            raise TypeError(f"a query with bindings needs its PostgreSQL text, SQL(sqlite, postgres): {sql[:60]!r}")
+        else:
+            text = sql
         with psycopg.connect(database_for(data_dir), autocommit=True) as conn:
             _configure(conn)
-            text, _ = translate(sql, bool(args))
             return [tuple(r) for r in conn.execute(text, tuple(args) if args else None).fetchall()]
     import apsw
 

@@ -9,6 +9,7 @@ import asyncio
 import pytest
 
 from appliance.nostr.event import sign_event
+from appliance.store.statement import SQL
 from tests import pg
 from tests.pg import db_rows
 from tests.push.delivery_helpers import KEY_ID, TEAM, TOPIC, Apns, token
@@ -69,7 +70,8 @@ async def test_delivery_log_overview_and_dead_letters(tmp_path, apns, anyio_back
         for _ in range(100):
             await d.app.push.delivery.run_once()
             dead = await d.app.store.read(lambda c: c.execute(
-                "SELECT id FROM wake_jobs WHERE state = 'dead'").fetchall())
+                SQL("SELECT id FROM wake_jobs WHERE state = 'dead'",
+                    "SELECT id FROM wake_jobs WHERE state = 'dead'")).fetchall())
             if dead:
                 break
             await asyncio.sleep(0.05)
@@ -96,14 +98,16 @@ async def test_delivery_log_overview_and_dead_letters(tmp_path, apns, anyio_back
         for _ in range(100):
             await d.app.push.delivery.run_once()
             dead = await d.app.store.read(lambda c: c.execute(
-                "SELECT id FROM wake_jobs WHERE state = 'dead'").fetchall())
+                SQL("SELECT id FROM wake_jobs WHERE state = 'dead'",
+                    "SELECT id FROM wake_jobs WHERE state = 'dead'")).fetchall())
             if dead:
                 break
             await asyncio.sleep(0.05)
         r = await d.post_form("/admin/deliveries/dead", {"job": dead[0][0], "action": "discard"},
                               page="/admin/deliveries")
         assert r.status_code == 303
-        state = await d.app.store.read(lambda c: c.execute("SELECT state FROM wake_jobs WHERE id = ?",
+        state = await d.app.store.read(lambda c: c.execute(SQL("SELECT state FROM wake_jobs WHERE id = ?",
+                                                               "SELECT state FROM wake_jobs WHERE id = %s"),
                                                            (dead[0][0],)).fetchone()[0])
         assert state == "cancelled"
         # The recorder's wake gauges feed the overview's charts.

@@ -11,6 +11,7 @@ import pytest
 from appliance.errors import Rejected
 from appliance.nostr.event import sign_event
 from appliance.nostr.nip98 import make_http_auth
+from appliance.store.statement import SQL
 from tests.conftest import Identity
 
 from .conftest import CONFIG, ORIGIN
@@ -113,7 +114,8 @@ async def test_events_kinds_and_info(api):
     await publish(api, None, note)
     assert (await call(api, "banevent", [note["id"], "illegal"])).json()["result"] is True
     assert (await call(api, "listbannedevents")).json()["result"] == [{"id": note["id"], "reason": "illegal"}]
-    rows = await api.app.store.read(lambda c: c.execute("SELECT count(*) FROM events WHERE id = ?",
+    rows = await api.app.store.read(lambda c: c.execute(SQL("SELECT count(*) FROM events WHERE id = ?",
+                                                            "SELECT count(*) FROM events WHERE id = %s"),
                                                         (note["id"],)).fetchone()[0])
     assert rows == 0
     with pytest.raises(Rejected, match="banned"):

@@ -12,6 +12,7 @@ from appliance.gateway import authority as auth
 from appliance.gateway.grants import Grant
 from appliance.store import gateway as gateway_rows
 from appliance.store.keyfile import KeyFile
+from appliance.store.statement import SQL
 from tests.pg import make_store
 
 NOW = 1_800_000_000
@@ -60,7 +61,8 @@ def test_challenges_single_use_expiry_and_bound(store):
     assert store.write_sync(lambda c: auth.put_challenge(c, str(uuid.uuid4()), b"x" * 32, NOW + 900, NOW + 600, 2)) \
         is auth.Outcome.OK
     store.write_sync(lambda c: auth.maintain(c, NOW + 600, 10))
-    assert store.read_sync(lambda c: c.execute("SELECT count(*) FROM gateway_challenges").fetchone()[0]) == 1
+    assert store.read_sync(lambda c: c.execute(SQL("SELECT count(*) FROM gateway_challenges",
+                                                   "SELECT count(*) FROM gateway_challenges")).fetchone()[0]) == 1
 
 
 def test_enrollment_uniqueness_and_expired_holders(store, keyfile):
@@ -208,7 +210,9 @@ def test_revocations(store, keyfile):
     assert after.revoked_at == NOW and after.token is None and after.token_sha256 is None and after.endpoint_epoch == 2
     assert admit(store, _grant(handle, generation=4)).outcome is auth.Outcome.INVALID_GRANT
     assert store.read_sync(lambda c: c.execute(
-        "SELECT count(*) FROM gateway_delegations WHERE handle = ? AND revoked_at IS NULL", (handle,)).fetchone()[0]) == 0
+        SQL("SELECT count(*) FROM gateway_delegations WHERE handle = ? AND revoked_at IS NULL",
+            "SELECT count(*) FROM gateway_delegations WHERE handle = %s "
+            "AND revoked_at IS NULL"), (handle,)).fetchone()[0]) == 0
 
 
 def test_grant_keys_rotate_and_erase(store, keyfile):

@@ -14,6 +14,7 @@ import pytest
 
 from appliance.nostr.nip98 import make_http_auth
 from appliance.transports.apns import APNS_BODY
+from appliance.store.statement import SQL
 from tests.conftest import ROOT
 from tests.gateway.conftest import QUOTA, Relay
 from tests.pg import db_rows, process_env
@@ -180,7 +181,8 @@ async def test_send_begin_orders_against_revocation(ctx):
     rid = str(uuid.uuid4())
     delivery = asyncio.ensure_future(ctx.deliver(relay, grant, request_id=rid))
     deadline = time.monotonic() + 10
-    while not db_rows(ctx.server.data_dir, "SELECT 1 FROM gateway_reservations WHERE request_id = ?", (rid,)):
+    while not db_rows(ctx.server.data_dir, SQL("SELECT 1 FROM gateway_reservations WHERE request_id = ?",
+                                               "SELECT 1 FROM gateway_reservations WHERE request_id = %s"), (rid,)):
         assert time.monotonic() < deadline  # wait for send-begin (the reservation's commit)
         await asyncio.sleep(0.02)
     assert not delivery.done()

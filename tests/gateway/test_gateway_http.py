@@ -15,6 +15,7 @@ import pytest
 
 from appliance.gateway import transcript as tr
 from appliance.testing.gateway_client import AppInstallation
+from appliance.store.statement import SQL
 from tests.conftest import ROOT, Server, free_port
 from tests.gateway.helpers import PROFILE, SANDBOX, GatewaySetup, token
 
@@ -303,8 +304,10 @@ def test_token_custody_is_encrypted_at_rest(gw):
         db.execute("PRAGMA wal_checkpoint(FULL)")
         db.close()
     raw = bytes.fromhex(inst.endpoint)
-    (wrapped, digest), = db_rows(server.data_dir, "SELECT token, token_sha256 FROM gateway_installations "
-                                 "WHERE handle = ?", (inst.handle,))
+    (wrapped, digest), = db_rows(server.data_dir, SQL("SELECT token, token_sha256 FROM gateway_installations "
+                                                      "WHERE handle = ?",
+                                                      "SELECT token, token_sha256 FROM gateway_installations "
+                                                      "WHERE handle = %s"), (inst.handle,))
     wrapped, digest = bytes(wrapped), bytes(digest)
     import hashlib
 

@@ -13,6 +13,7 @@ import pytest
 from appliance.nostr.event import sign_event
 from appliance.store.meta import lock_key
 from appliance.store.wakes import endpoint_lock_name
+from appliance.store.statement import SQL
 from tests.push.delivery_helpers import Apns, Pusher, delivery_config, token, wait_until
 
 psycopg = pytest.importorskip("psycopg", reason="several nodes need PostgreSQL: psycopg is not installed")
@@ -203,5 +204,6 @@ def test_a_wake_pending_again_is_noted_under_its_endpoint_lock(tmp_path, pg_clus
         finally:
             side.close()
         rows = store.read_sync(lambda conn: conn.execute(
-            "SELECT state, pending_wake FROM wake_jobs, wake_endpoints WHERE id = 'j1'").fetchall())
+            SQL("SELECT state, pending_wake FROM wake_jobs, wake_endpoints WHERE id = 'j1'",
+                "SELECT state, pending_wake FROM wake_jobs, wake_endpoints WHERE id = 'j1'")).fetchall())
         assert rows == [("pending", "j1")]

@@ -110,7 +110,8 @@ async def test_sigterm_releases_claimed_wakes_for_the_next_start(tmp_path, anyio
         assert job["state"] == "pending"
         from tests.push.e2e_helpers import db_rows
 
-        ((due,),) = db_rows(server.data_dir, "SELECT due_at FROM wake_jobs WHERE id = ?", (job["id"],))
+        ((due,),) = db_rows(server.data_dir, SQL("SELECT due_at FROM wake_jobs WHERE id = ?",
+                                                 "SELECT due_at FROM wake_jobs WHERE id = %s"), (job["id"],))
         assert due <= stopped_at + 15  # due at the stop, not when the ten-minute claim would lapse
 
         apns.emulator.clear(tok)

@@ -7,6 +7,7 @@ import secrets
 import time
 from pathlib import Path
 
+from appliance.store.statement import SQL
 from appliance.testing.apns_emulator import ApnsEmulator
 from appliance.testing.tls import make_p8
 from tests.conftest import Client, Server
@@ -188,10 +189,10 @@ async def wait_until(predicate, timeout: float = 10.0, interval: float = 0.02):
 def jobs(server: Server, **where) -> list[dict]:
     cols = ["id", "origin", "app_profile", "transport", "endpoint_hash", "event_id", "lease_pubkey", "lease_d",
             "generation", "class", "state", "wake_id", "attempts", "last_error"]
-    sql = f"SELECT {', '.join(cols)} FROM wake_jobs"
-    if where:
-        sql += " WHERE " + " AND ".join(f"{k} = ?" for k in where)
-    return [dict(zip(cols, r)) for r in db_rows(server.data_dir, sql + " ORDER BY created_at", tuple(where.values()))]
+    sql = SQL(*(f"SELECT {', '.join(cols)} FROM wake_jobs"
+                + (" WHERE " + " AND ".join(f"{k} = {mark}" for k in where) if where else "")
+                + " ORDER BY created_at" for mark in ("?", "%s")))  # SQLite's binding mark, PostgreSQL's
+    return [dict(zip(cols, r)) for r in db_rows(server.data_dir, sql, tuple(where.values()))]
 
 
 def log_rows(server: Server) -> list[dict]:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import nostr_sdk as sdk
 
+from appliance.store.statement import SQL
 from tests.leaks import sensitive
 
 ORIGIN = "ws://push.test"
@@ -116,7 +117,10 @@ def db_rows(data_dir: Path, sql: str, args=()) -> list[tuple]:
 
 def lease_state(data_dir: Path, pubkey: str) -> tuple[list, list, list]:
     return (
-        db_rows(data_dir, "SELECT * FROM leases WHERE pubkey = ? ORDER BY d", (pubkey,)),
-        db_rows(data_dir, "SELECT * FROM lease_watermarks WHERE pubkey = ? ORDER BY d", (pubkey,)),
-        db_rows(data_dir, "SELECT raw FROM events WHERE pubkey = ? AND kind = 30350 ORDER BY d", (pubkey,)),
+        db_rows(data_dir, SQL("SELECT * FROM leases WHERE pubkey = ? ORDER BY d",
+                              "SELECT * FROM leases WHERE pubkey = %s ORDER BY d"), (pubkey,)),
+        db_rows(data_dir, SQL("SELECT * FROM lease_watermarks WHERE pubkey = ? ORDER BY d",
+                              "SELECT * FROM lease_watermarks WHERE pubkey = %s ORDER BY d"), (pubkey,)),
+        db_rows(data_dir, SQL("SELECT raw FROM events WHERE pubkey = ? AND kind = 30350 ORDER BY d",
+                              "SELECT raw FROM events WHERE pubkey = %s AND kind = 30350 ORDER BY d"), (pubkey,)),
     )

@@ -15,6 +15,7 @@ from appliance.push.delivery import MAX_BACKOFF, Delivery, DeliverySettings, bac
 from appliance.store import wakes
 from appliance.transports.apns import APNS_HOSTS, ApnsProfile
 from appliance.transports.credentials import ApnsKey
+from appliance.store.statement import SQL
 from tests.pg import make_store
 
 ORIGIN = 1
@@ -27,7 +28,8 @@ JOB_ID = "0b7d3c8e-8f2a-4c41-9d55-6a1e2f3b4c5d"
 @pytest.fixture
 def store(tmp_path):
     s = make_store(tmp_path / "data", sync_mode="normal").open()
-    s.write_sync(lambda c: c.execute("INSERT INTO origins (id, origin) VALUES (1, 'wss://a.example')"))
+    s.write_sync(lambda c: c.execute(SQL("INSERT INTO origins (id, origin) VALUES (1, 'wss://a.example')",
+                                         "INSERT INTO origins (id, origin) VALUES (1, 'wss://a.example')")))
     yield s
     s.close()
 
@@ -40,17 +42,24 @@ def seed(store, *, active=1, expiration=NOW + 3600, invalidated=None, generation
 
     def op(conn):
         conn.execute(
-            "INSERT INTO leases (origin, pubkey, d, event_id, created_at, expiration, generation, active, "
-            "app_profile, transport, endpoint, endpoint_hash, subscriptions, exec_key_id, invalidated_at) "
-            "VALUES (1, ?, 'd1', 'lease', 0, ?, ?, ?, 'ios', 'apns', 'ab' , ?, '[]', 'k', ?)",
+            SQL("INSERT INTO leases (origin, pubkey, d, event_id, created_at, expiration, generation, active, "
+                "app_profile, transport, endpoint, endpoint_hash, subscriptions, exec_key_id, invalidated_at) "
+                "VALUES (1, ?, 'd1', 'lease', 0, ?, ?, ?, 'ios', 'apns', 'ab' , ?, '[]', 'k', ?)",
+                "INSERT INTO leases (origin, pubkey, d, event_id, created_at, expiration, generation, active, "
+                "app_profile, transport, endpoint, endpoint_hash, subscriptions, exec_key_id, invalidated_at) "
+                "VALUES (1, %s, 'd1', 'lease', 0, %s, %s, %s, 'ios', 'apns', 'ab' , %s, '[]', 'k', %s)"),
             (BOB, expiration, generation, active, ep_hash, invalidated))
-        conn.execute("INSERT INTO events (origin, id, pubkey, created_at, kind, raw, expiration) "
-                     "VALUES (1, ?, ?, ?, 9, ?, ?)", (ev.id, ev.pubkey, ev.created_at, ev.to_json(), event_expiration))
+        conn.execute(SQL("INSERT INTO events (origin, id, pubkey, created_at, kind, raw, expiration) "
+                         "VALUES (1, ?, ?, ?, 9, ?, ?)",
+                         "INSERT INTO events (origin, id, pubkey, created_at, kind, raw, expiration) "
+                         "VALUES (1, %s, %s, %s, 9, %s, %s) RETURNING rowid", returns_id=True),
+                     (ev.id, ev.pubkey, ev.created_at, ev.to_json(), event_expiration))
         wakes.insert_job(conn, job_id=JOB_ID, origin=1, app_profile="ios", transport="apns", endpoint_hash=ep_hash,
                          event_id=ev.id, lease_pubkey=BOB, lease_d="d1", generation=1, cls="default", now=NOW,
                          useful_age=3600, min_interval=0)
         if expires_at is not None:
-            conn.execute("UPDATE wake_jobs SET expires_at = ? WHERE id = ?", (expires_at, JOB_ID))
+            conn.execute(SQL("UPDATE wake_jobs SET expires_at = ? WHERE id = ?",
+                             "UPDATE wake_jobs SET expires_at = %s WHERE id = %s"), (expires_at, JOB_ID))
 
     store.write_sync(op)
     return Delivery(store, transport_for=lambda o, p: object(), settings=DeliverySettings(),
@@ -58,7 +67,8 @@ def seed(store, *, active=1, expiration=NOW + 3600, invalidated=None, generation
 
 
 def state(store):
-    return store.read_sync(lambda c: c.execute("SELECT state, last_error FROM wake_jobs WHERE id = ?", (JOB_ID,))
+    return store.read_sync(lambda c: c.execute(SQL("SELECT state, last_error FROM wake_jobs WHERE id = ?",
+                                                   "SELECT state, last_error FROM wake_jobs WHERE id = %s"), (JOB_ID,))
                            .fetchone())
 
 
@@ -83,7 +93,7 @@ def test_the_recheck_before_an_attempt(store, kw, reason):
 
 def test_a_lease_gone_drops_the_wake(store):
     d = seed(store)
-    store.write_sync(lambda c: c.execute("DELETE FROM leases"))
+    store.write_sync(lambda c: c.execute(SQL("DELETE FROM leases", "DELETE FROM leases")))
     assert store.write_sync(lambda c: d.claim(c, time.time(), 10)) == []
     assert state(store) == ("dropped", "lease gone")
 
@@ -136,7 +146,8 @@ async def test_run_once_drives_one_round_through_apns(store, tmp_path, anyio_bac
                                           apns_url=emu.url, ca_file=emu.ca_file))
     try:
         d = seed(store)
-        store.write_sync(lambda c: c.execute("UPDATE leases SET endpoint = ?", ("ab" * 32,)))
+        store.write_sync(lambda c: c.execute(SQL("UPDATE leases SET endpoint = ?",
+                                                 "UPDATE leases SET endpoint = %s"), ("ab" * 32,)))
         d.transport_for = lambda o, p: transport
         assert await d.run_once() == 1
         assert state(store) == ("delivered", None)

@@ -14,6 +14,7 @@ import pytest
 from appliance.nostr.event import sign_event
 from appliance.nostr.keys import generate_secret, public_key
 from appliance.transports.apns import APNS_BODY
+from appliance.store.statement import SQL
 from tests.conftest import Server
 from tests.push.delivery_helpers import (
     TOPIC,
@@ -208,8 +209,10 @@ async def test_410_disables_the_generation_and_a_new_generation_reenables(server
     apns.emulator.unregister(dead)
     e1 = await alice.publish(9, [["p", bob.pubkey]])
     await wait_until(lambda: {j["state"] for j in jobs(server, event_id=e1.id)} == {"invalidated", "delivered"})
-    assert [r for r in db_rows(server.data_dir, "SELECT generation, invalidated_at IS NOT NULL FROM leases "
-                                                "WHERE pubkey = ? ORDER BY d", (bob.pubkey,))] == [(1, 1), (1, 0)]
+    assert [r for r in db_rows(server.data_dir, SQL("SELECT generation, invalidated_at IS NOT NULL FROM leases "
+                                                    "WHERE pubkey = ? ORDER BY d",
+                                                    "SELECT generation, invalidated_at IS NOT NULL FROM leases "
+                                                    "WHERE pubkey = %s ORDER BY d"), (bob.pubkey,))] == [(1, 1), (1, 0)]
     # No more wakes for that generation; the sibling installation is untouched.
     e2 = await alice.publish(9, [["p", bob.pubkey]])
     (j2,) = jobs(server, event_id=e2.id)

@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from appliance.store.statement import SQL
 from tests.conftest import ROOT, Server
 from tests.push.delivery_helpers import (
     Apns,
@@ -365,7 +366,7 @@ async def test_matches_coalesced_into_a_cancelled_wake_stay_one_wake_at_its_due_
         (wake,) = jobs(server, event_id=held.id)
         assert wake["state"] == "pending"
         assert [jobs(server, event_id=e.id)[0]["wake_id"] for e in mates] == [wake["id"]] * 3
-        due = "SELECT due_at FROM wake_jobs WHERE id = ?"
+        due = SQL("SELECT due_at FROM wake_jobs WHERE id = ?", "SELECT due_at FROM wake_jobs WHERE id = %s")
         (held_due,), = db_rows(server.data_dir, due, (wake["id"],))
         await bob.revoke(generation=2)
         assert jobs(server, event_id=held.id)[0]["state"] == "cancelled"

@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from appliance.store.statement import SQL
 from tests.conftest import ROOT, Client
 from tests.pg import on_postgres, process_env
 from tests.push.e2e_helpers import (
@@ -58,7 +59,8 @@ async def test_rotation_while_serving(make_server):
     server = make_server("--purge-interval", "1",
                          config=push_config(limitation={"max_lease_ttl": 3}, allowed_skew=1))
     old_id, old_pub = current_key(server.nip11())
-    ((old_wrapped,),) = db_rows(server.data_dir, "SELECT wrapped FROM executor_keys WHERE key_id = ?", (old_id,))
+    ((old_wrapped,),) = db_rows(server.data_dir, SQL("SELECT wrapped FROM executor_keys WHERE key_id = ?",
+                                                     "SELECT wrapped FROM executor_keys WHERE key_id = %s"), (old_id,))
     user = Installation()
     c = await authed(server, user)
     assert await c.publish(lease(user, active(user), exec_id=old_id, exec_pub=old_pub, d="before", ttl=3)) == (True, "")
@@ -105,7 +107,8 @@ async def test_rotation_while_serving(make_server):
 async def test_keys_at_rest_are_wrapped(make_server):
     server = make_server(config=push_config())
     kid, pub = current_key(server.nip11())
-    (wrapped,) = db_rows(server.data_dir, "SELECT wrapped FROM executor_keys WHERE key_id = ?", (kid,))[0]
+    (wrapped,) = db_rows(server.data_dir, SQL("SELECT wrapped FROM executor_keys WHERE key_id = ?",
+                                              "SELECT wrapped FROM executor_keys WHERE key_id = %s"), (kid,))[0]
     assert isinstance(wrapped, bytes) and len(wrapped) == 1 + 12 + 32 + 16
     assert (server.data_dir / "appliance.key").stat().st_mode & 0o777 == 0o600
 
@@ -133,13 +136,16 @@ async def test_kill9_restart_state_matches_req(make_server):
     for i, u in enumerate(users):
         c = await authed(server, u)
         events, _ = await c.req("q", {"kinds": [30350]})
-        rows = db_rows(data_dir, "SELECT event_id, active, endpoint FROM leases WHERE pubkey = ?", (u.pubkey,))
+        rows = db_rows(data_dir, SQL("SELECT event_id, active, endpoint FROM leases WHERE pubkey = ?",
+                                     "SELECT event_id, active, endpoint FROM leases WHERE pubkey = %s"), (u.pubkey,))
         assert sorted(e["id"] for e in events) == sorted(r[0] for r in rows)
         assert len(rows) == 2
         for eid, act, endpoint in rows:
             assert (endpoint is None) == (act == 0)
-        sel = db_rows(data_dir, "SELECT DISTINCT d FROM lease_selectors WHERE pubkey = ?", (u.pubkey,))
-        active_ds = db_rows(data_dir, "SELECT d FROM leases WHERE pubkey = ? AND active = 1", (u.pubkey,))
+        sel = db_rows(data_dir, SQL("SELECT DISTINCT d FROM lease_selectors WHERE pubkey = ?",
+                                    "SELECT DISTINCT d FROM lease_selectors WHERE pubkey = %s"), (u.pubkey,))
+        active_ds = db_rows(data_dir, SQL("SELECT d FROM leases WHERE pubkey = ? AND active = 1",
+                                          "SELECT d FROM leases WHERE pubkey = %s AND active = 1"), (u.pubkey,))
         assert sorted(sel) == sorted(active_ds)
         # The watermark survived: replaying generation 2 at address a fails.
         ok, msg = await c.publish(lease(u, active(u, generation=2, endpoint="x3"), exec_id=kid, exec_pub=pub, d="a"))
@@ -190,8 +196,10 @@ async def test_watermark_kept_for_retention_then_collected(make_server):
     assert await c.publish(first) == (True, "")
     t_tomb = int(time.time())
     assert await c.publish(lease(user, tombstone(generation=2), **k, d="wm", ttl=2, created_at=now)) == (True, "")
-    rows = db_rows(server.data_dir, "SELECT generation, last_active_expiration, tombstone_accepted_at, retain_until "
-                   "FROM lease_watermarks WHERE pubkey = ?", (user.pubkey,))
+    rows = db_rows(server.data_dir, SQL("SELECT generation, last_active_expiration, tombstone_accepted_at, "
+                                        "retain_until FROM lease_watermarks WHERE pubkey = ?",
+                                        "SELECT generation, last_active_expiration, tombstone_accepted_at, "
+                                        "retain_until FROM lease_watermarks WHERE pubkey = %s"), (user.pubkey,))
     assert len(rows) == 1
     gen, last_active, tomb_at, retain = rows[0]
     first_exp = int(next(t[1] for t in first["tags"] if t[0] == "expiration"))
@@ -201,10 +209,12 @@ async def test_watermark_kept_for_retention_then_collected(make_server):
     # Still held before retain_until: the old generation cannot come back.
     assert await c.publish(lease(user, active(user, generation=2, endpoint="again"), **k, d="wm", ttl=2,
                                  created_at=now + 1)) == (False, "invalid: stale generation")
-    await wait_for(lambda: not db_rows(server.data_dir, "SELECT 1 FROM lease_watermarks WHERE pubkey = ?",
+    await wait_for(lambda: not db_rows(server.data_dir, SQL("SELECT 1 FROM lease_watermarks WHERE pubkey = ?",
+                                                            "SELECT 1 FROM lease_watermarks WHERE pubkey = %s"),
                                        (user.pubkey,)), timeout=15)
     assert time.time() >= retain
-    assert db_rows(server.data_dir, "SELECT 1 FROM leases WHERE pubkey = ?", (user.pubkey,)) == []
+    assert db_rows(server.data_dir, SQL("SELECT 1 FROM leases WHERE pubkey = ?",
+                                        "SELECT 1 FROM leases WHERE pubkey = %s"), (user.pubkey,)) == []
     # With the watermark gone, a replay of the first lease is refused by its own expiration.
     assert await c.publish(first) == (False, "invalid: lease already expired")
     await c.close()

@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from appliance.store.statement import SQL
 from tests.conftest import Client, Server
 from tests.push.e2e_helpers import (
     ANDROID,
@@ -187,7 +188,8 @@ async def test_watermark_not_poisoned_and_tombstone(push_server, exec_key):
     assert wms[0][3] == 7
     from tests.push.e2e_helpers import db_rows
 
-    assert db_rows(push_server.data_dir, "SELECT * FROM lease_selectors WHERE pubkey = ?", (user.pubkey,)) == []
+    assert db_rows(push_server.data_dir, SQL("SELECT * FROM lease_selectors WHERE pubkey = ?",
+                                             "SELECT * FROM lease_selectors WHERE pubkey = %s"), (user.pubkey,)) == []
     # Replaying the older active event cannot resurrect it.
     assert (await me.publish(lease(user, active(user, generation=7), **k, created_at=now + 1))) == (
         False, "invalid: stale generation")

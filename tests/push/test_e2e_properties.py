@@ -26,6 +26,7 @@ from websockets.sync.client import connect as ws_connect
 from appliance.errors import PREFIXES
 from appliance.nostr.event import sign_event
 from appliance.push.errors import reason_message
+from appliance.store.statement import SQL
 from tests.conftest import Server
 from tests.fuzzing import fuzz
 from tests.push.e2e_helpers import current_key, db_rows, lease_state
@@ -145,10 +146,15 @@ def test_generated_valid_lease_accepted(server, client, exec_key, pt):
     ev = signed(unique(pt), exec_key, d, int(time.time()))
     assert client.publish(ev) == (True, "")
     assert client.req_ids(d) == [ev["id"]]
-    rows = db_rows(server.data_dir, "SELECT event_id, generation, active, endpoint FROM leases WHERE pubkey = ? AND d = ?",
+    rows = db_rows(server.data_dir, SQL("SELECT event_id, generation, active, endpoint FROM leases WHERE pubkey = ? "
+                                        "AND d = ?",
+                                        "SELECT event_id, generation, active, endpoint FROM leases WHERE pubkey = %s "
+                                        "AND d = %s"),
                    (AUTHOR_HEX, d))
     assert rows == [(ev["id"], pt["generation"], int(pt["active"]), pt.get("endpoint"))]
-    marks = db_rows(server.data_dir, "SELECT generation FROM lease_watermarks WHERE pubkey = ? AND d = ?", (AUTHOR_HEX, d))
+    marks = db_rows(server.data_dir, SQL("SELECT generation FROM lease_watermarks WHERE pubkey = ? AND d = ?",
+                                         "SELECT generation FROM lease_watermarks WHERE pubkey = %s "
+                                         "AND d = %s"), (AUTHOR_HEX, d))
     assert marks == [(pt["generation"],)]
 
 

@@ -7,6 +7,7 @@ import pytest
 from appliance.commands.backup import check_keyfile
 from appliance.push.vapid import VapidKeys
 from appliance.store.keyfile import KeyFile, holds_wrapped_keys, wrapped_inventory
+from appliance.store.statement import SQL
 from tests.pg import make_store
 
 pytestmark = pytest.mark.anyio
@@ -25,7 +26,8 @@ async def test_one_key_per_origin_and_push_service_made_once_and_kept(tmp_path):
         assert (await VapidKeys(store, keyfile, 2)(PUSH_A)).public_key != a.public_key
         # Another worker or node (a fresh cache) signs with the stored key, not one of its own.
         assert (await VapidKeys(store, keyfile, 1)(PUSH_A)).public_key == a.public_key
-        rows = store.read_sync(lambda c: c.execute("SELECT wrapped FROM vapid_keys").fetchall())
+        rows = store.read_sync(lambda c: c.execute(SQL("SELECT wrapped FROM vapid_keys",
+                                                       "SELECT wrapped FROM vapid_keys")).fetchall())
         der = a.to_der()
         assert len(rows) == 3 and all(der[-32:] not in bytes(w) for (w,) in rows)  # wrapped at rest
         assert store.read_sync(holds_wrapped_keys)

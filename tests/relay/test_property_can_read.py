@@ -21,6 +21,7 @@ from appliance.relay.authz import can_read, read_scope
 from appliance.relay.groups import Group, GroupState
 from appliance.origins import Origin
 from appliance.store.events import count_events, query_events, store_event
+from appliance.store.statement import SQL
 from tests.pg import make_store
 
 SECRETS = [generate_secret() for _ in range(4)]
@@ -68,7 +69,8 @@ def to_filter(spec: dict) -> Filter:
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
     s = make_store(tmp_path_factory.mktemp("prop"), sync_mode="normal").open()
-    s.write_sync(lambda conn: conn.execute("INSERT INTO origins (id, origin) VALUES (1, 'ws://prop.test')"))
+    s.write_sync(lambda conn: conn.execute(SQL("INSERT INTO origins (id, origin) VALUES (1, 'ws://prop.test')",
+                                               "INSERT INTO origins (id, origin) VALUES (1, 'ws://prop.test')")))
     yield s
     s.close()
 
@@ -86,7 +88,8 @@ counter = itertools.count()
 )
 def test_req_equals_can_read_over_matching(store, events, private, membership, reader, filters):
     origin_id = 1000 + next(counter)  # a fresh origin per example: no state leaks between examples
-    store.write_sync(lambda conn: conn.execute("INSERT INTO origins (id, origin) VALUES (?, ?)",
+    store.write_sync(lambda conn: conn.execute(SQL("INSERT INTO origins (id, origin) VALUES (?, ?)",
+                                                   "INSERT INTO origins (id, origin) VALUES (%s, %s)"),
                                                (origin_id, f"ws://prop{origin_id}.test")))
     origin = Origin(origin=f"ws://prop{origin_id}.test", id=origin_id)
     state = GroupState()
@@ -120,7 +123,8 @@ def test_req_equals_can_read_over_matching(store, events, private, membership, r
 
 def test_event_matching_several_tag_values_counts_once(store):
     origin_id = 999
-    store.write_sync(lambda conn: conn.execute("INSERT INTO origins (id, origin) VALUES (?, 'ws://dup.test')",
+    store.write_sync(lambda conn: conn.execute(SQL("INSERT INTO origins (id, origin) VALUES (?, 'ws://dup.test')",
+                                                   "INSERT INTO origins (id, origin) VALUES (%s, 'ws://dup.test')"),
                                                (origin_id,)))
     origin = Origin(origin="ws://dup.test", id=origin_id)
     both = sign_event(SECRETS[0], 1, [["p", PUBKEYS[1]], ["p", PUBKEYS[2]]], "both", BASE + 5)

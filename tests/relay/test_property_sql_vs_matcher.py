@@ -22,6 +22,7 @@ from appliance.origins import Origin
 from appliance.store.events import count_events, query_events, store_event
 from appliance.store.origin_rows import upsert_origin
 from appliance.store.sqlite import SqliteStore
+from appliance.store.statement import SQL
 from tests.pg import make_store
 
 SECRETS = [generate_secret() for _ in range(3)]
@@ -119,7 +120,9 @@ def _store_all(store: SqliteStore, origin: Origin, events: list[Event]) -> None:
 
 
 def _stored(store: SqliteStore, origin: Origin) -> list[Event]:
-    rows = store.read_sync(lambda conn: conn.execute("SELECT raw FROM events WHERE origin = ?", (origin.id,)).fetchall())
+    rows = store.read_sync(lambda conn: conn.execute(SQL("SELECT raw FROM events WHERE origin = ?",
+                                                         "SELECT raw FROM events "
+                                                         "WHERE origin = %s"), (origin.id,)).fetchall())
     return [Event(**orjson.loads(raw)) for (raw,) in rows]
 
 

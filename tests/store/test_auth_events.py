@@ -4,13 +4,15 @@ time window is open, purged after it."""
 from __future__ import annotations
 
 from appliance.store.admin import spend_auth_event
+from appliance.store.statement import SQL
 from tests.store.test_wakes import conn  # noqa: F401 (fixture: a fresh database, SQLite or PostgreSQL)
 
 T0 = 1_800_000_000
 
 
 def stored(conn) -> list[tuple]:  # noqa: F811
-    return conn.execute("SELECT event_id, expires_at FROM admin_auth_events ORDER BY event_id").fetchall()
+    return conn.execute(SQL("SELECT event_id, expires_at FROM admin_auth_events ORDER BY event_id",
+                            "SELECT event_id, expires_at FROM admin_auth_events ORDER BY event_id")).fetchall()
 
 
 def test_an_event_is_spent_once_and_purged_after_its_window(conn):  # noqa: F811

@@ -12,6 +12,7 @@ import pytest
 from appliance.errors import StorageFull, StoreError
 from appliance.store.meta import health_probe
 from appliance.store.sqlite import SqliteStore
+from appliance.store.statement import SQL
 from tests.pg import make_store
 from tests.conftest import ROOT
 
@@ -109,9 +110,10 @@ def test_read_past_its_time_budget_is_abandoned(tmp_path):
     from appliance.store.sqlite import QueryTimeout
 
     endless = "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n) SELECT count(*) FROM n"
+    endless = SQL(endless, endless)
     with make_store(tmp_path / "data") as store:
         with pytest.raises(QueryTimeout):
             store.read_sync(lambda conn: conn.execute(endless).fetchone(), timeout=0.05)
         # The reader connection is fine afterwards, with and without a budget.
-        assert store.read_sync(lambda conn: conn.execute("SELECT 1").fetchone(), timeout=1) == (1,)
-        assert store.read_sync(lambda conn: conn.execute("SELECT 2").fetchone()) == (2,)
+        assert store.read_sync(lambda conn: conn.execute(SQL("SELECT 1", "SELECT 1")).fetchone(), timeout=1) == (1,)
+        assert store.read_sync(lambda conn: conn.execute(SQL("SELECT 2", "SELECT 2")).fetchone()) == (2,)

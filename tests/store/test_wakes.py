@@ -8,6 +8,7 @@ import pytest
 
 from appliance.store import wakes
 from appliance.store.schema import MIGRATIONS
+from appliance.store.statement import SQL
 from tests import pg
 
 T0 = 1_800_000_000.0
@@ -177,9 +178,12 @@ def test_a_claim_batch_writes_what_claiming_its_wakes_one_by_one_writes(conn):
     rows and the same endpoint rows (send noted, hints of the claimed wakes cleared, a row made for
     an endpoint never noted before, hints of other wakes kept)."""
     def state():
-        jobs = conn.execute("SELECT id, state, due_at FROM wake_jobs ORDER BY id").fetchall()
-        ends = conn.execute("SELECT origin, endpoint_hash, last_sent_at, pending_wake FROM wake_endpoints "
-                            "ORDER BY origin, endpoint_hash").fetchall()
+        jobs = conn.execute(SQL("SELECT id, state, due_at FROM wake_jobs ORDER BY id",
+                                "SELECT id, state, due_at FROM wake_jobs ORDER BY id")).fetchall()
+        ends = conn.execute(SQL("SELECT origin, endpoint_hash, last_sent_at, pending_wake FROM wake_endpoints "
+                                "ORDER BY origin, endpoint_hash",
+                                "SELECT origin, endpoint_hash, last_sent_at, pending_wake FROM wake_endpoints "
+                                "ORDER BY origin, endpoint_hash")).fetchall()
         return [tuple(r) for r in jobs], [tuple(r) for r in ends]
 
     def setup(prefix):
@@ -189,7 +193,8 @@ def test_a_claim_batch_writes_what_claiming_its_wakes_one_by_one_writes(conn):
         wakes.claim_wake(conn, wakes.jobs_by_id(conn, [f"{prefix}3"])[f"{prefix}3"], T0, visibility=60)
         add(conn, f"{prefix}4", "e2", endpoint=f"{prefix}-c", now=T0 + 0.5)  # c: a claim out, a new wake
         add(conn, f"{prefix}5", "e1", endpoint=f"{prefix}-d")  # not claimed: its hint stays
-        conn.execute("DELETE FROM wake_endpoints WHERE endpoint_hash = ?", (f"{prefix}-a",))  # never noted
+        conn.execute(SQL("DELETE FROM wake_endpoints WHERE endpoint_hash = ?",
+                         "DELETE FROM wake_endpoints WHERE endpoint_hash = %s"), (f"{prefix}-a",))  # never noted
         return [wakes.jobs_by_id(conn, [f"{prefix}{i}"])[f"{prefix}{i}"] for i in (1, 2, 3, 4)]
 
     def strip(rows, prefix):
@@ -231,7 +236,7 @@ def test_orphans_of_a_cancelled_wake_and_a_retried_dead_job_are_joined(conn):
 
 def test_hint_rows_of_endpoints_never_sent_to_are_purged_once_stale(conn):
     add(conn, "j1", "e1")
-    count = "SELECT count(*) FROM wake_endpoints"
+    count = SQL("SELECT count(*) FROM wake_endpoints", "SELECT count(*) FROM wake_endpoints")
     wakes.purge(conn, T0, retention=1000)
     assert conn.execute(count).fetchone()[0] == 1  # j1 still pending: kept
     wakes.set_state(conn, "j1", "dropped", T0, "lease gone")

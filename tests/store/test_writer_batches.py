@@ -12,15 +12,19 @@ from appliance.nostr.event import sign_event
 from appliance.nostr.keys import generate_secret
 from appliance.store.events import PendingEvent, WriteHooks, batchable, store_event
 from appliance.store.sqlite import SqliteStore
+from appliance.store.statement import SQL
 from tests.pg import make_store
 
 SECRET = generate_secret()
+SQL_ORIGIN = SQL("INSERT INTO origins (id, origin) VALUES (1, 'ws://a.test')",
+                 "INSERT INTO origins (id, origin) VALUES (1, 'ws://a.test')")
+SQL_DELETION = SQL("INSERT INTO deletions VALUES (1, ?, ?, ?)", "INSERT INTO deletions VALUES (1, %s, %s, %s)")
 
 
 @pytest.fixture
 def store(tmp_path):
     s = make_store(tmp_path, sync_mode="normal").open()
-    s.write_sync(lambda conn: conn.execute("INSERT INTO origins (id, origin) VALUES (1, 'ws://a.test')"))
+    s.write_sync(lambda conn: conn.execute(SQL_ORIGIN))
     yield s
     s.close()
 
@@ -36,8 +40,10 @@ def submit_all(store: SqliteStore, ops: list) -> list:
 
 
 def rows(store: SqliteStore):
-    return store.read_sync(lambda c: (c.execute("SELECT id, raw FROM events ORDER BY id").fetchall(),
-                                      c.execute("SELECT name, value FROM tags ORDER BY 1, 2").fetchall()))
+    return store.read_sync(lambda c: (c.execute(SQL("SELECT id, raw FROM events ORDER BY id",
+                                                    "SELECT id, raw FROM events ORDER BY id")).fetchall(),
+                                      c.execute(SQL("SELECT name, value FROM tags ORDER BY 1, 2",
+                                                    "SELECT name, value FROM tags ORDER BY 1, 2")).fetchall()))
 
 
 def pending(ev, now=None, expiration=None, hooks=None):
@@ -48,7 +54,7 @@ def test_batch_matches_one_by_one(store, tmp_path):
     now = int(time.time())
     evs = [sign_event(SECRET, 1, [["p", "a" * 64], ["t", f"n{i % 3}"], ["t", f"n{i % 3}"]], str(i)) for i in range(50)]
     deleted = evs[7]
-    store.write_sync(lambda c: c.execute("INSERT INTO deletions VALUES (1, ?, ?, ?)", (deleted.id, deleted.pubkey, now)))
+    store.write_sync(lambda c: c.execute(SQL_DELETION, (deleted.id, deleted.pubkey, now)))
     stale = sign_event(SECRET, 1, [], "stale")
     ops = [pending(ev) for ev in evs] + [pending(evs[3])] + [pending(stale, expiration=now - 1)]
     results = submit_all(store, ops)
@@ -59,8 +65,8 @@ def test_batch_matches_one_by_one(store, tmp_path):
     batched = rows(store)
 
     other = make_store(tmp_path / "other", sync_mode="normal").open()
-    other.write_sync(lambda c: c.execute("INSERT INTO origins (id, origin) VALUES (1, 'ws://a.test')"))
-    other.write_sync(lambda c: c.execute("INSERT INTO deletions VALUES (1, ?, ?, ?)", (deleted.id, deleted.pubkey, now)))
+    other.write_sync(lambda c: c.execute(SQL_ORIGIN))
+    other.write_sync(lambda c: c.execute(SQL_DELETION, (deleted.id, deleted.pubkey, now)))
     for ev in evs:
         try:
             other.write_sync(lambda c, ev=ev: store_event(c, 1, ev, raw=ev.to_json(), expiration=None, now=now))
@@ -112,7 +118,8 @@ def test_write_then_answers_on_the_loop_after_the_commit(store):
 
         def done_for(i):
             def done(result, exc):
-                stored = store.read_sync(lambda c: c.execute("SELECT count(*) FROM events").fetchone()[0])
+                stored = store.read_sync(lambda c: c.execute(SQL("SELECT count(*) FROM events",
+                                                                 "SELECT count(*) FROM events")).fetchone()[0])
                 answers[i] = (threading.get_ident(), result, exc, stored)
                 if len(answers) == len(ops) and not all_in.done():
                     all_in.set_result(None)
