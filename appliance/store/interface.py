@@ -40,7 +40,12 @@ class Cursor(Protocol):
 @runtime_checkable
 class Connection(Protocol):
     """One database connection as the store functions use it. `with conn:` is a transaction (a
-    savepoint inside one already open), committed on a normal exit and rolled back on an error."""
+    savepoint inside one already open), committed on a normal exit and rolled back on an error.
+
+    `execute` takes a statement.SQL, of which each backend runs its own text (SQLite the string
+    itself, PostgreSQL its `postgres`), or one backend's own text: a PgText on PostgreSQL, a plain
+    string on SQLite (its own modules' PRAGMAs). A PostgreSQL connection refuses a plain string:
+    nothing is translated from one backend's text to the other's."""
 
     @property
     def in_transaction(self) -> bool: ...

@@ -101,7 +101,7 @@ class PgBus:
                 try:
                     if self._sender is None or self._sender.closed or self._sender.broken:
                         self._sender = await psycopg.AsyncConnection.connect(self.dsn, autocommit=True)
-                    await self._sender.execute("SELECT pg_notify(%s, %s)", (self.channel, payload))
+                    await self._sender.execute(SQL_NOTIFY, (self.channel, payload))
                     return
                 except psycopg.Error as exc:
                     if self._sender is not None:

@@ -13,7 +13,6 @@ import logging
 import time
 
 from appliance.errors import SchemaTooNew, StoreError
-from appliance.store import dialect
 from appliance.store.pg_words import MARK_CLASS, WORD_CLASS
 
 log = logging.getLogger("appliance.store")
@@ -459,15 +458,6 @@ SQL_HAS_TABLES = ("SELECT count(*) FROM information_schema.tables "
                   "WHERE table_schema = current_schema() AND table_type = 'BASE TABLE'")
 SQL_HAS_VERSION = ("SELECT count(*) FROM information_schema.tables "
                    "WHERE table_schema = current_schema() AND table_name = 'schema_version'")
-SQL_COLUMNS = ("SELECT table_name, column_name FROM information_schema.columns "
-               "WHERE table_schema = current_schema() ORDER BY table_name, ordinal_position")
-SQL_PRIMARY_KEYS = (
-    "SELECT tc.table_name, kcu.column_name FROM information_schema.table_constraints tc "
-    "JOIN information_schema.key_column_usage kcu ON kcu.constraint_name = tc.constraint_name "
-    "AND kcu.table_schema = tc.table_schema AND kcu.table_name = tc.table_name "
-    "WHERE tc.table_schema = current_schema() AND tc.constraint_type = 'PRIMARY KEY' "
-    "ORDER BY tc.table_name, kcu.ordinal_position"
-)
 
 
 def migrate(raw) -> int:
@@ -492,17 +482,5 @@ def migrate(raw) -> int:
             raw.execute("UPDATE schema_version SET version = %s", (version + 1,))
             if found:
                 log.info("schema version %d done in %.1f s", version + 1, time.monotonic() - t0)
-    load_tables(raw)
     return found
 
-
-def load_tables(raw) -> None:
-    """Fill dialect.TABLES (each table's columns and primary key) from the database."""
-    columns: dict[str, list[str]] = {}
-    for table, column in raw.execute(SQL_COLUMNS).fetchall():
-        columns.setdefault(table, []).append(column)
-    keys: dict[str, list[str]] = {}
-    for table, column in raw.execute(SQL_PRIMARY_KEYS).fetchall():
-        keys.setdefault(table, []).append(column)
-    for table, cols in columns.items():
-        dialect.TABLES[table] = (tuple(cols), tuple(keys.get(table, ())))

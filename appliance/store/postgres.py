@@ -5,8 +5,9 @@ in its own SAVEPOINT); reads run on the same fair reader threads as SQLite's (re
 each borrowing a connection from a psycopg_pool ConnectionPool for one REPEATABLE READ, READ ONLY
 transaction (one snapshot, like a SQLite read transaction), bounded by statement_timeout. The event
 loop never waits on the database. The store functions keep taking a `conn`: here a PgConnection,
-which implements store.interface.Connection and runs their SQLite-dialect statements
-through dialect.translate (once per statement text).
+which implements store.interface.Connection and runs each statement's own PostgreSQL text (an
+SQL's `postgres`, or a PgText built for PostgreSQL: statement.py); it refuses any other text, so
+a statement written for SQLite alone fails at once instead of being run or rewritten.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ try:  # the `postgresql` extra; the other PostgreSQL modules take psycopg from h
 except ImportError:
     raise DriverMissing(POSTGRES_DRIVER_MISSING) from None
 
-from appliance.store import dialect, pg_schema
+from appliance.store import pg_schema
 from appliance.store.dsn import redact
 from appliance.store.meta import HeldLocks
 from appliance.store.readpool import ReadPool
@@ -105,7 +106,7 @@ def _params(params):
     return out
 
 
-def _text(sql: str, bound: bool) -> tuple[str, bool]:
+def _text(sql: str) -> tuple[str, bool]:
     """(PostgreSQL text, whether it returns the new row's id) of a statement: an SQL's own
     PostgreSQL text, a PgText as it is (psycopg reads `%` as a binding's mark only in a statement
     run with bindings: a literal one is written `%%` there, `%` elsewhere)."""
@@ -116,7 +117,8 @@ def _text(sql: str, bound: bool) -> tuple[str, bool]:
         return sql.postgres, sql.returns_id
     if cls is PgText:
         return sql, False
-    return dialect.translate(sql, bound)  # not yet given its PostgreSQL text
+    raise StoreError(f"a statement without its PostgreSQL text ran on PostgreSQL (write it as statement.SQL): "
+                     f"{sql[:80]!r}")
 
 
 # The first two letters of the transaction control statements a connection's HeldLocks follows
@@ -142,8 +144,8 @@ class PgConnection:
     def execute(self, sql: str, params=None):
         if sql[:2] in _CONTROL:
             self.locks.statement(sql)
+        text, returns_id = _text(sql)
         bound = bool(params)
-        text, returns_id = _text(sql, bound)
         if self.deadline is not None and time.monotonic() > self.deadline:
             raise QueryTimeout(f"query took longer than {self.timeout:g} s")
         cur = self.raw.cursor()
@@ -160,7 +162,7 @@ class PgConnection:
         return cur
 
     def executemany(self, sql: str, seq) -> None:
-        text, _returns_id = _text(sql, True)
+        text, _returns_id = _text(sql)
         rows = [_params(p) for p in seq]
         if not rows:
             self._changes = 0

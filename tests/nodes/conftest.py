@@ -34,10 +34,11 @@ class Nodes:
         return srv
 
     def rows(self, sql: str, args=()) -> list[tuple]:
+        """Rows of one query (PostgreSQL's text) on the nodes' database."""
         import psycopg
 
         with psycopg.connect(self.url) as conn:
-            return conn.execute(sql.replace("?", "%s"), args).fetchall()
+            return conn.execute(sql, args).fetchall()
 
     def stop(self) -> None:
         for s in self.servers:

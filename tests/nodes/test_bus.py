@@ -20,7 +20,7 @@ class Conn:
         self.raw = raw
 
     def execute(self, sql, params):
-        return self.raw.execute(sql.replace("?", "%s"), params)
+        return self.raw.execute(sql, params)  # announce's statement is PostgreSQL's own (a PgText)
 
 
 async def _wait(cond, timeout=10.0):

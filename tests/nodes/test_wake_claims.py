@@ -20,7 +20,7 @@ T0 = time.time()
 
 @pytest.fixture
 def two(pg_cluster):
-    from appliance.store.pg_schema import load_tables, migrate
+    from appliance.store.pg_schema import migrate
     from appliance.store.postgres import PgConnection, _configure
 
     url = pg_cluster.new_database()
@@ -30,7 +30,6 @@ def two(pg_cluster):
         _configure(raw)
         conns.append(PgConnection(raw))
     migrate(conns[0].raw)
-    load_tables(conns[0].raw)
     yield conns
     for c in conns:
         c.close()

@@ -20,12 +20,10 @@ def conn(tmp_path):
     if pg.on_postgres():
         import psycopg
 
-        from appliance.store.pg_schema import load_tables
         from appliance.store.postgres import PgConnection, _configure
 
         raw = psycopg.connect(pg.database_for(tmp_path), autocommit=True)
         _configure(raw)
-        load_tables(raw)
         c = PgConnection(raw)
         yield c
         c.close()
