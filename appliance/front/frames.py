@@ -72,6 +72,40 @@ def frame_events(prefix: bytes, raws: list[bytes], tail: bytes) -> Frames:
     return Frames(b"".join(parts), len(raws) + 1)
 
 
+# Bytes per `Frames` of a large answer (`frame_chunks`): the size of a write piece
+# (appliance.relay.output.DEFAULT_WRITE_PIECE).
+DEFAULT_CHUNK_BYTES = 256 * 1024
+
+
+def frame_chunks(prefix: bytes, raws: list[bytes], tail: bytes, chunk: int = DEFAULT_CHUNK_BYTES) -> list[Frames]:
+    """`frame_events` as `Frames` of about `chunk` bytes each (whole frames; one when the answer
+    is no larger). A large answer written to a peer that reads slowly is let go a chunk at a time
+    as it is written: a single buffer stays whole in memory until its last byte is written, what
+    the socket took already included (docs/performance.md#slow-readers)."""
+    out: list[Frames] = []
+    parts: list[bytes] = []
+    append = parts.append
+    small, medium = _SMALL_HEADERS, _MEDIUM_HEADER
+    extra = len(prefix) + 1
+    size = count = 0
+    for raw in raws:
+        n = len(raw) + extra
+        append(small[n] if n < 126 else medium(0x81, 126, n) if n < 65536 else frame_header(n))
+        append(prefix)
+        append(raw)
+        append(b"]")
+        size += n + 4
+        count += 1
+        if size >= chunk:
+            out.append(Frames(b"".join(parts), count))
+            parts.clear()
+            size = count = 0
+    append(frame_header(len(tail)))
+    append(tail)
+    out.append(Frames(b"".join(parts), count + 1))
+    return out
+
+
 # FIN + text opcode, then the 7-bit payload length.
 _SMALL_HEADERS = [bytes((0x81, n)) for n in range(126)]
 # FIN + text opcode, 126, then the 16-bit payload length.

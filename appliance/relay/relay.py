@@ -185,6 +185,8 @@ class Relay:
     def wait_for_room(self, n: int, start: Callable[[], None]) -> None:
         """A read of `n` reserved bytes found no room: `start()` once there is (in order)."""
         self.read_waiters.append((n, start))
+        # (Room may have been made between the reader's refusal and now: nothing else would say so.)
+        self.room_made()
 
     def reserve_read(self, n: int) -> bool:
         """On a reader thread, before an answer of up to n bytes is built: whether there is room
@@ -198,7 +200,8 @@ class Relay:
             return True
 
     def release_read(self, n: int) -> None:
-        """On a reader thread: an answer reserved with `reserve_read` was built (or was not)."""
+        """Part or all of what `reserve_read` reserved is free again (on any thread): an answer's
+        rows were freed, or the loop queued it, or it was not wanted."""
         with self._reserve_lock:
             self.reserved_bytes -= n
         if self.read_waiters:
@@ -535,23 +538,38 @@ class Relay:
                 return HELD
             if not self.reserve_read(reserve):
                 return HELD
+            claim = _Claim(self, reserve)
             try:
                 answer = render(query_rows(conn, origin_id, filters, scope, now, default_limit=s.default_limit,
                                            max_limit=s.max_limit, max_bytes=s.max_query_bytes, raw_bytes=raw_bytes))
-            finally:
-                self.release_read(reserve)
+            except BaseException:
+                claim.release()
+                raise
             messages = answer[0] if type(answer) is tuple else None
-            if messages is not None and type(messages) is not list and len(messages) > TRIM_AFTER_BYTES:
+            size = 0 if messages is None else len(messages) if type(messages) is not list else sum(map(len, messages))
+            # The rows are freed: the answer keeps its own size under the budget until the loop
+            # has queued it (`finished`), or until it is dropped unsent (`_Claim.__del__`).
+            claim.shrink(size)
+            if size > TRIM_AFTER_BYTES:
                 # The rows of a large answer were freed on this thread: glibc keeps them in its
                 # arena unless told to hand them back (rows of large events are not mapped alone).
                 trim_heap()
-            return answer
+            return _Claimed(answer, claim)
+
+        def finished(result, exc: BaseException | None) -> None:
+            if type(result) is not _Claimed:
+                done(result, exc)
+                return
+            try:
+                done(result.answer, exc)
+            finally:
+                result.claim.release()
 
         if cost is not None:
             read = _costed(read, cost)
         # A REQ asking for a few events may be answered on the loop's own thread (the store bounds
         # the SQL work; building the answer is bounded by this many events).
-        return self.store.read_then(read, done, timeout=s.query_timeout, owner=owner,
+        return self.store.read_then(read, finished, timeout=s.query_timeout, owner=owner,
                                     inline=wanted <= INLINE_MAX_EVENTS)
 
     def start_count(self, origin: Origin, reader: str | None, filters: list[Filter], *, owner: object,
@@ -569,6 +587,44 @@ class Relay:
 
         return self.store.read_then(read if cost is None else _costed(read, cost), done,
                                     timeout=self.settings.query_timeout, owner=owner, inline=True)
+
+
+class _Claim:
+    """The part of max_output_buffer_total a REQ's answer holds from when its read starts (twice
+    what it may send: its rows and their frames) until its connection's output has taken it: an
+    answer rendered on a reader thread and waiting for the loop is counted too. Released once, by
+    `release` or when it is dropped (an answer no longer wanted is never handed to the loop)."""
+
+    __slots__ = ("relay", "n")
+
+    def __init__(self, relay: "Relay", n: int):
+        self.relay, self.n = relay, n
+
+    def shrink(self, n: int) -> None:
+        """The answer now takes n bytes (its rows freed)."""
+        if n < self.n:
+            less, self.n = self.n - n, n
+            self.relay.release_read(less)
+
+    def release(self) -> None:
+        n, self.n = self.n, 0
+        if n:
+            self.relay.release_read(n)
+
+    def __del__(self) -> None:
+        try:
+            self.release()
+        except Exception:  # (the interpreter shutting down)
+            pass
+
+
+class _Claimed:
+    """A REQ's rendered answer and its claim on the budget, on their way to the loop."""
+
+    __slots__ = ("answer", "claim")
+
+    def __init__(self, answer: object, claim: _Claim):
+        self.answer, self.claim = answer, claim
 
 
 def _costed(fn: Callable, cost: Callable[[float], None]) -> Callable:

@@ -8,6 +8,7 @@ below write in the connection's dialect (statement.Dialect); values are always b
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import chain, islice
 from operator import itemgetter
 from typing import Callable, Iterable
 
@@ -742,13 +743,17 @@ def _filter_answer(conn: Connection, origin: int, f: Filter, scope: ReadScope, n
     sql, params = build_query(d, origin, f, scope, now, limit, raw_bytes=raw_bytes)
     n = params[-1]  # the LIMIT: limit x the driving tag's values (one event can match each)
     fetched = conn.execute(sql, params)
-    if n == limit:  # a row per event: at most limit + 1 rows, all read at once
-        fetched = fetched.fetchall()
-        if _whole_answer(fetched, limit, share):
-            got = fetched[:limit]
-            if len(set(map(_CREATED_AT, got))) < len(got):  # ties within a second
-                got.sort(key=lambda r: (-r[0], r[1]))
-            return got
+    if n == limit:  # a row per event: at most limit + 1 rows, read at once while within `share`
+        first, complete = _fetch_within(fetched, limit + 1, share)
+        if complete:
+            if _whole_answer(first, limit, share):
+                got = first[:limit]
+                if len(set(map(_CREATED_AT, got))) < len(got):  # ties within a second
+                    got.sort(key=lambda r: (-r[0], r[1]))
+                return got
+            fetched = first
+        else:  # past `share` already: the rest is read row by row, as far as the answer needs
+            fetched = chain(first, fetched)
     # Else row by row (several driving values: up to n + 1 rows, most of them often not needed).
     got = []
     seen: set[str] = set()
@@ -799,6 +804,34 @@ def _filter_answer(conn: Connection, origin: int, f: Filter, scope: ReadScope, n
 
 
 _CREATED_AT, _ID, _RAW = itemgetter(0), itemgetter(1), itemgetter(2)
+
+
+# `_fetch_within`: the rows read at once first (a usual answer's all), then at a time past them.
+FETCH_FIRST_ROWS = 64
+FETCH_MORE_ROWS = 16
+
+
+def _fetch_within(cursor: Iterable[tuple], most: int, share: int | None) -> tuple[list[tuple], bool]:
+    """Up to `most` rows of `cursor`, read in batches while their raws fit in `share` bytes, and
+    whether that is all of them (False: the read stopped past `share`, the rest still in the
+    cursor). A limit of large events is not read whole only to be cut to its share after: a
+    reader holds about `share` bytes of rows (max_output_buffer_total counts on it)."""
+    if share is None:
+        return list(islice(cursor, most)), True
+    rows = list(islice(cursor, min(most, FETCH_FIRST_ROWS)))
+    if len(rows) < min(most, FETCH_FIRST_ROWS):
+        return rows, True
+    size = sum(map(len, map(_RAW, rows)))
+    while len(rows) < most:
+        if size > share:
+            return rows, False
+        want = min(most - len(rows), FETCH_MORE_ROWS)
+        more = list(islice(cursor, want))
+        rows += more
+        if len(more) < want:
+            return rows, True
+        size += sum(map(len, map(_RAW, more)))
+    return rows, True
 
 
 def _whole_answer(fetched: list[tuple], limit: int, share: int | None) -> bool:

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from appliance.nostr.filters import Filter, InvalidFilter, only_searchable, parse_filter
 from appliance.relay.authz import AUTHOR_ONLY_KINDS, GATED_KINDS, may_enter
-from appliance.front.frames import Frames, frame_events
+from appliance.front.frames import Frames, frame_chunks
 from appliance.relay.governor import REFUSED, WAIT
 from appliance.relay.relay import HELD
 from appliance.relay.subscriptions import Subscription
@@ -294,7 +294,8 @@ def refused_req(session: "Session", sub_id: str) -> None:
 
 def answer_renderer(sub_id: str, raw_frames: bool):
     """The function a reader thread turns a REQ's stored rows into its messages with (the EVENTs
-    and the EOSE): one `Frames` when the connection takes raw frames, else a list of texts.
+    and the EOSE): one `Frames` when the connection takes raw frames (a list of them, each about
+    a write piece, for a large answer), else a list of texts.
     Returns (messages, the events' ids): the rows' own bytes are let go on the reader thread."""
     sub_json = dumps(sub_id)
     if raw_frames:
@@ -302,7 +303,8 @@ def answer_renderer(sub_id: str, raw_frames: bool):
         eose = ('["EOSE",' + sub_json + "]").encode()
 
         def render(rows: list) -> tuple:
-            return frame_events(prefix, [raw for _eid, raw in rows], eose), [eid for eid, _raw in rows]
+            chunks = frame_chunks(prefix, [raw for _eid, raw in rows], eose)
+            return chunks[0] if len(chunks) == 1 else chunks, [eid for eid, _raw in rows]
     else:
         prefix_text = '["EVENT",' + sub_json + ","
         eose_text = '["EOSE",' + sub_json + "]"
