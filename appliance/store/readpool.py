@@ -381,6 +381,8 @@ class _ReaderThread(threading.Thread):
                         read.loop.call_soon_threadsafe(_call_done, read, result, exc)
                 except RuntimeError:  # the loop is closed (shutdown)
                     pass
+                # An answer not wanted any more goes now, not when this thread's next read comes.
+                result = exc = read = None
         finally:
             store._forget_reader(conn)
 

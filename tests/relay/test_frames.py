@@ -91,3 +91,23 @@ async def test_uncompressed_client_reads_every_size(server, alice, connect):
         got.append(msg[2]["id"])
     assert sorted(got) == sorted(ids)
     await ws.close()
+
+
+@pytest.mark.parametrize("sizes", [[], [10], [65_535, 70_000], [3_000] * 300, [200_000, 10, 300_000]])
+async def test_a_large_answer_is_framed_in_chunks_let_go_as_written(sizes):
+    """A large answer is several `Frames` of about a write piece each, whole frames in order: the
+    same bytes as one `Frames`; an answer no larger than a chunk is one."""
+    raws = [b'{"id":"' + b"x" * n + b'"}' for n in sizes]
+    prefix, eose = b'["EVENT","sub",', b'["EOSE","sub"]'
+    whole = frames.frame_events(prefix, raws, eose)
+    chunks = frames.frame_chunks(prefix, raws, eose, 64 * 1024)
+    assert b"".join(bytes(c.data) for c in chunks) == whole.data
+    assert sum(c.count for c in chunks) == whole.count
+    if len(whole) <= 64 * 1024:
+        assert len(chunks) == 1
+    for c in chunks[:-1]:  # each chunk ends at a frame boundary once it holds 64 KiB or more
+        assert len(c) >= 64 * 1024
+        head, rest = c.split(len(c))
+        assert rest is None
+    largest = max(sizes, default=0) + len(prefix) + 20
+    assert all(len(c) < 64 * 1024 + largest for c in chunks)

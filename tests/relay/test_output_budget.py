@@ -184,3 +184,62 @@ async def test_the_connection_with_the_most_unread_output_goes_first(make_server
     finally:
         hog.close()
         await writer.close()
+
+
+def test_an_answer_counts_toward_the_budget_until_queued_or_dropped(tmp_path):
+    """A REQ's answer built on a reader thread keeps its size under max_output_buffer_total until
+    the loop has queued it (`done` returned), or until it is dropped unsent (its read cancelled):
+    answers waiting for the loop are never memory the budget does not see."""
+    import threading
+
+    from appliance.app import build
+    from appliance.front.frames import Frames
+    from appliance.nostr.filters import parse_filter
+    from appliance.settings import load
+    from tests.pg import storage_env
+
+    data_dir = tmp_path / "data"
+    settings = load(flags={"data_dir": str(data_dir)}, environ=storage_env(data_dir), config_path=None)
+    app = build(settings)
+    relay = app.relay
+    origin = relay.origins.origins[0]
+    filters = [parse_filter({"kinds": [1], "limit": 500})]  # (too many events to be read on the loop)
+    answer = Frames(b"\x81\x02[]" * 1000, 1000)
+
+    async def run():
+        loop = asyncio.get_running_loop()
+        seen = loop.create_future()
+
+        def done(result, exc):
+            seen.set_result((result, exc, relay.reserved_bytes))
+
+        relay.start_query(origin, None, filters, owner=object(), render=lambda rows: (answer, []), done=done)
+        result, exc, reserved = await asyncio.wait_for(seen, 30)
+        assert exc is None and result[0] is answer
+        assert reserved == len(answer)  # rows freed: the answer's own size, held while it is queued
+        assert relay.reserved_bytes == 0
+
+        rendered, go_on = threading.Event(), threading.Event()
+
+        def render(rows):  # on the reader thread: the answer is ready when its read is cancelled
+            rendered.set()
+            go_on.wait(30)
+            return Frames(b"\x81\x02[]" * 1000, 1000), []
+
+        handle = relay.start_query(origin, None, filters, owner=object(), render=render,
+                                   done=lambda result, exc: pytest.fail("a cancelled read was delivered"))
+        assert await asyncio.to_thread(rendered.wait, 30)
+        assert relay.reserved_bytes == relay.read_reserve(filters)  # twice what it may send, while built
+        handle.cancel()
+        go_on.set()
+        for _ in range(300):
+            if relay.reserved_bytes == 0:
+                break
+            await asyncio.sleep(0.01)
+        assert relay.reserved_bytes == 0
+
+    try:
+        asyncio.run(run())
+    finally:
+        relay.close()
+        app.store.close()

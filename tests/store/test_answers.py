@@ -121,3 +121,50 @@ def test_a_count_checks_expiration_only_while_an_expired_event_is_stored(store):
     store.write_sync(lambda conn: conn.execute("UPDATE events SET expiration = ? WHERE expiration IS NOT NULL",
                                                (NOW + 1,)))
     assert store.read_sync(count) == (False, 30)
+
+
+def test_a_limit_of_large_events_is_read_only_as_far_as_its_byte_budget(store):
+    """A one-row-per-event read with a large limit stops reading rows once past the filter's byte
+    budget (then finishes row by row), rather than reading limit + 1 rows to cut them after: a
+    reader holds about max_query_bytes of rows (max_output_buffer_total counts on it)."""
+    from appliance.store.events import FETCH_MORE_ROWS
+
+    def write(conn):
+        conn.execute("INSERT OR IGNORE INTO origins (id, origin) VALUES (1, 'wss://answers.example')")
+        for i in range(300):  # one event a second, about 2 KB each
+            eid = f"{i:064x}"
+            conn.execute("INSERT INTO events (origin, id, pubkey, created_at, kind, raw) VALUES (1, ?, ?, ?, 1, ?)",
+                         (eid, AUTHOR, 1_000 + i, '{"id":"%s","content":"%s"}' % (eid, "x" * 2_000)))
+
+    store.write_sync(write)
+    consumed = []
+
+    class Counting:
+        def __init__(self, cursor):
+            self.cursor = cursor
+
+        def __iter__(self):
+            for row in self.cursor:
+                consumed.append(row[1])
+                yield row
+
+        def fetchall(self):
+            return list(self)
+
+        def fetchone(self):
+            return next(iter(self), None)
+
+    class Conn:
+        def __init__(self, conn):
+            self.conn = conn
+
+        def execute(self, sql, params=None):
+            return Counting(self.conn.execute(sql, params))
+
+    f = parse_filter({"kinds": [1], "limit": 500})
+    rows = store.read_sync(lambda conn: query_rows(Conn(conn), 1, [f], SCOPE, NOW, default_limit=500,
+                                                   max_limit=500, max_bytes=200_000))
+    ids = [eid for eid, _raw in rows]
+    assert ids == [f"{i:064x}" for i in range(299, 299 - len(ids), -1)]  # the newest, within the budget
+    assert sum(len(raw) for _eid, raw in rows) <= 200_000 < sum(len(raw) for _eid, raw in rows) + 2_100
+    assert len(consumed) <= len(ids) + FETCH_MORE_ROWS + 2  # not the 301 rows of limit + 1
