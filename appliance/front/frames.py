@@ -81,7 +81,7 @@ def frame_chunks(prefix: bytes, raws: list[bytes], tail: bytes, chunk: int = DEF
     """`frame_events` as `Frames` of about `chunk` bytes each (whole frames; one when the answer
     is no larger). A large answer written to a peer that reads slowly is let go a chunk at a time
     as it is written: a single buffer stays whole in memory until its last byte is written, what
-    the socket took already included (docs/performance.md#slow-readers)."""
+    the socket took already included (docs/performance.md#default_chunk_bytes)."""
     out: list[Frames] = []
     parts: list[bytes] = []
     append = parts.append
