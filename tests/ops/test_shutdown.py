@@ -9,6 +9,8 @@ import time
 
 import pytest
 
+from appliance.store.statement import SQL
+
 
 def _silent_websocket(port: int) -> socket.socket:
     """A websocket client that completes the handshake, then never reads or answers a close frame."""
