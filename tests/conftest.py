@@ -81,9 +81,14 @@ def vectors_dir() -> Path | None:
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free loopback port, from this worker's own block when the suite runs on parallel workers."""
+    from appliance.bench.harness import free_port as harness_free_port
+
+    return harness_free_port()
+
+
+class PortTaken(RuntimeError):
+    pass
 
 
 class Server:
@@ -108,6 +113,19 @@ class Server:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> "Server":
+        for _ in range(3):
+            try:
+                return self._start()
+            except PortTaken:
+                # Taken between free_port's check and the server's bind (another process on the
+                # machine): another port, as a real operator would pick.
+                self._log.close()
+                self.port = free_port()
+                self.log_path = self.data_dir.parent / f"server-{self.port}.log"
+                LOGS.append(self.log_path)
+        return self._start()
+
+    def _start(self) -> "Server":
         args = [sys.executable, "-m", "appliance", "serve", "--data-dir", str(self.data_dir),
                 "--port", str(self.port), "--log-level", LOG_LEVEL, *self.extra]
         if self.config is not None:
@@ -121,15 +139,23 @@ class Server:
         env.update(self.env)
         self._log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
-        deadline = time.monotonic() + 30
+        # Ready in a second or two on an idle machine, but up to ten times that with parallel
+        # workers beside other loads on two cores: a start that long is slow, not broken.
+        deadline = time.monotonic() + 90
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited early:\n{self.log_path.read_text()}")
+                log = self.log_path.read_text()
+                if f"cannot listen on 127.0.0.1:{self.port}: address already in use" in log:
+                    raise PortTaken(log)
+                raise RuntimeError(f"server exited early:\n{log}")
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
                     return self
             except OSError:
                 time.sleep(0.05)
+        self.proc.kill()  # not left running, holding its port and data directory, after the test
+        self.proc.wait()
+        self._log.close()
         raise RuntimeError(f"server did not start:\n{self.log_path.read_text()}")
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
@@ -245,8 +271,20 @@ class Identity:
         return sign_event(self.secret, kind, tags or [], content, created_at)
 
 
+# What the parallel workers found, as the controller learns it when each worker ends
+# (pytest_testnodedown): the slow tests each left out and the secrets in their servers' logs.
+_from_workers: dict = {"slow_deselected": 0, "leaked": {}}
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    output = getattr(node, "workeroutput", None) or {}
+    _from_workers["slow_deselected"] = max(_from_workers["slow_deselected"], output.get("slow_deselected", 0))
+    _from_workers["leaked"].update(output.get("leaked_secrets") or {})
+
+
 def pytest_terminal_summary(terminalreporter, config):
-    left = getattr(config, "_slow_deselected", 0)
+    left = getattr(config, "_slow_deselected", 0) or _from_workers["slow_deselected"]
     if left:
         terminalreporter.write_line(f"{left} slow tests left out: `make test-slow` (pytest -m slow) runs them, "
                                     "--with-slow runs both tiers")
@@ -259,7 +297,13 @@ def pytest_sessionfinish(session, exitstatus):
     from tests import pg
 
     leaked = {str(p): found for p in dict.fromkeys([*LOGS, *APPLIANCE_LOGS]) if (found := check_log(p))}
-    if leaked:
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:  # a parallel worker: its exit status is not the run's, the controller's is
+        workeroutput["leaked_secrets"] = leaked
+        workeroutput["slow_deselected"] = getattr(session.config, "_slow_deselected", 0)
+    else:
+        leaked.update(_from_workers["leaked"])
+    if leaked and workeroutput is None:
         session.config.pluginmanager.get_plugin("terminalreporter").write_line(
             f"SECRETS IN SERVER LOGS: {leaked}", red=True)
         session.exitstatus = pytest.ExitCode.TESTS_FAILED

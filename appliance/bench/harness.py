@@ -22,10 +22,36 @@ from appliance.store.sqlite import DB_FILENAME
 # -- numbers and messages ------------------------------------------------------------------
 
 
+# Under pytest-xdist (PYTEST_XDIST_WORKER=gwN) each worker hands out ports from a block of its own,
+# below the kernel's ephemeral range: with port 0 a port one worker was just given (and has not
+# bound yet) can be the next one the kernel gives another worker. A random start keeps two runs of
+# the suite on one machine apart too; every port is still checked free by binding it.
+_PORT_BLOCK = 400
+_PORT_BASE = 20000
+_next_port: int | None = None
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A loopback TCP port free at the time of the call."""
+    global _next_port
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if not worker.startswith("gw") or not worker[2:].isdigit():
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return s.getsockname()[1]
+    low = _PORT_BASE + int(worker[2:]) % 30 * _PORT_BLOCK
+    if _next_port is None:
+        _next_port = int.from_bytes(os.urandom(2), "big") % _PORT_BLOCK
+    for _ in range(_PORT_BLOCK):
+        port = low + _next_port
+        _next_port = (_next_port + 1) % _PORT_BLOCK
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise OSError(f"no free port in {low}..{low + _PORT_BLOCK - 1}")
 
 
 def percentile(values: list[float], q: float) -> float:

@@ -153,7 +153,8 @@ async def test_a_ping_is_answered_with_its_payload(server):
     raw.close()
 
 
-@pytest.mark.parametrize("shape,data", [
+# Named by shape alone: the frames carry random masks, and parallel workers must collect the same ids.
+PROTOCOL_ERRORS = [
     ("unmasked client frame (5.1)", frame(TEXT, req("u"), mask=False)),
     ("control frame over 125 bytes (5.5)", frame(PING, b"p" * 126)),
     ("fragmented control frame (5.5)", frame(PING, b"p", fin=False)),
@@ -164,7 +165,10 @@ async def test_a_ping_is_answered_with_its_payload(server):
     ("close code out of range (7.4)", frame(CLOSE, close_payload(999))),
     ("close code reserved for no status (7.4.1)", frame(CLOSE, close_payload(1005))),
     ("close frame of one byte (5.5.1)", frame(CLOSE, b"\x03")),
-])
+]
+
+
+@pytest.mark.parametrize("shape,data", PROTOCOL_ERRORS, ids=[shape for shape, _ in PROTOCOL_ERRORS])
 async def test_protocol_errors_close_1002(server, shape, data):
     raw = await Raw.open(server.port)
     raw.send(data)
