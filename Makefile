@@ -6,7 +6,8 @@
 #
 #   make run  [ARGS="--port 8080"]       serve (appliance with no command = appliance serve)
 #   make test [ARGS="-x tests/ops"]      pytest, after the interop tools the suite can use: the
-#                                        default tier (tests marked slow are left out)
+#                                        default tier (tests marked slow are left out), on
+#                                        TEST_WORKERS parallel workers (3; 0 runs it in one process)
 #   make test-slow [ARGS=...]            the slow tier alone (pytest -m slow)
 #   make test-postgres [ARGS=...]        both tiers on the PostgreSQL store, in a throwaway
 #                                        cluster (Debian's postgresql package; tests/pg_cluster.sh)
@@ -48,8 +49,12 @@ run: $(STAMP)
 
 TEST_DEPS := $(TEST_STAMP) $(HTMX) $(VENV)/.mdk $(INTEROP)/node_modules/.installed $(NOSTR_INTEROP)/node_modules/.installed
 
+# The default tier waits on servers, sockets and timers far more than it computes: pytest-xdist
+# runs it on parallel workers, stealing work at the end (docs/performance.md, the test suite).
+TEST_WORKERS ?= 3
+
 test: $(TEST_DEPS)
-	$(BIN)/pytest -q $(ARGS)
+	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist worksteal $(ARGS)
 
 test-slow: $(TEST_DEPS)
 	$(BIN)/pytest -q -m slow $(ARGS)

@@ -346,6 +346,11 @@ class Distributor(OnItsOwnThread):
             self.body_bytes_sent += len(piece)
             if answer.drip:
                 await asyncio.sleep(answer.drip)
+            else:
+                # drain() returns without yielding while the transport is not paused, and writes to
+                # a connection already lost are dropped without pausing it: without a turn of the
+                # loop its loss is never seen, and this sends nowhere at full speed (seen under load).
+                await asyncio.sleep(0)
         writer.write(conn.send(h11.EndOfMessage()))
         await writer.drain()
 

@@ -213,7 +213,8 @@ def test_make_does_nothing_but_the_command_when_nothing_changed(checkout):
         os.utime(checkout / rel, (old - 100, old - 100))
     _set_up(checkout, old)
     assert [line.strip() for line in _dry(checkout, "run").splitlines()] == [".venv/bin/appliance"]
-    assert [line.strip() for line in _dry(checkout, "test").splitlines()] == [".venv/bin/pytest -q"]
+    assert [line.strip() for line in _dry(checkout, "test").splitlines()] == [
+        ".venv/bin/pytest -q -n 3 --dist worksteal"]
 
 
 @pytest.mark.parametrize("changed", ["pyproject.toml", "uv.lock"])
