@@ -11,11 +11,13 @@ from dataclasses import dataclass, field
 
 from appliance.store import pg_schema, schema
 from appliance.store.interface import Connection
+from appliance.store.statement import PgText
 
 # Seconds the doctor waits for the database server to answer a connection.
 DEFAULT_CONNECT_TIMEOUT = 5
 
-SQL_SERVER = (
+# The doctor's reads of the PostgreSQL store, run on a PgConnection (`connect`): PostgreSQL's own.
+SQL_SERVER = PgText(
     "SELECT current_setting('server_version'), current_setting('server_version_num')::int, "
     "current_setting('server_encoding'), pg_is_in_recovery(), current_setting('default_transaction_read_only'), "
     "current_setting('max_connections')::int, current_setting('superuser_reserved_connections')::int, "
@@ -23,11 +25,11 @@ SQL_SERVER = (
     "current_setting('fsync'), current_setting('synchronous_commit'), current_database(), "
     "pg_database_size(current_database())"
 )
-SQL_VERSION_ROWS = "SELECT version FROM schema_version"
-SQL_COLUMNS = ("SELECT table_name, column_name FROM information_schema.columns "
-               "WHERE table_schema = current_schema() ORDER BY table_name, ordinal_position")
-SQL_GENERATION_ROW = "SELECT value FROM meta WHERE name = 'config_generation'"
-SQL_ADMIN_ROW = "SELECT count(*) FROM admin_auth WHERE id = 1"
+SQL_VERSION_ROWS = PgText("SELECT version FROM schema_version")
+SQL_COLUMNS = PgText("SELECT table_name, column_name FROM information_schema.columns "
+                     "WHERE table_schema = current_schema() ORDER BY table_name, ordinal_position")
+SQL_GENERATION_ROW = PgText("SELECT value FROM meta WHERE name = 'config_generation'")
+SQL_ADMIN_ROW = PgText("SELECT count(*) FROM admin_auth WHERE id = 1")
 # SQLite's own catalogue, for the tables a store of this version has (the PostgreSQL ladder makes
 # the same tables and columns: tests/store/test_schema.py holds the two together).
 # (The search index is each backend's own: SQLite's FTS5 virtual table and its shadow tables are

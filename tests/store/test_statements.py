@@ -25,6 +25,8 @@ POSTGRES_ONLY = {"postgres", "pg_schema", "pg_check", "pg_words", "scratch"}
 NO_STATEMENTS = {"statement", "interface", "backend", "dsn", "faultlog", "instance", "readpool"}
 # Statements a shared module runs on a psycopg connection of its own (the node bus listening).
 OWN_CONNECTION = {("notify", "LISTEN")}
+# PostgreSQL's own modules whose statements run on a PgConnection (the doctor's: pg_check.connect).
+ON_PG_CONNECTION = ("pg_check",)
 
 
 def shared_modules() -> list[str]:
@@ -33,9 +35,10 @@ def shared_modules() -> list[str]:
 
 
 def statements() -> list[tuple[str, str, str]]:
-    """(module, name, PostgreSQL text) of every module-level statement of the shared modules."""
+    """(module, name, PostgreSQL text) of every module-level statement of the shared modules, and
+    of the PostgreSQL modules run on a PgConnection."""
     out = []
-    for module in shared_modules():
+    for module in [*shared_modules(), *ON_PG_CONNECTION]:
         mod = importlib.import_module(f"appliance.store.{module}")
         for name, value in vars(mod).items():
             for i, stmt in enumerate(value if isinstance(value, tuple) else (value,)):
@@ -178,3 +181,45 @@ def test_replacing_a_lease_row_resets_the_columns_it_does_not_name(tmp_path):
         assert store.read_sync(lambda c: c.execute(SQL_LEASE, ("a" * 64,)).fetchall()) == [(1, "first", 5, 6.5)]
         store.write_sync(lambda c: leases.put_lease(c, row(2, "second")))
         assert store.read_sync(lambda c: c.execute(SQL_LEASE, ("a" * 64,)).fetchall()) == [(2, "second", None, None)]
+
+
+class _DoctorRaw:
+    """A psycopg connection answering the doctor's reads (pg_check) with a store's rows."""
+
+    def __init__(self):
+        self.ran = []
+
+    def cursor(self):
+        raw = self
+
+        class Cursor:
+            rowcount = 1
+
+            def execute(self, text, params=None):
+                raw.ran.append(text)
+                self.text = text
+
+            def fetchone(self):
+                if "current_setting" in self.text:
+                    return ("16.4", 160004, "UTF8", False, "off", 100, 3, 5, "on", "on", "appliance", 2**20)
+                return ("1",) if "config_generation" in self.text else (1,)
+
+            def fetchall(self):
+                if "information_schema" in self.text:
+                    return [("schema_version", "version")]
+                return [(7,)]
+
+        return Cursor()
+
+
+def test_the_doctors_postgresql_reads_run_on_a_postgresql_connection():
+    """`appliance doctor` (and reading the dashboard's settings) runs pg_check's statements on a
+    PgConnection (pg_check.connect): each must be one it runs, not a bare string it refuses."""
+    from appliance.store import pg_check
+    from appliance.store.postgres import PgConnection
+
+    conn = PgConnection(_DoctorRaw())
+    found = pg_check.inspect(conn)
+    assert (found.server.version_num, found.schema_version, found.version_rows) == (160004, 7, 1)
+    assert pg_check.missing_rows(conn) == []
+    assert len(conn.raw.ran) == 5
