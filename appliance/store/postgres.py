@@ -89,7 +89,7 @@ _EMPTY = _Empty()
 
 
 def _params(params):
-    """apsw's bindings as psycopg's: a sequence (bool as 0/1: the schema keeps SQLite's integers).
+    """A statement's bindings (a sequence) as psycopg takes them (bool as 0/1: the schema's flags are integers).
     PostgreSQL text cannot hold U+0000, which SQLite stores: such a value is refused as invalid."""
     if params is None:
         return ()
@@ -127,7 +127,7 @@ _CONTROL = frozenset(("BE", "CO", "RO", "SA", "RE", "EN", "AB"))
 
 
 class PgConnection:
-    """A psycopg connection with the subset of apsw.Connection the store functions use."""
+    """A psycopg connection as a store.interface.Connection: runs each statement's PostgreSQL text."""
 
     backend = "postgresql"  # interface.is_sqlite
     __slots__ = ("raw", "_changes", "_rowid", "deadline", "timeout", "_nest", "locks")
@@ -182,7 +182,7 @@ class PgConnection:
         return self.raw.info.transaction_status != psycopg.pq.TransactionStatus.IDLE
 
     def __enter__(self) -> "PgConnection":
-        """A transaction (inside one already open, a savepoint), as apsw's `with conn:`."""
+        """A transaction (inside one already open, a savepoint): interface.Connection's `with conn:`."""
         if not self._nest and not self.in_transaction:
             self.raw.execute("BEGIN")
             self.locks.end()
