@@ -44,10 +44,10 @@ def _stub(path: Path, body: str) -> None:
 
 
 def _run_ci(tmp_path: Path, present: dict[str, str | None], *, venv: bool = False,
-            postgresql: bool = False, apt_hook: str = "", make_hook: str = "") -> tuple[list[str], list[str]]:
+            postgresql: bool = False, faketime: bool = False, apt_hook: str = "", make_hook: str = "") -> tuple[list[str], list[str]]:
     """Run .ci/run with only `present` tools on PATH (name -> real path, or None for a stand-in
     that succeeds), in a fresh clone (with a .venv already when `venv`), over a stand-in root
-    (tmp_path/root, with PostgreSQL's initdb when `postgresql`). apt-get installs make's stand-in
+    (tmp_path/root, with PostgreSQL's initdb when `postgresql`, libfaketime when `faketime`). apt-get installs make's stand-in
     when asked for make, and runs `apt_hook` (shell, seeing its arguments); make's stand-in runs
     `make_hook` after recording its call. Returns (apt-get calls, make calls)."""
     bin_dir, log = tmp_path / "bin", tmp_path / "calls.log"
@@ -74,6 +74,8 @@ def _run_ci(tmp_path: Path, present: dict[str, str | None], *, venv: bool = Fals
     root.mkdir()
     if postgresql:
         _stub(_mkdirs(root / "usr/lib/postgresql/15/bin") / "initdb", "exit 0\n")
+    if faketime:
+        (_mkdirs(root / "usr/lib/x86_64-linux-gnu/faketime") / "libfaketime.so.1").write_bytes(b"")
     out = subprocess.run([shutil.which("bash"), str(clone / ".ci" / "run")], capture_output=True, text=True, timeout=60,
                          env={"PATH": str(bin_dir), "HOME": str(tmp_path), "CI_ROOT": str(root)})
     assert out.returncode == 0, out.stdout + out.stderr
@@ -104,7 +106,7 @@ def test_ci_installs_what_a_bare_machine_lacks(tmp_path):
     python = tmp_path / "python3"
     _stub(python, 'case "$*" in *venv*) exit 1;; esac\nexit 0\n')  # Debian's python3 without python3-venv
     apt, make = _run_ci(tmp_path, {"python3": str(python)})
-    wanted = {"python3-venv", "make", "npm", "binutils", "chromium", "postgresql-common", "postgresql"}
+    wanted = {"python3-venv", "make", "npm", "binutils", "chromium", "faketime", "postgresql-common", "postgresql"}
     assert wanted <= _installed(apt), apt
     assert make == MAKE_CALLS
 
@@ -134,7 +136,8 @@ def test_ci_installs_nothing_on_a_machine_that_has_it_all(tmp_path):
     tools = {name: shutil.which(name) for name in ("python3", "npm", "objdump")}
     if not all(tools.values()):
         pytest.skip(f"this machine lacks {[n for n, p in tools.items() if not p]}")
-    apt, make = _run_ci(tmp_path, {**tools, "make": None, "chromium": None}, venv=True, postgresql=True)
+    apt, make = _run_ci(tmp_path, {**tools, "make": None, "chromium": None}, venv=True, postgresql=True,
+                        faketime=True)
     assert apt == [] and make == MAKE_CALLS
 
 
