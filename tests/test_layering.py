@@ -90,12 +90,12 @@ def test_the_sql_check_sees_sql(tmp_path):
     assert sql_literals(stray) == [(1, "SELECT id FROM events WHERE kind = ?")]
 
 
-# Each database driver is imported by its backend's module only (and by backend.py, which picks
-# one and names their errors; the other PostgreSQL modules take psycopg from postgres.py): everything else reaches a database through appliance.store.interface.
+# Each database driver is imported by its backend's module only (the other PostgreSQL modules take
+# psycopg from postgres.py): everything else reaches a database through appliance.store.interface.
 DRIVERS = {
-    "apsw": {"store/sqlite.py", "store/backend.py"},
+    "apsw": {"store/sqlite.py"},
     "sqlite3": set(),
-    "psycopg": {"store/postgres.py", "store/backend.py"},
+    "psycopg": {"store/postgres.py"},
     "psycopg_pool": {"store/postgres.py"},
 }
 

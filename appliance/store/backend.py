@@ -22,29 +22,25 @@ def make_store(storage: str, data_dir: Path, *, sync_mode: str = "full", write_b
     return SqliteStore(data_dir, sync_mode=sync_mode, write_batch=write_batch, reader_threads=reader_threads)
 
 
-def database_errors() -> tuple[type[BaseException], ...]:
-    """The errors the database drivers raise (PostgreSQL's only when its driver is installed)."""
-    import apsw
+def _backends() -> list:
+    """The backend modules this installation has (PostgreSQL's only with its driver)."""
+    from appliance.store import sqlite
 
     try:
-        import psycopg
-    except ImportError:
-        return (apsw.Error,)
-    return (apsw.Error, psycopg.Error)
+        from appliance.store import postgres
+    except ImportError:  # DriverMissing: the `postgresql` extra is not installed
+        return [sqlite]
+    return [sqlite, postgres]
+
+
+def database_errors() -> tuple[type[BaseException], ...]:
+    """The errors the database drivers raise (PostgreSQL's only when its driver is installed)."""
+    return tuple(e for b in _backends() for e in b.DRIVER_ERRORS)
 
 
 def value_errors() -> tuple[type[BaseException], ...]:
     """The drivers' errors for a statement that refused a value (a constraint, a type)."""
-    import apsw
-
-    errors: list[type[BaseException]] = [apsw.ConstraintError, apsw.MismatchError]
-    try:
-        import psycopg
-    except ImportError:
-        pass
-    else:
-        errors.append(psycopg.DataError)
-    return tuple(errors)
+    return tuple(e for b in _backends() for e in b.VALUE_ERRORS)
 
 
 def store_for(settings) -> Store:

@@ -44,6 +44,10 @@ log = logging.getLogger("appliance.store")
 
 T = TypeVar("T")
 
+# The driver's errors, and those of a statement that refused a value (store.backend names them).
+DRIVER_ERRORS: tuple[type[BaseException], ...] = (psycopg.Error,)
+VALUE_ERRORS: tuple[type[BaseException], ...] = (psycopg.DataError,)
+
 # Reader connections the pool keeps open (more open on demand, up to max_threads of the ReadPool).
 DEFAULT_POOL_MIN = 2
 # Seconds a read waits for a pooled connection before it fails.

@@ -26,6 +26,9 @@ sqlite_log = logging.getLogger("appliance.sqlite")
 T = TypeVar("T")
 
 DB_FILENAME = "appliance.sqlite3"
+# The driver's errors, and those of a statement that refused a value (store.backend names them).
+DRIVER_ERRORS: tuple[type[BaseException], ...] = (apsw.Error,)
+VALUE_ERRORS: tuple[type[BaseException], ...] = (apsw.ConstraintError, apsw.MismatchError)
 # Seconds between WAL checkpoints (copying committed pages into the database file).
 CHECKPOINT_INTERVAL = 1.0
 # SQLite VM steps between checks of a read's deadline: a few microseconds of work each.
