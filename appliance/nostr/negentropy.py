@@ -108,9 +108,7 @@ class Storage:
         self.n = len(blob) // RECORD_SIZE
         self._words = memoryview(self.blob).cast("Q") if _COLUMNS and self.blob else None
         # The sum of the ids before every MARK_EVERY-th record: a fingerprint of any range then adds
-        # at most 2 x MARK_EVERY ids (about 4 bytes a record). Without them each round of a
-        # frame-limited exchange, which fingerprints "everything from here on", cost a pass over
-        # every record (1M records, 1% differing: 21.5 s of the server's CPU; 5.3 s with them).
+        # at most 2 x MARK_EVERY ids, not a pass over every record: docs/performance.md#mark_every
         marks = [0]
         total = 0
         for start in range(0, self.n - MARK_EVERY + 1, MARK_EVERY):
