@@ -4,7 +4,7 @@ A fresh appliance with `--events` stored kind-1 events. A bystander times sequen
 one #p, limit 50: an ordinary client's read) first on a quiet relay, then while ONE other connection
 pipelines messages as fast as its socket takes them, never waiting for answers (the flood): REQs,
 16-filter COUNTs, both, signed EVENTs, or frames near the size limit. The figure is the bystander's
-p99 under each flood against its quiet p99; the target (issue #14) is at most 2x. Each flood runs
+p99 under each flood against its quiet p99; the target is at most 2x. Each flood runs
 twice: with the relay's default limits (as deployed) and with the rate limits off (`--req-rate 0`
 and the rest: what the relay's scheduling alone does).
 

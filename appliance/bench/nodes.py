@@ -1,4 +1,4 @@
-"""`appliance bench nodes`: several appliance processes over one PostgreSQL database (issue #16),
+"""`appliance bench nodes`: several appliance processes over one PostgreSQL database,
 measured beside SQLite.
 
 Needs a PostgreSQL cluster: `--postgres URL` names its maintenance database (default

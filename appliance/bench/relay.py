@@ -714,7 +714,7 @@ def measure_read_path(relay: RelayProcess, wal_path: Path, extra: list[list[byte
         result.abuse_rss = (before, during, rss_mb(relay.proc.pid))
 
 
-# Issue #15's targets, in ms: (p50, p99) quiet and right after a burst; None where none is set.
+# The targets, in ms: (p50, p99) quiet and right after a burst; None where none is set.
 REQ_TARGETS = {"REQ kinds+#p limit 50": (0.7, 3.0), "REQ authors limit 50": (0.7, 3.0),
                "REQ kinds+#p limit 1": (0.3, 3.0)}
 AFTER_BURST_TARGET = (1.0, 3.0)

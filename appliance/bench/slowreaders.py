@@ -3,7 +3,7 @@
 30 connections each send 24 REQs answered with about 8 MB (max_query_bytes) and read nothing,
 while a bystander times small REQs. Printed: the relay's resident memory before, at its peak
 (sampled every 20 ms) and after; whether it is alive; the slow connections it dropped; the
-bystander's p50/p99; the relay's own peak of unread output (its metrics). The targets (issue #28):
+bystander's p50/p99; the relay's own peak of unread output (its metrics). The targets:
 peak RSS < 400 MB, alive, bystander p99 < 50 ms.
 
 Set APPLIANCE_BENCH_SOURCE=/path/to/another/checkout to run that checkout's appliance (before/after).

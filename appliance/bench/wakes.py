@@ -1,4 +1,4 @@
-"""`appliance bench wakes`: the NIP-PL delivery path, measured (issue #8's figures).
+"""`appliance bench wakes`: the NIP-PL delivery path, measured.
 
 Every part starts `appliance serve` (push enabled, one APNs app profile with credentials) on a
 temporary data directory and the APNs emulator (HTTP/2 + TLS, verifying every provider token) as

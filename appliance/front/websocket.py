@@ -10,7 +10,7 @@ Messages go to a `handler` (the relay's session) that pulls them (`next_message`
 for more: what a client sent is parsed DEFAULT_PARSE_BYTES at a time, and the socket is not read
 again until every message parsed so far was taken. One read from a client that pipelines (up to
 256 KiB: thousands of small frames) is not parsed in one go, which held the event loop, and every
-other client, for tens of milliseconds (issue #14); the client's further messages wait in its own
+other client, for tens of milliseconds; the client's further messages wait in its own
 socket (TCP backpressure). Once the relay closes the connection, everything read is parsed as it
 comes (messages are dropped then), so the client's answer to the close frame is not held up.
 

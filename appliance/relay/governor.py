@@ -28,7 +28,7 @@ REFUSAL_WINDOW_SECONDS = 60.0
 DEFAULT_MAX_PAUSE = 2.0
 # ... and once refused, a connection is read again when the bucket that refused it holds this many
 # seconds of its refill (at most its burst), not one token: a flood is served in batches that share
-# commits, wake-ups and writes (issue #14): docs/performance.md#refusal_batch_seconds
+# commits, wake-ups and writes: docs/performance.md#refusal_batch_seconds
 REFUSAL_BATCH_SECONDS = 0.1
 # A REQ/COUNT token buys this much CPU time of its query; a query that takes more costs one token
 # more for each further share, paid from the same buckets (they may go into debt, and the

@@ -36,7 +36,7 @@ log = logging.getLogger("appliance.relay")
 DEFAULT_MAX_QUEUED = 20_000
 DEFAULT_MAX_QUEUED_BYTES = 32 * 1024 * 1024
 # How long one connection's receive loop handles messages before it lets the event loop run others:
-# a pipelining client's buffered messages would hold the loop until drained (issue #14).
+# a pipelining client's buffered messages would hold the loop until drained.
 DEFAULT_RECEIVE_SLICE = 0.002
 
 # The metered verbs (REQ, COUNT) as clients write them: their verb and subscription id can be read

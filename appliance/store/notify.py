@@ -1,5 +1,5 @@
 """The node bus: how several appliance processes over one database tell each other what they
-committed (issue #16, "Several nodes").
+committed (docs/scaling.md).
 
 `LocalBus` is the single-node bus (SQLite, or one node on PostgreSQL that wants no fan-out): it
 sends nothing and hears nothing. `PgBus` uses PostgreSQL LISTEN/NOTIFY on one channel:

@@ -1,5 +1,5 @@
 """The wake outbox in SQL: durable wake jobs, the per-endpoint rate state, the delivery log and
-operator alerts (NIP-PL "Wake Delivery", issue #8). Write functions run inside the writer's
+operator alerts (NIP-PL "Wake Delivery"). Write functions run inside the writer's
 transaction; the read functions (`list_jobs`, `job_counts`, `delivery_log`, `alerts`) are what an
 operator view reads, on a reader connection.
 
