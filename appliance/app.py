@@ -324,7 +324,7 @@ def make_bus(store: Store) -> LocalBus | PgBus:
     hears the others), nothing on SQLite (one node by construction)."""
     from appliance.store.notify import LocalBus, PgBus
 
-    if getattr(store, "backend", "sqlite") == "postgresql":
+    if store.dsn is not None:
         return PgBus(store.dsn)
     return LocalBus()
 

@@ -86,6 +86,7 @@ class Store(Protocol):
     backend: str  # "sqlite" or "postgresql"
     data_dir: Path  # the node's directory (key file, instance lock; SQLite's database)
     path: Path | None  # SQLite's database file; None on PostgreSQL
+    dsn: str | None  # PostgreSQL's URL (the node bus listens with it); None on SQLite
     reader_threads: int
     schema_version_found: int | None
 

@@ -266,6 +266,7 @@ class SqliteStore(WriterFront):
     """The appliance's storage: run writes through the single writer, reads on reader threads."""
 
     backend = "sqlite"  # PostgresStore's is "postgresql"
+    dsn = None  # no database server: the node bus is local (store.interface.Store)
 
     def __init__(self, data_dir: Path, *, sync_mode: str = "full", write_batch: int = 500, reader_threads: int = 4):
         self.data_dir = Path(data_dir)
