@@ -132,9 +132,8 @@ def connect(path: Path, *, sync_mode: str = "full", readonly: bool = False, read
     else:
         conn.execute("PRAGMA cache_size = -65536")  # 64 MiB page cache for the writer
     conn.execute("PRAGMA temp_store = MEMORY")
-    # Plans never depend on bound values. With the sqlite_stat4 samples PRAGMA optimize keeps,
-    # SQLite otherwise re-prepares a statement whenever a value bound into its WHERE changes
-    # (every REQ for another #p or author): measured as a tenth of a 50-event REQ's instructions.
+    # Plans never depend on bound values: a REQ for another #p or author is not re-prepared
+    # (docs/performance.md#plans-fixed-qpsg).
     conn.config(apsw.SQLITE_DBCONFIG_ENABLE_QPSG, 1)
     return conn
 
