@@ -32,7 +32,7 @@ from appliance.errors import ApplianceError, ConfigError
 from appliance.push.config import CREDENTIAL_FIELDS
 from appliance.settings import Settings, load
 from appliance.store.backend import database_errors
-from appliance.store.dsn import is_postgres, redact
+from appliance.store.dsn import error_text, is_postgres, redact
 from appliance.store.events import newest_created_at
 from appliance.store.instance import read_instance, running_pid
 from appliance.store.interface import Connection
@@ -288,9 +288,7 @@ def _safe(exc: BaseException, settings: Settings) -> str:
     """An error's text, with the storage URL's password taken out should the driver echo it."""
     if not is_postgres(settings.storage):
         return str(exc)
-    from appliance.store.postgres import _message
-
-    return _message(exc, settings.storage)
+    return error_text(exc, settings.storage)
 
 
 def _postgres(settings: Settings) -> tuple[object | None, list[Check]]:

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 
 from appliance.errors import StoreError
 from appliance.store import pg_schema
-from appliance.store.dsn import redact
+from appliance.store.dsn import error_text, redact
 from appliance.store.interface import Connection
-from appliance.store.postgres import _message, psycopg
+from appliance.store.postgres import psycopg
 
 sql = psycopg.sql
 
@@ -45,7 +45,7 @@ def copy_to_postgres(src: Connection, dsn: str) -> list[TableCount]:
     try:
         raw = psycopg.connect(dsn, autocommit=True)
     except psycopg.Error as exc:
-        raise StoreError(f"cannot connect to {redact(dsn)}: {_message(exc, dsn)}") from None
+        raise StoreError(f"cannot connect to {redact(dsn)}: {error_text(exc, dsn)}") from None
     try:
         with raw.transaction():
             tables = raw.execute(pg_schema.SQL_HAS_TABLES).fetchone()[0]
@@ -76,7 +76,7 @@ def copy_to_postgres(src: Connection, dsn: str) -> list[TableCount]:
                     f"{c.table} {c.sqlite} != {c.postgresql}" for c in wrong))
             return result
     except psycopg.Error as exc:
-        raise StoreError(f"the copy into {redact(dsn)} failed, nothing was kept: {_message(exc, dsn)}") from None
+        raise StoreError(f"the copy into {redact(dsn)} failed, nothing was kept: {error_text(exc, dsn)}") from None
     finally:
         raw.close()
 

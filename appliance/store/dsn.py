@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from urllib.parse import parse_qsl, quote, urlsplit, urlunsplit
 
 # Connection parameters (libpq's names) whose value is a secret, in a URL's query string.
@@ -59,3 +60,13 @@ def without_password(storage: str) -> str:
     query = "&".join(f"{quote(k, safe='')}={quote(v, safe='/:,')}" for k, v in pairs
                      if k.lower() not in SECRET_PARAMS)
     return urlunsplit((parts.scheme, netloc, parts.path, query, ""))
+
+
+def error_text(exc: BaseException, storage: str) -> str:
+    """An error's first line (or its class name) with the URL's password taken out, should the
+    driver have echoed it."""
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else exc.__class__.__name__
+    password = urlsplit(storage).password
+    if password:
+        text = text.replace(password, "***")
+    return re.sub(r"password=\S+", "password=***", text)

@@ -13,12 +13,10 @@ a statement written for SQLite alone fails at once instead of being run or rewri
 from __future__ import annotations
 
 import logging
-import re
 import threading
 import time
 from pathlib import Path
 from typing import Any, Callable, TypeVar
-from urllib.parse import urlsplit
 
 from appliance.errors import Rejected, StoreError
 from appliance.store.interface import POSTGRES_DRIVER_MISSING, DriverMissing, QueryTimeout
@@ -33,7 +31,7 @@ except ImportError:
     raise DriverMissing(POSTGRES_DRIVER_MISSING) from None
 
 from appliance.store import pg_schema
-from appliance.store.dsn import redact
+from appliance.store.dsn import error_text, redact
 from appliance.store.meta import HeldLocks
 from appliance.store.readpool import ReadPool
 from appliance.store.statement import SQL, PgText
@@ -283,13 +281,13 @@ class PostgresStore(WriterFront):
             conn = self._connect()
         except psycopg.Error as exc:
             raise StoreError(f"cannot connect to the PostgreSQL database {redact(self.dsn)}: "
-                             f"{_message(exc, self.dsn)}") from None
+                             f"{error_text(exc, self.dsn)}") from None
         try:
             self.schema_version_found = pg_schema.migrate(conn.raw)
         except psycopg.Error as exc:
             conn.close()
             raise StoreError(f"cannot migrate the PostgreSQL database {redact(self.dsn)}: "
-                             f"{_message(exc, self.dsn)}") from None
+                             f"{error_text(exc, self.dsn)}") from None
         except BaseException:
             conn.close()
             raise
@@ -386,15 +384,6 @@ class PostgresStore(WriterFront):
         pool = self._pool
         assert pool is not None, "store is not open"
         return pool.submit_then(fn, done, timeout, owner, False)
-
-
-def _message(exc: BaseException, dsn: str) -> str:
-    """An error's text with the DSN's password taken out, should the driver have echoed it."""
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else exc.__class__.__name__
-    password = urlsplit(dsn).password
-    if password:
-        text = text.replace(password, "***")
-    return re.sub(r"password=\S+", "password=***", text)
 
 
 SQL_BACKEND_PIDS = ("SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
