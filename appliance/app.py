@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from starlette.applications import Starlette
-from starlette.requests import HTTPConnection
 from starlette.routing import BaseRoute
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -25,7 +24,7 @@ from appliance.origin_config import prepare_origins, push_names
 from appliance.origins import Origin, OriginRegistry, UnknownOrigin, load_origins
 from appliance.relay import nip11, peers
 from appliance.relay.groups import DEFAULT_H_GRAMMAR, Groups, GroupState, RelayKeys
-from appliance.relay.relay import Relay, peer_ip
+from appliance.relay.relay import Relay
 from appliance.settings import Settings
 from appliance.store.backend import store_for
 from appliance.store.events import purge_expired
@@ -34,7 +33,7 @@ from appliance.store.meta import config_generation
 from appliance.store.interface import Store
 
 if TYPE_CHECKING:
-    from appliance.front import Guard, WebSocketRequest
+    from appliance.front import Guard
     from appliance.gateway.config import GatewayConfig
     from appliance.gateway.service import Gateway
     from appliance.nostr.event import Event
@@ -92,13 +91,6 @@ class Appliance:
 
     # Seconds between checks for origin/group edits made by the CLI while the server runs.
     RELOAD_INTERVAL = 1.0
-
-    def client_address(self, conn: HTTPConnection | WebSocketRequest) -> str | None:
-        """The client's address (a Request or WebSocket): behind a trusted proxy (loopback or
-        `trusted_proxies`), the one it forwards in X-Forwarded-For; else the TCP peer. A client
-        that is not a trusted proxy cannot name another address."""
-        peer = conn.client.host if conn.client else ""
-        return self.peers.forwarded_client(peer, conn.headers.getlist("x-forwarded-for")) or peer_ip(conn)
 
     async def reload_loop(self) -> None:
         while True:

@@ -7,7 +7,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Protocol
 
-from starlette.requests import HTTPConnection, Request
+from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
@@ -48,8 +48,6 @@ class Served(Protocol):
     routes: list[BaseRoute]
     relay_post: RelayPost | None
 
-    def client_address(self, conn: HTTPConnection | WebSocketRequest) -> str | None: ...
-
 
 class AmbiguousHost(ValueError):
     """A request naming its host more than once."""
@@ -71,7 +69,7 @@ def routes(app: Served) -> list[BaseRoute]:
     def resolve(headers: Headers, path: str) -> Origin:
         return resolve_origin(app, headers, path)
 
-    client_address = app.client_address
+    client_address = app.peers.client_address
 
     async def http_endpoint(request: Request) -> Response:
         try:
@@ -122,7 +120,7 @@ def websocket_handler(app: Served) -> Callable[[WebSocketRequest], Awaitable[Non
         # TCP peers that are not trusted proxies already).
         client = request.client.host if request.client else ""
         forwarded = app.peers.forwarded_client(client, request.headers.getlist("x-forwarded-for"))
-        address = app.client_address(request)
+        address = app.peers.client_address(request)
         if origin.block_ips and address in origin.block_ips:
             deny(request, 403, "blocked: this address is blocked here\n")
             return

@@ -165,7 +165,7 @@ def end_session(conn: Connection, session_id: str) -> None:
 class LoginLimiter:
     """Failed sign-ins per client address (5 per 15 minutes) and overall (30 per minute, which
     bounds a distributed guesser and the scrypt work it can cause). The client address is the one
-    a trusted proxy forwards (`Appliance.client_address`), so clients behind the local TLS proxy
+    a trusted proxy forwards (`PeerLimits.client_address`), so clients behind the local TLS proxy
     are not one address. Each attempt is charged as a failure when it starts (`attempt`), before
     the password is checked: requests sent at once cannot all pass the check before any of them
     has failed. A successful sign-in clears the address's count. In memory: a restart forgets,

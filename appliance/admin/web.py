@@ -426,7 +426,7 @@ class Admin:
             has_password = (await self.read(lambda conn: auth.rows.auth_row(conn))).password_hash is not None
             return self.render(request, "admin/login.html", has_password=has_password)
         form = request.state.form
-        address = self.app.client_address(request) or "unknown"
+        address = self.app.peers.client_address(request) or "unknown"
         wait = self.limiter.attempt(address)  # charged before the check: see LoginLimiter
         if wait:
             response = self.render(request, "admin/login.html", status=429, has_password=True,

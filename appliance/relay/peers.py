@@ -1,11 +1,11 @@
 """Who is on the other end of a connection, and which addresses are this machine's own.
 
-- `PeerLimits`: the client address of a connection (the TCP peer, or, when that peer is a trusted
-  proxy, the address it forwards in `X-Forwarded-For`), a cap on open connections per client
-  address, and the flood backoff: an address whose connection was closed for flooding may not
-  connect again for a while (2 s, doubling with each repeat). Loopback peers are trusted proxies
-  (a TLS proxy on the same box); unless `loopback_exempt` is off, a loopback address is neither
-  capped nor backed off itself.
+- `PeerLimits`: the client address of a connection (`client_address`: the TCP peer, or, when that
+  peer is a trusted proxy, the address it forwards in `X-Forwarded-For`), a cap on open connections
+  per client address, and the flood backoff: an address whose connection was closed for flooding
+  may not connect again for a while (2 s, doubling with each repeat). Loopback peers are trusted
+  proxies (a TLS proxy on the same box); unless `loopback_exempt` is off, a loopback address is
+  neither capped nor backed off itself.
 - `local_addresses` / `is_local_host` / `url_as_reached`: whether a host name in a URL names this
   machine (loopback names and the addresses of its own interfaces), for NIP-42 relay tags and
   NIP-98 `u` tags (NIP-86) on an unconfigured install.
@@ -20,7 +20,15 @@ import socket
 import struct
 import time
 from functools import lru_cache
-from typing import Iterable
+from typing import TYPE_CHECKING, Iterable
+
+from appliance.errors import ConfigError
+from appliance.origins import normalize_ip
+
+if TYPE_CHECKING:
+    from starlette.requests import HTTPConnection
+
+    from appliance.front import WebSocketRequest
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
@@ -60,6 +68,17 @@ def _address(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
 def is_loopback(text: str) -> bool:
     addr = _address(text)
     return addr is not None and addr.is_loopback
+
+
+def peer_ip(conn: HTTPConnection | WebSocketRequest) -> str | None:
+    """The connection's peer address (a starlette Request or WebSocket), in canonical form."""
+    client = conn.client
+    if client is None or not client.host:
+        return None
+    try:
+        return normalize_ip(client.host)
+    except ConfigError:
+        return client.host
 
 
 class PeerLimits:
@@ -128,6 +147,13 @@ class PeerLimits:
                 addr = _address(entry)
                 return str(addr) if addr is not None else entry[:64]
         return None
+
+    def client_address(self, conn: HTTPConnection | WebSocketRequest) -> str | None:
+        """The client's address (a Request or WebSocket): behind a trusted proxy (loopback or
+        `trusted_proxies`), the one it forwards in X-Forwarded-For; else the TCP peer. A client
+        that is not a trusted proxy cannot name another address."""
+        peer = conn.client.host if conn.client else ""
+        return self.forwarded_client(peer, conn.headers.getlist("x-forwarded-for")) or peer_ip(conn)
 
     def acquire(self, ip: str) -> bool:
         """Count one more connection from `ip`; False (nothing counted) when it is at the cap."""

@@ -29,11 +29,11 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable, Generator
 
-from appliance.errors import ConfigError, Rejected
+from appliance.errors import Rejected
 from appliance.nostr.event import Event, InvalidEvent, expiration as event_expiration, is_ephemeral, verify_event
 from appliance.nostr.filters import Filter
 from appliance.relay.authz import GroupView, NoGroups, can_read, read_scope
-from appliance.origins import Origin, OriginRegistry, UnknownOrigin, normalize_ip
+from appliance.origins import Origin, OriginRegistry, UnknownOrigin
 from appliance.relay.limits import ClientBudgets
 from appliance.relay.peers import PeerLimits
 from appliance.relay.subscriptions import SubscriptionIndex
@@ -64,17 +64,6 @@ COST_REPORT_SECONDS = 0.002
 Admission = Callable[[Origin, "str | None", Event, Callable[[Event], Awaitable[bool]]], Awaitable[dict]]
 StoredCallback = Callable[[Origin, Event], Awaitable[None]]
 EphemeralCheck = Callable[[Origin, Event], None]
-
-
-def peer_ip(conn) -> str | None:
-    """The connection's peer address (a starlette Request or WebSocket), in canonical form."""
-    client = conn.client
-    if client is None or not client.host:
-        return None
-    try:
-        return normalize_ip(client.host)
-    except ConfigError:
-        return client.host
 
 
 class Verifier:

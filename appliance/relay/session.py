@@ -21,7 +21,8 @@ from appliance.relay.authz import may_enter
 from appliance.front.frames import Frames
 from appliance.relay.governor import REFUSED, WAIT, Governor
 from appliance.relay.output import Output
-from appliance.relay.relay import Relay, peer_ip
+from appliance.relay.peers import peer_ip
+from appliance.relay.relay import Relay
 from appliance.relay.subscriptions import Subscription
 from appliance.relay.verbs import VERBS
 from appliance.relay.verbs.base import dumps as _dumps
