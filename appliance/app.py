@@ -34,7 +34,6 @@ from appliance.store.interface import Store
 
 if TYPE_CHECKING:
     from appliance.front import Guard
-    from appliance.gateway.config import GatewayConfig
     from appliance.gateway.service import Gateway
     from appliance.nostr.event import Event
     from appliance.push.service import Push
@@ -335,21 +334,10 @@ def _wire_nodes(app: Appliance) -> None:
     app.relay.on_ephemeral.append(app.fanout.ephemeral)
 
 
-def gateway_config(settings: Settings) -> GatewayConfig:
-    """The checked `[gateway]` table (ConfigError naming the field), with its derived default URL."""
-    from appliance.gateway.config import parse_gateway
-
-    listen = settings.gateway_listen or settings.gateway.get("gateway_listen", "")
-    if listen:
-        derived = f"http://{listen}"
-    else:
-        host = settings.host if settings.host not in {"0.0.0.0", "::", ""} else "127.0.0.1"
-        derived = f"http://{host}:{settings.port}"
-    return parse_gateway(settings.gateway, gateway_listen=settings.gateway_listen, derived_url=derived)
-
-
 def _wire_gateway(app: Appliance) -> None:
     """The optional APNs gateway: its own tables, grant keys wrapped by the key file, its routes."""
+    from appliance.gateway.config import gateway_config
+
     try:
         config = gateway_config(app.settings)
         if not config.enabled:

@@ -417,7 +417,7 @@ def bind_listeners(settings: Settings) -> dict:
     """The relay's socket (and admin_listen's, gateway_listen's), bound but not listening yet;
     `settings.port` becomes the port bound (port 0: a free one). An address in use is one line
     naming it, and the appliance holding it when this data directory's instance record says so."""
-    from appliance.app import gateway_config
+    from appliance.gateway.config import gateway_config, parse_listen
     from appliance.server import ListenError, bind_listener
     from appliance.store.instance import read_instance
 
@@ -427,8 +427,6 @@ def bind_listeners(settings: Settings) -> dict:
         wanted.append(("admin", host.strip("[]"), int(port)))
     gateway = gateway_config(settings)
     if gateway.enabled and gateway.listen:
-        from appliance.gateway.config import parse_listen
-
         wanted.append(("gateway", *parse_listen(gateway.listen, "gateway_listen")))
     sockets: dict = {}
     for role, host, port in wanted:

@@ -198,7 +198,7 @@ def _executor_keys(conn: Connection | None, origin_id: int | None) -> tuple:
 
 
 def _gateway(settings: Settings) -> Iterator[Check]:
-    from appliance.app import gateway_config
+    from appliance.gateway.config import gateway_config
 
     try:
         config = gateway_config(settings)

@@ -28,7 +28,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from appliance.errors import ConfigError
@@ -37,6 +37,9 @@ from appliance.transports.credentials import ApnsKey, CredentialError
 
 from .attest import load_roots
 from .wire import REGISTERED_PROFILES
+
+if TYPE_CHECKING:
+    from appliance.settings import Settings
 
 #: The APNs environment each registered profile sends to (NIP-PL, "Registered values").
 PROFILE_ENVIRONMENT = {"buzz-ios-production": "production", "buzz-ios-sandbox": "sandbox"}
@@ -248,3 +251,14 @@ def parse_gateway(table: Any, *, gateway_listen: str = "", derived_url: str = ""
             raise ConfigError("gateway.profiles", pid, "profile configured twice")
     return GatewayConfig(enabled=enabled, public_url=public_url, app_attest_root_ca=root, profiles=profiles,
                          listen=listen, derived_url=derived_url, **limits)
+
+
+def gateway_config(settings: Settings) -> GatewayConfig:
+    """The checked `[gateway]` table (ConfigError naming the field), with its derived default URL."""
+    listen = settings.gateway_listen or settings.gateway.get("gateway_listen", "")
+    if listen:
+        derived = f"http://{listen}"
+    else:
+        host = settings.host if settings.host not in {"0.0.0.0", "::", ""} else "127.0.0.1"
+        derived = f"http://{host}:{settings.port}"
+    return parse_gateway(settings.gateway, gateway_listen=settings.gateway_listen, derived_url=derived)
