@@ -310,20 +310,11 @@ def sync_search_kinds(store: Store, settings: Settings) -> None:
                  list(rebuild.added), list(rebuild.removed), list(rebuild.kinds))
 
 
-def make_bus(store: Store) -> LocalBus | PgBus:
-    """The node bus for this store: LISTEN/NOTIFY on PostgreSQL (every node over one database
-    hears the others), nothing on SQLite (one node by construction)."""
-    from appliance.store.notify import LocalBus, PgBus
-
-    if store.dsn is not None:
-        return PgBus(store.dsn)
-    return LocalBus()
-
-
 def _wire_nodes(app: Appliance) -> None:
     """Several nodes over one database: stored events, group changes and ephemeral events are
     announced to the other nodes, and theirs replayed to this node's subscribers."""
     from appliance.relay.nodes import NodeFanout
+    from appliance.store.notify import make_bus
 
     app.bus = make_bus(app.store)
     if not app.bus.multi_node:

@@ -109,8 +109,8 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         groups = Groups(state, RelayKeys(KeyFile.for_store(settings.data_path, store)),
                         h_grammar=lambda _o: origin.push.get("h_grammar", "uuid-v4-lowercase"))
         cmd = args.groups_command
-        from appliance.app import make_bus
         from appliance.relay.nodes import announce_edit
+        from appliance.store.notify import make_bus
 
         bus = make_bus(store)  # several nodes: their live subscribers get the new snapshots
 

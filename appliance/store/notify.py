@@ -25,9 +25,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
-from typing import Awaitable, Callable
+from typing import TYPE_CHECKING, Awaitable, Callable
 
 from appliance.store.statement import PgText
+
+if TYPE_CHECKING:
+    from appliance.store.interface import Store
 
 log = logging.getLogger("appliance.store")
 
@@ -172,3 +175,11 @@ class PgBus:
         if self._sender is not None:
             await self._sender.close()
             self._sender = None
+
+
+def make_bus(store: Store) -> LocalBus | PgBus:
+    """The node bus for this store: LISTEN/NOTIFY on PostgreSQL (every node over one database
+    hears the others), nothing on SQLite (one node by construction)."""
+    if store.dsn is not None:
+        return PgBus(store.dsn)
+    return LocalBus()
