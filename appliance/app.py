@@ -29,8 +29,9 @@ from appliance.settings import Settings
 from appliance.store.backend import store_for
 from appliance.store.events import purge_expired
 from appliance.store.keyfile import KeyFile
-from appliance.store.meta import config_generation
 from appliance.store.interface import Store
+from appliance.store.meta import config_generation
+from appliance.store.search import sync_search_kinds
 
 if TYPE_CHECKING:
     from appliance.front import Guard
@@ -192,7 +193,7 @@ def build(settings: Settings) -> Appliance:
 
         settings.apply_stored(store.read_sync(stored_settings))  # saved from the dashboard
         origins = prepare_origins(store, settings)
-        sync_search_kinds(store, settings)
+        sync_search_kinds(store, settings.search_kinds)
         keyfile = KeyFile.for_store(settings.data_path, store)
     except Exception:
         store.close()
@@ -289,25 +290,6 @@ def gateway_asgi(app: Appliance) -> ASGIApp:
     from appliance.gateway.http import GatewayApp
 
     return GatewayApp(app.gateway, match_host=False)
-
-
-def sync_search_kinds(store: Store, settings: Settings) -> None:
-    """NIP-50: index the events of kinds added to `search_kinds` since the last start, and unindex
-    those of kinds removed, before serving (the kinds table then follows the setting)."""
-    from appliance.store.search import Rebuild
-
-    rebuild = Rebuild(settings.search_kinds, full=False)
-    last = [time.monotonic()]
-
-    def progress(r: Rebuild) -> None:
-        if time.monotonic() - last[0] > 5:
-            last[0] = time.monotonic()
-            log.info("search index: %d of %d rowids done", r.after, r.bound or 0)
-
-    rebuild.run(store.write_sync, progress)
-    if rebuild.added or rebuild.removed:
-        log.info("search index: kinds %s indexed, kinds %s unindexed (search_kinds is now %s)",
-                 list(rebuild.added), list(rebuild.removed), list(rebuild.kinds))
 
 
 def _wire_nodes(app: Appliance) -> None:

@@ -15,11 +15,19 @@ extensions are not words), ranked by relevance: BM25 on SQLite, ts_rank on Postg
 
 from __future__ import annotations
 
+import logging
+import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import TYPE_CHECKING, Callable, Iterable
 
 from appliance.nostr.search import search_terms  # noqa: F401 - the words a search looks for
 from appliance.store.statement import SQL, Dialect
+
+if TYPE_CHECKING:
+    from appliance.store.interface import Store
+
+# The start's lines about the index, under the logger of the start's other lines.
+log = logging.getLogger("appliance")
 
 # Events per write transaction of a rebuild.
 DEFAULT_CHUNK = 10_000
@@ -149,3 +157,20 @@ class Rebuild:
             if progress is not None:
                 progress(self)
         return self
+
+
+def sync_search_kinds(store: Store, kinds: Iterable[int]) -> None:
+    """NIP-50: index the events of kinds added to `search_kinds` since the last start, and unindex
+    those of kinds removed, before serving (the kinds table then follows the setting)."""
+    rebuild = Rebuild(kinds, full=False)
+    last = [time.monotonic()]
+
+    def progress(r: Rebuild) -> None:
+        if time.monotonic() - last[0] > 5:
+            last[0] = time.monotonic()
+            log.info("search index: %d of %d rowids done", r.after, r.bound or 0)
+
+    rebuild.run(store.write_sync, progress)
+    if rebuild.added or rebuild.removed:
+        log.info("search index: kinds %s indexed, kinds %s unindexed (search_kinds is now %s)",
+                 list(rebuild.added), list(rebuild.removed), list(rebuild.kinds))
