@@ -124,7 +124,7 @@ class Appliance:
         await self._reload_stored_settings()
         self.relay.origins.origins = origins
         self.relay.origins_changed()
-        await asyncio.to_thread(ensure_relay_keys, self.store, self.groups, origins)
+        await asyncio.to_thread(self.groups.keys.ensure, self.store, origins)
         if self.gateway is not None:
             await asyncio.to_thread(self.gateway.reload_keys)  # grant-key rotation by the CLI
         self.generation = generation
@@ -214,8 +214,8 @@ def build(settings: Settings) -> Appliance:
     relay.ephemeral_checks.append(groups.check_ephemeral)
     app = Appliance(settings=settings, store=store, relay=relay, groups=groups, keyfile=keyfile, peers=client_peers)
     app.generation = store.read_sync(config_generation)
-    ensure_relay_keys(store, groups, origins)
-    app.nip11_extensions.append(lambda origin, doc: _nip29_self(app, origin, doc))
+    groups.keys.ensure(store, origins)
+    app.nip11_extensions.append(groups.nip11)
     _wire_push(app, origins)
     _wire_gateway(app)
     _wire_nodes(app)
@@ -382,15 +382,3 @@ def _wire_push(app: Appliance, origins: list[Origin]) -> None:
     app.relay.store_hooks.add_stored_batch(push.stored_batch)
     app.nip11_extensions.append(push.nip11)
 
-
-def _nip29_self(app: Appliance, origin: Origin, doc: dict) -> None:
-    """NIP-11 `self`: the relay pubkey that signs this origin's group snapshots."""
-    pubkey = app.groups.keys.pubkey(origin.id)
-    if pubkey:
-        doc["self"] = pubkey
-
-
-def ensure_relay_keys(store: Store, groups: Groups, origins: list[Origin]) -> None:
-    """Every origin has its relay key (NIP-29 group snapshots, NIP-98 to a gateway)."""
-    for o in origins:
-        store.write_sync(lambda conn, oid=o.id: groups.keys.get(conn, oid))

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 import time
-from typing import Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from appliance.errors import Rejected
 from appliance.nostr.event import Event, is_event_id as is_pubkey, sign_event
@@ -18,9 +18,12 @@ from appliance.nostr.keys import generate_secret, public_key
 from appliance.store import groups as store_groups
 from appliance.store.events import address_rows, group_of, store_event
 from appliance.store.groups import Group, read_group
-from appliance.store.interface import Connection
+from appliance.store.interface import Connection, Store
 from appliance.store.keyfile import KeyFile
 from appliance.store.meta import node_lock
+
+if TYPE_CHECKING:
+    from appliance.origins import Origin
 
 PUT_USER, REMOVE_USER, EDIT_METADATA, DELETE_EVENT, CREATE_GROUP, DELETE_GROUP = 9000, 9001, 9002, 9005, 9007, 9008
 JOIN_REQUEST, LEAVE_REQUEST = 9021, 9022
@@ -117,6 +120,11 @@ class RelayKeys:
         self._cache[origin] = (secret, pub)
         return secret, pub
 
+    def ensure(self, store: Store, origins: Iterable[Origin]) -> None:
+        """Every origin has its relay key (NIP-29 group snapshots, NIP-98 to a gateway)."""
+        for o in origins:
+            store.write_sync(lambda conn, oid=o.id: self.get(conn, oid))
+
 
 class Groups:
     """The NIP-29 rules, as in-transaction hooks for the relay's store."""
@@ -125,6 +133,12 @@ class Groups:
         self.state = state
         self.keys = keys
         self.h_grammar = h_grammar
+
+    def nip11(self, origin: Origin, doc: dict[str, Any]) -> None:
+        """NIP-11 `self`: the relay pubkey that signs this origin's group snapshots."""
+        pubkey = self.keys.pubkey(origin.id)
+        if pubkey:
+            doc["self"] = pubkey
 
     # -- the in-transaction check hook ---------------------------------------------------------
 
