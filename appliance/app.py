@@ -19,19 +19,19 @@ from starlette.routing import BaseRoute
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from appliance.endpoints import RelayPost, routes
-from appliance.errors import ApplianceError
 from appliance.origin_config import prepare_origins, push_names
-from appliance.origins import Origin, OriginRegistry, UnknownOrigin, load_origins
+from appliance.origins import Origin, OriginRegistry, UnknownOrigin
 from appliance.relay import nip11, peers
 from appliance.relay.groups import DEFAULT_H_GRAMMAR, Groups, GroupState, RelayKeys
 from appliance.relay.relay import Relay
 from appliance.settings import Settings
+from appliance.store.admin import stored_settings
 from appliance.store.backend import store_for
-from appliance.store.events import purge_expired
+from appliance.store.interface import Connection, Store
 from appliance.store.keyfile import KeyFile
-from appliance.store.interface import Store
 from appliance.store.meta import config_generation
 from appliance.store.search import sync_search_kinds
+from appliance.upkeep import Upkeep
 
 if TYPE_CHECKING:
     from appliance.front import Guard
@@ -61,7 +61,6 @@ class Appliance:
     keyfile: KeyFile
     nip11_extensions: list[nip11.Extension] = field(default_factory=list)
     background: list[asyncio.Task[None]] = field(default_factory=list)
-    generation: int = 0
     push: Push | None = None
     peers: peers.PeerLimits = field(default_factory=lambda: peers.PeerLimits(0))
     guard: Guard | None = None  # the relay server's, once served
@@ -86,102 +85,11 @@ class Appliance:
     # Listening sockets the CLI bound before anything else (bound, not yet listening), by role:
     # "relay" (host:port), "admin" (admin_listen), "gateway" (gateway_listen). The servers take them.
     sockets: dict[str, socket.socket] = field(default_factory=dict)
-    # Erased key material waits in the WAL until a scrub succeeds (readers can keep it busy).
-    wal_scrub_pending: bool = False
+    # The reload and purge loops (appliance.upkeep), made with the appliance.
+    upkeep: Upkeep = field(init=False, repr=False)
 
-    # Seconds between checks for origin/group edits made by the CLI while the server runs.
-    RELOAD_INTERVAL = 1.0
-
-    async def reload_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.RELOAD_INTERVAL)
-            try:
-                await self.reload_if_changed()
-                if self.fanout is not None and not self.fanout.listening:
-                    # Not hearing the other nodes: their group changes arrive by polling meanwhile.
-                    await self.store.read(self.groups.state.load)
-            except Exception:
-                log.exception("reloading origins and groups failed")
-
-    async def reload_if_changed(self) -> bool:
-        """Pick up origins and groups edited out of process (CLI); True if anything changed."""
-        generation = await self.store.read(config_generation)
-        if generation == self.generation:
-            if self.push is not None and self.push.transports.files_changed():
-                await self._reload_push_files()
-            return False
-        origins = await self.store.read(load_origins)
-        if self.push is not None:
-            # First, as it can refuse the new configuration: then nothing of it is applied.
-            try:
-                await asyncio.to_thread(self.push.load, origins)
-                await self.push.close_retired()
-            except ApplianceError as exc:
-                self.generation = generation  # said once; the next edit is tried afresh
-                log.error("configuration edit not applied, still serving the previous one: %s", exc)
-                return False
-        await self.store.read(self.groups.state.load)
-        await self._reload_stored_settings()
-        self.relay.origins.origins = origins
-        self.relay.origins_changed()
-        await asyncio.to_thread(self.groups.keys.ensure, self.store, origins)
-        if self.gateway is not None:
-            await asyncio.to_thread(self.gateway.reload_keys)  # grant-key rotation by the CLI
-        self.generation = generation
-        self.wal_scrub_pending = True  # an edit may have erased key material (`appliance keys erase`)
-        log.info("reloaded origins and groups generation=%d", generation)
-        return True
-
-    async def _reload_push_files(self) -> None:
-        """A key_file or ca_file changed on disk: the profiles naming it read it again (a file that
-        no longer loads is said once; the transports that read the old one keep serving)."""
-        changed = self.push.transports.files_changed()
-        origins = await self.store.read(load_origins)
-        try:
-            await asyncio.to_thread(self.push.load, origins)
-            await self.push.close_retired()
-            log.info("read again after a change on disk: %s", ", ".join(changed))
-        except ApplianceError as exc:
-            self.push.transports.forget_files(changed)
-            log.error("a changed key or CA file was not applied, still serving the previous one: %s", exc)
-
-    async def _reload_stored_settings(self) -> None:
-        """Settings saved from the dashboard (of this node or another over the same database)."""
-        from appliance.store.admin import stored_settings
-
-        stored = await self.store.read(stored_settings)
-        for name, source in list(self.settings.sources.items()):
-            if source == "dashboard" and name not in stored:
-                self.settings.clear_stored(name)
-        self.settings.apply_stored(stored)
-        for hook in self.on_reload:
-            try:
-                hook()
-            except Exception:
-                log.exception("applying reloaded settings failed")
-
-    async def purge_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.settings.purge_interval)
-            try:
-                await self.purge_once()
-            except Exception:
-                log.exception("expired-event purge failed")
-
-    async def purge_once(self) -> int:
-        total = 0
-        while True:
-            n = await self.store.write(lambda conn: purge_expired(conn, int(time.time())))
-            total += n
-            if n == 0:
-                # Push and gateway retention: each erases key material that has served its time.
-                for part in (self.push, self.gateway):
-                    if part is not None:
-                        erased = await self.store.write(lambda conn, part=part: part.maintain(conn, int(time.time())))
-                        self.wal_scrub_pending = self.wal_scrub_pending or erased > 0
-                if self.wal_scrub_pending:
-                    self.wal_scrub_pending = not await asyncio.to_thread(self.store.scrub_wal)
-                return total
+    def __post_init__(self) -> None:
+        self.upkeep = Upkeep(self)
 
 
 def build(settings: Settings) -> Appliance:
@@ -189,8 +97,6 @@ def build(settings: Settings) -> Appliance:
     caller serves `asgi(appliance)` and appliance.endpoints.websocket_handler."""
     store = store_for(settings).open()
     try:
-        from appliance.store.admin import stored_settings
-
         settings.apply_stored(store.read_sync(stored_settings))  # saved from the dashboard
         origins = prepare_origins(store, settings)
         sync_search_kinds(store, settings.search_kinds)
@@ -213,7 +119,7 @@ def build(settings: Settings) -> Appliance:
     relay.store_hooks.add_check(groups.check, wants=groups.wants)
     relay.ephemeral_checks.append(groups.check_ephemeral)
     app = Appliance(settings=settings, store=store, relay=relay, groups=groups, keyfile=keyfile, peers=client_peers)
-    app.generation = store.read_sync(config_generation)
+    app.upkeep.generation = store.read_sync(config_generation)
     groups.keys.ensure(store, origins)
     app.nip11_extensions.append(groups.nip11)
     _wire_push(app, origins)
@@ -226,8 +132,8 @@ def build(settings: Settings) -> Appliance:
 async def lifespan(app: Appliance) -> AsyncIterator[None]:
     """The appliance's run: its background tasks and plug-ins started, then everything stopped and
     closed in order when the server stops."""
-    app.background.append(asyncio.create_task(app.purge_loop()))
-    app.background.append(asyncio.create_task(app.reload_loop()))
+    app.background.append(asyncio.create_task(app.upkeep.purge_loop()))
+    app.background.append(asyncio.create_task(app.upkeep.reload_loop()))
     for start in app.on_startup:
         await start()
     if app.push is not None:
@@ -301,7 +207,7 @@ def _wire_nodes(app: Appliance) -> None:
     app.bus = make_bus(app.store)
     if not app.bus.multi_node:
         return
-    app.fanout = NodeFanout(app.bus, app.relay, app.groups.state, app.reload_if_changed)
+    app.fanout = NodeFanout(app.bus, app.relay, app.groups.state, app.upkeep.reload_if_changed)
     app.relay.other_nodes = True
     app.relay.store_hooks.add_stored(app.fanout.stored)
     app.relay.on_ephemeral.append(app.fanout.ephemeral)
@@ -340,7 +246,7 @@ def _wire_push(app: Appliance, origins: list[Origin]) -> None:
 
     registry = app.relay.origins
 
-    def authorize(conn, origin_id: int, reader: str, ev: Event) -> bool:
+    def authorize(conn: Connection, origin_id: int, reader: str, ev: Event) -> bool:
         """The relay's one read rule (what REQ uses), over this connection's view of the groups;
         and an event whose author is banned here now wakes no one (docs/spec-notes.md W15)."""
         try:

@@ -1,7 +1,7 @@
 """Dependencies point one way: cli -> admin -> commands -> app -> relay | push | gateway -> transports | origins -> store -> nostr.
 
-`app` composes what sits beside it below: `endpoints` (and its `landing` page) and `origin_config`;
-`banner` reads what `app` built.
+`app` composes what sits beside it below: `endpoints` (and its `landing` page), `origin_config` and
+`upkeep` (the reload and purge loops); `banner` reads what `app` built.
 
 Peers never import each other (the relay and the push executor meet only in `app.py`); the pure
 protocol package imports nothing else of ours. The rule is import-linter's contracts in

@@ -193,7 +193,7 @@ class Management:
         try:
             if writes:
                 await self.app.store.write(lambda conn: handler(conn, origin.id, params))
-                await self.app.reload_if_changed()
+                await self.app.upkeep.reload_if_changed()
                 result: Any = True
             else:
                 result = await self.app.store.read(lambda conn: handler(conn, origin.id, params))

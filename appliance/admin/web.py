@@ -245,7 +245,7 @@ class Admin:
         for apply in ctx.get("after_commit", ()):
             apply()
         if reload:
-            await self.app.reload_if_changed()
+            await self.app.upkeep.reload_if_changed()
         for ev in ctx.get("broadcast", ()):
             origin_id = ctx.get("origin_id")
             if origin_id is not None:

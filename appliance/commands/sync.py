@@ -372,7 +372,7 @@ class Fetcher:
             self.progress.note(f"sync: the other relay sent {received} of the {total} events it had listed "
                                "(deleted or expired since, or not for us to read)")
         if group_events:
-            # The running server reloads its groups from the database (see Appliance.reload_if_changed).
+            # The running server reloads its groups from the database (see Upkeep.reload_if_changed).
             from appliance.store.meta import bump_generation
 
             self.store.write_sync(bump_generation)

@@ -20,7 +20,7 @@ A group edited from the CLI or the dashboard (no event of its own) is announced 
 `announce_edit` inside the edit's transaction: the group message, then its new snapshots.
 
 What is not carried here: origins, keys, blocklists (and, again, group edits) bump the
-configuration generation row, which every node polls (Appliance.reload_loop); and after its
+configuration generation row, which every node polls (Upkeep.reload_loop); and after its
 listening connection broke, a node reloads its groups and re-reads the generation at once (what
 was announced meanwhile is lost to live subscribers, as it would be across a restart: stored
 events stay readable by REQ).
@@ -142,7 +142,7 @@ class NodeFanout:
     @property
     def listening(self) -> bool:
         """Whether other nodes' notifications reach this node now (else its mirror of the groups
-        may lag: Appliance.reload_loop then reloads it every second)."""
+        may lag: Upkeep.reload_loop then reloads it every second)."""
         return self.bus.listening.is_set()
 
     async def run(self) -> None:

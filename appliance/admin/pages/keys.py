@@ -63,7 +63,7 @@ def routes(admin) -> list[Route]:
             await admin.write(lambda conn, ctx: erase_key(conn, origin, key_id, int(time.time())))
         except ConfigError as exc:
             return await page(request, str(exc), 400)
-        admin.app.wal_scrub_pending = True
+        admin.app.upkeep.wal_scrub_pending = True
         return admin.redirect("/keys", f"Key {key_id} erased.")
 
     return [
