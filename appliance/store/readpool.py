@@ -100,6 +100,7 @@ class ReadPool:
         self._queue: list[_Read] = []  # waiting to start or to resume
         self._active: dict[Any, int] = {}  # owner -> reads holding a run slot
         self._started: dict[Any, int] = {}  # owner -> reads started and not finished
+        self._waiting: dict[Any, int] = {}  # owner -> reads waiting to start (never started yet)
         # owner -> when it last got a run slot, while it has reads started or waiting: among
         # owners with as few running, the one served longest ago goes first (round robin).
         self._last: dict[Any, int] = {}
@@ -147,14 +148,16 @@ class ReadPool:
         return read
 
     def _run_inline(self, read: _Read) -> bool:
-        """Run `read` on this, the loop's, thread if it may: nothing waits for a reader, its owner
-        has no read started (an owner's reads never exceed `per_owner`, inline or not) and none of
-        its reads was too long for the loop lately. True when it ran (the outcome is delivered as
-        a reader thread delivers it); False when it is for the reader threads."""
+        """Run `read` on this, the loop's, thread if it may: its owner has no read started or
+        waiting (an owner's reads never exceed `per_owner`, inline or not, nor overtake each
+        other) and none of its reads was too long for the loop lately. Other owners' reads waiting
+        for a reader do not keep it off the loop: it is bounded there, and behind them a short read
+        would wait for the longest reads to pause or end. True when it ran (the outcome is
+        delivered as a reader thread delivers it); False when it is for the reader threads."""
         owner = read.owner
         # Unlocked peeks: reads are queued and started only from this thread, so a stale answer
         # here merely sends a read to the reader threads.
-        if self._stopping or self._queue or owner in self._started:
+        if self._stopping or owner in self._started or owner in self._waiting:
             return False
         try:
             until = self._inline_until.get(owner)
@@ -184,7 +187,16 @@ class ReadPool:
     def _enter(self, read: _Read) -> None:
         with self._cv:
             self._queue.append(read)
+            self._waiting[read.owner] = self._waiting.get(read.owner, 0) + 1
             self._dispatch()
+
+    def _unwait(self, read: _Read) -> None:
+        """A read that never started leaves the queue (it starts now, or was cancelled)."""
+        n = self._waiting[read.owner] - 1
+        if n:
+            self._waiting[read.owner] = n
+        else:
+            del self._waiting[read.owner]
 
     # -- scheduling (lock held) ----------------------------------------------------------------
 
@@ -202,6 +214,7 @@ class ReadPool:
             read = queue[i]
             if read.resume is None and read.is_cancelled():
                 queue.pop(i)  # its waiter is gone and it never started
+                self._unwait(read)
                 if read.owner not in self._started and not any(r.owner is read.owner for r in queue):
                     self._last.pop(read.owner, None)
                 continue
@@ -234,6 +247,7 @@ class ReadPool:
                     thread = _ReaderThread(self, len(self._threads))
                     self._threads.append(thread)
                 self._started[read.owner] = self._started.get(read.owner, 0) + 1
+                self._unwait(read)
                 read.started = time.monotonic()
                 thread.give(read)
             self._queue.remove(read)

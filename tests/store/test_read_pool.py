@@ -222,6 +222,40 @@ async def test_an_owner_with_a_read_started_does_not_read_on_the_loop(store):
     assert seen == ["reader"] and pool.inline_reads == 0
 
 
+async def test_a_short_read_runs_on_the_loop_while_other_owners_wait_for_a_reader(store):
+    """Other owners' reads waiting for a reader do not keep a short read off the loop: behind them
+    it would wait until the longest reads pause or end."""
+    pool = use_pool(store, slice_seconds=3600)
+    hog = Owner()
+    seen: list[str] = []
+    hogs = [asyncio.ensure_future(store.read(long_read, owner=hog, timeout=600)) for _ in range(2)]
+    while pool.active == 0 or not pool._queue:  # one running, the other waiting for the run slot
+        await asyncio.sleep(0.001)
+    assert await store.read(noting_thread(short_read, seen), owner=Owner(), inline=True) == 42
+    assert seen == ["loop"] and pool.inline_reads == 1
+    for read in hogs:
+        read.cancel()
+    await asyncio.gather(*hogs, return_exceptions=True)
+
+
+async def test_an_owner_with_a_read_waiting_does_not_read_on_the_loop(store):
+    """Nor does an owner's short read overtake its own read still waiting for a reader."""
+    pool = use_pool(store, slice_seconds=3600)
+    owner = Owner()
+    seen: list[str] = []
+    hog = asyncio.ensure_future(store.read(long_read, owner=Owner(), timeout=600))
+    while pool.active == 0:
+        await asyncio.sleep(0.001)
+    waiting = asyncio.ensure_future(store.read(noting_thread(short_read, seen), owner=owner))
+    while not pool._queue:
+        await asyncio.sleep(0.001)
+    assert await store.read(noting_thread(short_read, seen), owner=owner, inline=True) == 42
+    assert seen == ["reader", "reader"] and pool.inline_reads == 0
+    assert await waiting == 42
+    hog.cancel()
+    await asyncio.gather(hog, return_exceptions=True)
+
+
 async def test_an_inline_read_failing_reports_its_error(store):
     failed = asyncio.get_running_loop().create_future()
     store.read_then(lambda conn: conn.execute("SELECT * FROM no_such_table").fetchall(),
