@@ -157,6 +157,7 @@ class Output:
             self.abandoned = True
             self.pending.clear()
             self.relay.outputs.discard(self)
+            self.relay.forget_waiters(self)
 
     def discard(self) -> None:
         """What was never sent leaves with the connection."""

@@ -118,8 +118,9 @@ class Relay:
         # frames): they count toward max_output_buffer_total too (see `reserve_read`).
         self.reserved_bytes = 0
         self._reserve_lock = threading.Lock()
-        # Reads held for room (their reserve, what starts them again), started again in order.
-        self.read_waiters: deque[tuple[int, Callable[[], None]]] = deque()
+        # Reads held for room (their reserve, what starts them again), by the connection they
+        # answer (its Output), each connection's in order (see `_wake_reads`).
+        self.read_waiters: dict[object, deque[tuple[int, Callable[[], None]]]] = {}
         self._waking = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self.stats = {"accepted": 0, "rejected": 0, "duplicate": 0, "broadcast": 0}
@@ -171,11 +172,20 @@ class Relay:
         """Whether `reserve_read(n)` would succeed now (on the loop: a hint, the reader decides)."""
         return not self.reserved_bytes or self.queued_bytes + self.reserved_bytes + n <= self.max_output_total
 
-    def wait_for_room(self, n: int, start: Callable[[], None]) -> None:
-        """A read of `n` reserved bytes found no room: `start()` once there is (in order)."""
-        self.read_waiters.append((n, start))
+    def wait_for_room(self, n: int, start: Callable[[], None], output: object) -> None:
+        """A read of `n` reserved bytes for `output`'s connection found no room: `start()` once
+        there is (see `_wake_reads`)."""
+        waiters = self.read_waiters
+        queue = waiters.get(output)
+        if queue is None:
+            queue = waiters[output] = deque()
+        queue.append((n, start))
         # (Room may have been made between the reader's refusal and now: nothing else would say so.)
         self.room_made()
+
+    def forget_waiters(self, output: object) -> None:
+        """`output`'s connection is cut: its reads held for room are not started."""
+        self.read_waiters.pop(output, None)
 
     def reserve_read(self, n: int) -> bool:
         """On a reader thread, before an answer of up to n bytes is built: whether there is room
@@ -198,9 +208,11 @@ class Relay:
 
     def room_made(self, threadsafe: bool = False) -> None:
         """Unread output shrank or a reservation ended: the reads held for room start again, as
-        many as fit."""
+        many as fit. (From another thread, the loop checks the room.)"""
         waiters = self.read_waiters
-        if self._waking or not waiters or self._loop is None or not self.has_room(waiters[0][0]):
+        if self._waking or not waiters or self._loop is None:
+            return
+        if not threadsafe and not self.has_room(waiters[self._next_waiting(waiters)][0][0]):
             return
         self._waking = True
         try:
@@ -211,12 +223,29 @@ class Relay:
         except RuntimeError:  # the loop is closed: the server has stopped
             self._waking = False
 
+    @staticmethod
+    def _next_waiting(waiters: dict) -> object:
+        """The connection whose held read starts next: the one with the least unread output (a
+        client that reads what it is sent is not kept waiting behind those that do not), the
+        longest waiting of those."""
+        return min(waiters, key=_unread)
+
     def _wake_reads(self) -> None:
+        """Start the reads held for room, as many as fit: the connections with the least unread
+        output first, in turns among equals (one read each, then to the back)."""
         self._waking = False
         waiters = self.read_waiters
         planned = 0
-        while waiters and self.has_room(planned + waiters[0][0]):
-            n, start = waiters.popleft()
+        while waiters:
+            output = self._next_waiting(waiters)
+            queue = waiters[output]
+            n, start = queue[0]
+            if not self.has_room(planned + n):
+                break
+            queue.popleft()
+            del waiters[output]
+            if queue:
+                waiters[output] = queue  # to the back of those with as little unread
             planned += n
             start()
 
@@ -576,6 +605,10 @@ class Relay:
 
         return self.store.read_then(read if cost is None else _costed(read, cost), done,
                                     timeout=self.settings.query_timeout, owner=owner, inline=True)
+
+
+def _unread(output) -> int:
+    return output.queued_bytes
 
 
 class _Claim:

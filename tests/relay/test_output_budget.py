@@ -243,3 +243,43 @@ def test_an_answer_counts_toward_the_budget_until_queued_or_dropped(tmp_path):
     finally:
         relay.close()
         app.store.close()
+
+
+def test_a_read_held_for_room_starts_first_for_a_connection_that_reads(tmp_path):
+    """Reads held for room (max_output_buffer_total) start again the connections with the least
+    unread output first, in turns among equals: a client that reads is not kept waiting behind
+    every read of the clients that do not."""
+    from appliance.app import build
+    from appliance.settings import load
+    from tests.pg import storage_env
+
+    class Unread:  # a connection's output, as far as the relay's room goes
+        def __init__(self, queued_bytes):
+            self.queued_bytes = queued_bytes
+
+    data_dir = tmp_path / "data"
+    settings = load(flags={"data_dir": str(data_dir)}, environ=storage_env(data_dir), config_path=None)
+    app = build(settings)
+    relay = app.relay
+    try:
+        hog1, hog2, reader = Unread(5 * MIB), Unread(5 * MIB), Unread(0)
+        started: list[str] = []
+        for i in range(3):
+            relay.wait_for_room(4, lambda i=i: started.append(f"hog1.{i}"), hog1)
+            relay.wait_for_room(4, lambda i=i: started.append(f"hog2.{i}"), hog2)
+        relay.wait_for_room(4, lambda: started.append("reader"), reader)
+        relay.max_output_total = 9  # room for one read of 4 beside the 2 reserved
+        relay.reserved_bytes, relay.queued_bytes = 2, 0
+        relay._wake_reads()
+        assert started == ["reader"]
+        for _ in range(3):
+            relay._wake_reads()
+        assert started == ["reader", "hog1.0", "hog2.0", "hog1.1"]
+        relay.forget_waiters(hog1)  # its connection is cut: its held reads never start
+        relay._wake_reads()
+        relay._wake_reads()
+        assert started[4:] == ["hog2.1", "hog2.2"] and not relay.read_waiters
+    finally:
+        relay.reserved_bytes = 0
+        relay.close()
+        app.store.close()

@@ -191,7 +191,7 @@ def _query(session: "Session", sub: Subscription) -> None:
                 return
         if not relay.has_room(reserve):  # answers being built fill it: wait until they are queued
             session.queries[sub.sub_id] = _Held()
-            relay.wait_for_room(reserve, lambda: _query(session, sub))
+            relay.wait_for_room(reserve, lambda: _query(session, sub), output)
             return
     raw_frames = session.writer.raw_frames
     renderer = answer_renderer(sub.sub_id, raw_frames)
@@ -223,7 +223,7 @@ def _answer_ready(session: "Session", sub: Subscription, answer, exc: BaseExcept
         if session.output.over_budget():
             session.hold_read(retry, reserve // 2)  # until this client reads
         else:  # until the relay's unread output shrinks
-            session.relay.wait_for_room(reserve, retry)
+            session.relay.wait_for_room(reserve, retry, session.output)
         return
     if exc is not None:
         timed_out = isinstance(exc, QueryTimeout)
