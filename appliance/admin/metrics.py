@@ -30,7 +30,6 @@ from appliance import __version__
 from appliance.errors import PREFIXES
 from appliance.origins import UnknownOrigin
 from appliance.store import meta
-from appliance.store.sqlite import memory_used as sqlite_memory_used
 from appliance.store.meta import health_probe
 
 from .health import STATES
@@ -198,13 +197,15 @@ class Machines:
         app, relay = self.app, self.app.relay
         origins = {o.id: o.origin for o in relay.origins.origins}
         now = int(time.time())
+        memory = app.store.memory_used()  # None on PostgreSQL: the gauge then has no sample
         out: list[Metric] = [
             _gauge("appliance_info", "Version of the running appliance.", [({"version": __version__}, 1)]),
             _gauge("appliance_uptime_seconds", "Seconds since the appliance started.",
                    [({}, round(time.time() - app.started_at, 1))]),
             _gauge("appliance_origins", "Origins (communities) served.", [({}, len(origins))]),
             _gauge("appliance_sqlite_memory_bytes", "Memory SQLite holds now (page caches of the writer and the "
-                   "readers, statements), of the process's resident memory.", [({}, sqlite_memory_used())]),
+                   "readers, statements), of the process's resident memory.",
+                   [({}, memory)] if memory is not None else []),
             _gauge("appliance_event_loop_lag_seconds", "Largest delay of the event loop's timer ticks since the "
                    "last scrape (how long a ready task may wait to run).",
                    [({}, round(self.admin.loop_lag.worst(), 4))]),

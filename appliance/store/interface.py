@@ -127,6 +127,11 @@ class Store(Protocol):
     @property
     def writes_queued(self) -> int: ...
 
+    def memory_used(self) -> int | None:
+        """Bytes the database holds in this process (SQLite: page caches, statements); None when
+        its memory is another process's (PostgreSQL's server)."""
+        ...
+
     # -- upkeep
     def scrub_wal(self) -> bool: ...
 

@@ -326,6 +326,10 @@ class PostgresStore(WriterFront):
             self._conns = None
 
 
+    def memory_used(self) -> None:
+        """None: the database's memory is the server's, not this process's."""
+        return None
+
     def scrub_wal(self) -> bool:
         """Nothing to scrub here: PostgreSQL's WAL and its retention are the database's operator's."""
         return True

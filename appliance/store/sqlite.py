@@ -367,6 +367,9 @@ class SqliteStore(WriterFront):
         else:  # a long read holds an old snapshot: do not stall every commit on it
             self._restart_after = time.monotonic() + WAL_RESTART_BACKOFF
 
+    def memory_used(self) -> int:
+        return memory_used()
+
     def scrub_wal(self) -> bool:
         """Checkpoint everything and truncate the WAL to zero bytes, so page images written before
         (say, a private key since erased) are gone from it; False if readers kept it busy."""

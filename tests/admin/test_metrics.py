@@ -141,6 +141,22 @@ async def test_label_values_are_escaped_and_parse_back(tmp_path, anyio_backend):
         await d.close()
 
 
+async def test_the_database_memory_is_the_stores_own(tmp_path, anyio_backend):
+    """The memory gauge asks the store: SQLite's caches live in this process; PostgreSQL's are the
+    server's, so the gauge is served without a sample rather than with SQLite's idle figure."""
+    d = Dashboard(tmp_path / "data", metrics_token=TOKEN)
+    try:
+        r = await d.get("/admin/metrics", headers={"Authorization": f"Bearer {TOKEN}"})
+        assert "# TYPE appliance_sqlite_memory_bytes gauge" in r.text
+        samples = parse(r.text).get("appliance_sqlite_memory_bytes", [])
+        if d.app.store.backend == "sqlite":
+            assert len(samples) == 1 and samples[0][1] > 0, samples
+        else:
+            assert d.app.store.memory_used() is None and samples == []
+    finally:
+        await d.close()
+
+
 async def test_two_appliances_in_one_process_keep_their_own_metrics(tmp_path, anyio_backend):
     """Each appliance has its own registry: a second one in the same process builds (the global
     registry would refuse its histograms twice) and counts only its own REQs."""
