@@ -62,6 +62,8 @@ class Connection(Protocol):
 
     def __exit__(self, exc_type, exc, tb) -> Any: ...
 
+    def close(self) -> None: ...
+
 
 def is_sqlite(conn: Connection) -> bool:
     """Whether `conn` is a SQLite connection (a PostgreSQL one says `backend = "postgresql"`)."""
