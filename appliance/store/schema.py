@@ -376,7 +376,7 @@ MIGRATIONS: tuple[str, ...] = (
     """,
     # 10: the tag index carries each event's kind (and rowid), so `kinds` + `#x` filters (REQ, and
     # COUNT as an index-only count) are decided inside the index, without reading event rows. The
-    # backfill rewrites every tag row once (about 20 s for a million stored events on a 2-core VM).
+    # backfill rewrites every tag row once: docs/performance.md#tags-carry-their-kind-schema-10
     """
     DROP INDEX tags_lookup;
     ALTER TABLE tags ADD COLUMN kind INTEGER NOT NULL DEFAULT 0;
@@ -418,9 +418,8 @@ MIGRATIONS: tuple[str, ...] = (
     """,
     # 13: no index of wake_endpoints by last_sent_at. Every claim moved its endpoint's entry (from
     # wherever its last send, or NULL, sorted it to the right edge): a random page per wake or so,
-    # written to the WAL and checkpointed, about a tenth of the CPU per wake of the writer and the
-    # checkpoints at peak. The purge (once a minute) finds stale rows by scanning the table
-    # instead: about 8 ms per 100,000 endpoints.
+    # written to the WAL and checkpointed. The purge (once a minute) finds stale rows by scanning
+    # the table instead: docs/performance.md#no-index-of-endpoints-by-last-send-schema-13
     """
     DROP INDEX wake_endpoints_sent;
     """,
