@@ -4,8 +4,7 @@ CSRF tokens and login rate limits.
 - No default password. Until one is set, the start banner prints a setup URL whose token (32
   random bytes) lets one browser set it; `appliance admin reset` forgets the password, ends every
   session and makes a fresh token. Only the token's SHA-256 is stored; it is spent atomically.
-- Passwords: scrypt (memory-hard; N=2^15, r=8, p=1: 32 MiB and roughly 0.1 s per guess), run off
-  the event loop.
+- Passwords: scrypt (memory-hard: each guess costs memory as well as time), run off the event loop.
 - Sessions: a random id in an HttpOnly, SameSite=Strict cookie, signed with a key derived from the
   key file; the server keeps the id's hash and expiry, so signing out, a password change or a reset
   ends sessions at once.
@@ -27,7 +26,8 @@ from dataclasses import dataclass
 from appliance.store import admin as rows
 from appliance.store.interface import Connection
 
-# scrypt cost: memory-hard (128 * N * r bytes = 32 MiB), about 0.1 s on a small VPS core.
+# scrypt cost: dear enough per guess in memory and time, cheap enough for one sign-in:
+# docs/performance.md#scrypt_n
 SCRYPT_N, SCRYPT_R, SCRYPT_P = 2**15, 8, 1
 SCRYPT_MAXMEM = 64 * 1024 * 1024
 MIN_PASSWORD_LENGTH = 10

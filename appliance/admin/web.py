@@ -396,7 +396,7 @@ class Admin:
             return self.render(request, "admin/setup.html", token=token, invalid=False)
         form = request.state.form
         token = str(form.get("token") or token)
-        # The token first: hashing costs 32 MiB and a tenth of a second, and this form is open to anyone.
+        # The token first: hashing is costly on purpose (auth.SCRYPT_N), and this form is open to anyone.
         if not await self.read(lambda conn: auth.setup_token_valid(conn, token, now)):
             return self.render(request, "admin/setup.html", status=403, token="", invalid=True)
         password, confirm = str(form.get("password", "")), str(form.get("confirm", ""))
