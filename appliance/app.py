@@ -1,5 +1,6 @@
 """Composition root: builds the store, origins, relay, push executor and gateway, wires their hooks,
-and runs them for as long as the server serves (`lifespan`)."""
+and runs them, with the upkeep loops (appliance.upkeep), for as long as the server serves
+(`lifespan`)."""
 
 from __future__ import annotations
 
