@@ -10,6 +10,7 @@ import uuid
 import httpx
 import pytest
 import websockets
+import websockets.exceptions
 
 from tests.conftest import ROOT, Identity
 from tests.pg import process_env
