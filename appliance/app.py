@@ -135,6 +135,7 @@ async def lifespan(app: Appliance) -> AsyncIterator[None]:
     closed in order when the server stops."""
     app.background.append(asyncio.create_task(app.upkeep.purge_loop()))
     app.background.append(asyncio.create_task(app.upkeep.reload_loop()))
+    app.relay.verifier.start()
     for start in app.on_startup:
         await start()
     if app.push is not None:

@@ -176,19 +176,28 @@ def database_cpu_seconds(storage: str) -> float:
 
 
 def cpu_seconds(pid: int) -> float:
-    """CPU time the process has used so far (every thread, user and system, from schedstat in ns):
-    a figure a busy machine inflates far less than wall-clock latency (it still does, through
-    caches and cores). NaN when the process is gone or /proc is not there."""
+    """CPU time the process has used so far (every thread, user and system, from schedstat in ns),
+    its live child processes' included (the relay's signature worker): a figure a busy machine
+    inflates far less than wall-clock latency (it still does, through caches and cores). NaN when
+    the process is gone or /proc is not there."""
     total = 0
     try:
-        for tid in os.listdir(f"/proc/{pid}/task"):
-            try:
-                with open(f"/proc/{pid}/task/{tid}/schedstat") as fh:
-                    total += int(fh.read().split()[0])
-            except (OSError, ValueError, IndexError):
-                pass  # a thread that just ended
+        tids = os.listdir(f"/proc/{pid}/task")
     except OSError:
         return float("nan")
+    children: list[int] = []
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as fh:
+                total += int(fh.read().split()[0])
+            with open(f"/proc/{pid}/task/{tid}/children") as fh:
+                children.extend(int(c) for c in fh.read().split())
+        except (OSError, ValueError, IndexError):
+            pass  # a thread that just ended
+    for child in children:
+        spent = cpu_seconds(child)
+        if spent == spent:  # (a child that just ended: NaN)
+            total += int(spent * 1e9)
     return total / 1e9
 
 

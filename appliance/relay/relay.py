@@ -39,6 +39,7 @@ from appliance.relay.peers import PeerLimits
 from appliance.relay.subscriptions import SubscriptionIndex
 from appliance.settings import Settings
 from appliance.relay.marmot import MARMOT_KINDS, check_marmot_event
+from appliance.relay.sigcheck import PendingCheck, SignatureWorker
 from appliance.store.events import PendingEvent, WriteHooks, batchable, count_events, query_events, query_rows
 from appliance.store.interface import Store
 from appliance.store.readpool import trim_heap
@@ -67,26 +68,29 @@ EphemeralCheck = Callable[[Origin, Event], None]
 
 
 class Verifier:
-    """Checks event ids and BIP-340 signatures.
+    """Checks event ids and BIP-340 signatures: the signatures in a worker process once `start`
+    has been called (appliance.relay.sigcheck), else on the loop.
 
-    Inline: handing a check to a thread or a process costs more than the check itself
-    (docs/performance.md#signatures-checked-inline). It stays behind this async interface so an
-    implementation that really runs elsewhere (a native websocket front end, a sharded process)
-    can replace it.
+    `begin(ev)` answers True/False when the answer is known at once, else a `PendingCheck`
+    settled on the loop; answers come in the order the checks were begun.
     """
 
-    # It checks on the caller's thread: the relay may call `check` directly (see
-    # Relay.publish_then). An implementation that checks elsewhere sets this False.
-    inline = True
+    def __init__(self) -> None:
+        self.worker = SignatureWorker()
+
+    def start(self) -> None:
+        """On the loop, as the server starts: the worker process is started."""
+        self.worker.start()
+
+    def begin(self, ev: Event) -> "bool | PendingCheck":
+        return self.worker.begin(ev)
 
     async def verify(self, ev: Event) -> bool:
-        return verify_event(ev)
-
-    def check(self, ev: Event) -> bool:
-        return verify_event(ev)
+        valid = self.worker.begin(ev)
+        return valid if type(valid) is bool else await valid
 
     def close(self) -> None:
-        pass
+        self.worker.close()
 
 
 @dataclass
@@ -318,9 +322,9 @@ class Relay:
             raise Rejected("restricted", "this pubkey may not publish here")
 
     def needs_task(self, ev: Event) -> bool:
-        """Whether publishing `ev` awaits something: an admission hook of its kind, a verifier
-        that checks elsewhere, or `on_stored` callbacks. Such an event is taken by `publish`."""
-        return ev.kind in self.admission or bool(self.on_stored) or not getattr(self.verifier, "inline", False)
+        """Whether publishing `ev` awaits something: an admission hook of its kind, or `on_stored`
+        callbacks. Such an event is taken by `publish`."""
+        return ev.kind in self.admission or bool(self.on_stored)
 
     async def publish(self, origin: Origin, authed: str | None, ev: Event) -> str:
         """Admit, store and fan out one event; return the OK message or raise Rejected (counted)
@@ -364,18 +368,26 @@ class Relay:
                      done: Callable[[str | None, Exception | None], None]) -> bool:
         """`publish` with no task and no future, for events that need nothing awaited (see
         `needs_task`): the same pipeline, then `done(message, None)` once committed and broadcast,
-        or `done(None, exc)` (a refusal counted, as `publish` raises it). Called on the loop;
-        `done` runs on it, possibly before this returns. False (and nothing done) for any other
-        event: the caller awaits `publish`."""
+        or `done(None, exc)` (a refusal counted, as `publish` raises it). A signature checked in
+        the worker process resumes the pipeline from its answer, still with no task. Called on the
+        loop; `done` runs on it, possibly before this returns. False (and nothing done) for any
+        other event: the caller awaits `publish`."""
         if self.needs_task(ev):
             return False
-        steps = self._pipeline(origin, authed, ev, done)
+        self._step(self._pipeline(origin, authed, ev, done), None)
+        return True
+
+    def _step(self, steps: Generator, value: object) -> None:
+        """Run the pipeline `steps` on to its end or to a signature check whose answer comes later
+        (`PendingCheck.then` runs it on from there)."""
         try:
-            next(steps)
+            step = steps.send(value)
         except StopIteration:
-            return True
-        steps.close()  # a step to await: `needs_task` says there is none
-        raise RuntimeError(f"publishing kind {ev.kind} awaits a step; publish_then cannot take it")
+            return
+        if type(step) is not PendingCheck:
+            steps.close()  # a step to await: `needs_task` says there is none
+            raise RuntimeError("publish_then cannot await a step")
+        step.then(lambda valid: self._step(steps, valid))
 
     def _pipeline(self, origin: Origin, authed: str | None, ev: Event,
                   done: Callable[[str | None, Exception | None], None]) -> Generator[Awaitable, object, bool]:
@@ -385,7 +397,7 @@ class Relay:
         then its expiration; then broadcast (ephemeral) or the write, its commit and broadcast.
 
         A generator: it yields an awaitable where a step must be awaited (an admission hook, a
-        verifier that checks elsewhere) and is sent its result (or thrown its exception). It calls
+        signature check answered later: a PendingCheck) and is sent its result (or thrown its exception). It calls
         `done(message, None)` once the event is committed and broadcast, or `done(None, exc)` for a
         refusal (counted) or an unexpected error: exactly once, whatever fails after its checks (a
         client without its OK would hold one of its connection's in-flight places for good), unless
@@ -400,8 +412,9 @@ class Relay:
             else:
                 self.check_envelope(ev, now)
                 self.check_write_access(origin, authed, ev)
-                verifier = self.verifier
-                valid = verifier.check(ev) if getattr(verifier, "inline", False) else (yield verifier.verify(ev))
+                valid = self.verifier.begin(ev)
+                if type(valid) is not bool:  # checked elsewhere: its answer comes on the loop
+                    valid = yield valid
                 if not valid:
                     raise Rejected("invalid", "bad signature")
                 context = {}

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from appliance.app import build
 from appliance.nostr.keys import generate_secret
 from appliance.nostr.event import sign_event
@@ -19,6 +21,13 @@ async def close_bus(app) -> None:
     connection on this test's loop, which must be closed before the loop ends."""
     if app.fanout is not None:
         await app.fanout.aclose()
+
+
+async def wait_until(condition, timeout: float = 30.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, "timed out"
+        await asyncio.sleep(0.01)
 
 
 def test_failing_hooks_answer_with_an_error_and_the_relay_goes_on(tmp_path):
@@ -119,7 +128,8 @@ def test_a_failing_refusal_listener_still_answers_every_event_once(tmp_path):
     assert relay.unbroadcast == {}
 
 
-def test_both_paths_check_in_one_order(tmp_path):
+@pytest.mark.parametrize("worker", [False, True], ids=["on the loop", "in the worker"])
+def test_both_paths_check_in_one_order(tmp_path, worker):
     """`publish` (awaited) and `publish_then` (no task) are one pipeline: an event breaking several
     rules gets the same first refusal on both (limits, then policy, then signature, then
     expiration), and the same refusals are counted."""
@@ -139,6 +149,10 @@ def test_both_paths_check_in_one_order(tmp_path):
         ev.sig = "00" * 64
         return ev
 
+    def wrong_id(ev):
+        ev.content += "!"  # (the id no longer matches; the signature is the id's)
+        return ev
+
     cases = [
         ("too many tags, bad signature", origin, forged(sign_event(SECRET, 1, [["t", "x"]] * 4, "a")),
          "invalid: too many tags (max 3)"),
@@ -147,6 +161,12 @@ def test_both_paths_check_in_one_order(tmp_path):
         ("expired, bad signature", origin, forged(sign_event(SECRET, 1, [["expiration", "1"]], "c")),
          "invalid: bad signature"),
         ("expired", origin, sign_event(SECRET, 1, [["expiration", "1"]], "d"), "invalid: event has expired"),
+        ("malformed expiration, bad signature", origin,
+         forged(sign_event(SECRET, 1, [["expiration", "soon"]], "e")), "invalid: bad signature"),
+        ("malformed expiration, wrong id", origin,
+         wrong_id(sign_event(SECRET, 1, [["expiration", "soon"]], "f")), "invalid: bad signature"),
+        ("malformed expiration", origin, sign_event(SECRET, 1, [["expiration", "soon"]], "g"),
+         "invalid: malformed expiration tag"),
     ]
 
     async def both(where, ev):
@@ -160,8 +180,12 @@ def test_both_paths_check_in_one_order(tmp_path):
         return awaited, (await answer).wire
 
     async def run():
+        if worker:  # signatures checked in the worker process: the same first refusals
+            relay.verifier.start()
+            await wait_until(lambda: relay.verifier.worker.ready)
         out = {name: await both(where, ev) for name, where, ev, _want in cases}
         await close_bus(app)
+        relay.close()  # (the worker's socket is closed on the loop, as the server does)
         return out
 
     try:

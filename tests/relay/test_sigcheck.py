@@ -1,0 +1,102 @@
+"""The signature worker (appliance.relay.sigcheck): answers in the order the checks were begun,
+the right answer for each, and none lost or given twice when the worker dies with checks in hand."""
+
+from __future__ import annotations
+
+import asyncio
+
+from appliance.nostr.event import sign_event
+from appliance.nostr.keys import generate_secret
+from appliance.relay.sigcheck import PendingCheck, SignatureWorker
+
+SECRET = generate_secret()
+
+
+def events(n: int) -> tuple[list, list[bool]]:
+    """n events, every third with a forged signature, every fifth with a wrong id; and whether
+    each is valid."""
+    out, valid = [], []
+    for i in range(n):
+        ev = sign_event(SECRET, 1, [["t", "x"]], f"note {i}")
+        ok = True
+        if i % 3 == 1:
+            ev.sig = ev.sig[:-2] + ("00" if ev.sig[-2:] != "00" else "11")
+            ok = False
+        if i % 5 == 4:
+            ev.content += "!"
+            ok = False
+        out.append(ev)
+        valid.append(ok)
+    return out, valid
+
+
+async def ready_worker() -> SignatureWorker:
+    worker = SignatureWorker()
+    worker._wanted = True  # (started whatever this machine's CPU count)
+    worker._maybe_start()
+    deadline = asyncio.get_running_loop().time() + 30
+    while not worker.ready:
+        assert asyncio.get_running_loop().time() < deadline, "the worker did not start"
+        await asyncio.sleep(0.01)
+    return worker
+
+
+def collect(worker: SignatureWorker, evs: list) -> tuple[list, list]:
+    """Begin every check; (the order answers came in, each check's answers)."""
+    order: list[int] = []
+    answers: list[list[bool]] = [[] for _ in evs]
+    for i, ev in enumerate(evs):
+        result = worker.begin(ev)
+        if type(result) is bool:
+            order.append(i)
+            answers[i].append(result)
+        else:
+            assert isinstance(result, PendingCheck)
+            result.then(lambda valid, i=i: (order.append(i), answers[i].append(valid)))
+    return order, answers
+
+
+def test_answers_are_right_and_in_order():
+    async def run():
+        worker = await ready_worker()
+        try:
+            evs, valid = events(300)
+            order, answers = collect(worker, evs)
+            deadline = asyncio.get_running_loop().time() + 30
+            while len(order) < len(evs):
+                assert asyncio.get_running_loop().time() < deadline
+                await asyncio.sleep(0.01)
+            return order, answers, valid, evs
+        finally:
+            worker.close()
+
+    order, answers, valid, evs = asyncio.run(run())
+    assert answers == [[v] for v in valid]
+    # A wrong id is refused at once; every check sent to the worker is answered in order.
+    sent = [i for i in order if valid[i] or i % 5 != 4]
+    assert sent == sorted(sent)
+
+
+def test_checks_held_by_a_dying_worker_are_answered_here_in_order():
+    async def run():
+        worker = await ready_worker()
+        try:
+            evs, valid = events(200)
+            order, answers = collect(worker, evs)
+            worker._proc.kill()  # with every check in hand (or on its way)
+            deadline = asyncio.get_running_loop().time() + 30
+            while len(order) < len(evs):
+                assert asyncio.get_running_loop().time() < deadline
+                await asyncio.sleep(0.01)
+            await asyncio.sleep(0.05)  # (a second answer would have come by now)
+            after = worker.begin(evs[0])  # no worker: checked on the loop at once
+            return order, answers, valid, after, worker.failures
+        finally:
+            worker.close()
+
+    order, answers, valid, after, failures = asyncio.run(run())
+    assert answers == [[v] for v in valid]
+    sent = [i for i in order if valid[i] or i % 5 != 4]
+    assert sent == sorted(sent)
+    assert after is True
+    assert failures == 1
