@@ -13,6 +13,7 @@ import itertools
 import threading
 import time
 import weakref
+from collections import deque
 from typing import Any, Callable, TypeVar
 
 from appliance.store.interface import Connection, QueryTimeout
@@ -101,6 +102,10 @@ class ReadPool:
         self._active: dict[Any, int] = {}  # owner -> reads holding a run slot
         self._started: dict[Any, int] = {}  # owner -> reads started and not finished
         self._waiting: dict[Any, int] = {}  # owner -> reads waiting to start (never started yet)
+        self._queued_new: dict[Any, int] = {}  # owner -> of those, in `_queue`
+        # owner -> its other new reads, in order: those it could not start before one of its
+        # started or queued reads is done stay out of the queue that every dispatch scans.
+        self._later: dict[Any, deque[_Read]] = {}
         # owner -> when it last got a run slot, while it has reads started or waiting: among
         # owners with as few running, the one served longest ago goes first (round robin).
         self._last: dict[Any, int] = {}
@@ -186,9 +191,41 @@ class ReadPool:
 
     def _enter(self, read: _Read) -> None:
         with self._cv:
-            self._queue.append(read)
-            self._waiting[read.owner] = self._waiting.get(read.owner, 0) + 1
+            owner = read.owner
+            self._waiting[owner] = self._waiting.get(owner, 0) + 1
+            if self._started.get(owner, 0) + self._queued_new.get(owner, 0) >= self._per_owner:
+                later = self._later.get(owner)
+                if later is None:
+                    later = self._later[owner] = deque()
+                later.append(read)
+                return  # (it could not start now anyway)
+            self._queue_new(read)
             self._dispatch()
+
+    def _queue_new(self, read: _Read) -> None:
+        self._queue.append(read)
+        self._queued_new[read.owner] = self._queued_new.get(read.owner, 0) + 1
+
+    def _dequeue_new(self, read: _Read) -> None:
+        """A new read left the queue: it starts now, or was cancelled."""
+        n = self._queued_new[read.owner] - 1
+        if n:
+            self._queued_new[read.owner] = n
+        else:
+            del self._queued_new[read.owner]
+        self._unwait(read)
+
+    def _promote(self, owner: Any) -> None:
+        """Queue `owner`'s later reads while it could start them (cancelled ones go)."""
+        later = self._later.get(owner)
+        while later and self._started.get(owner, 0) + self._queued_new.get(owner, 0) < self._per_owner:
+            read = later.popleft()
+            if read.is_cancelled():
+                self._unwait(read)
+            else:
+                self._queue_new(read)
+        if later is not None and not later:
+            del self._later[owner]
 
     def _unwait(self, read: _Read) -> None:
         """A read that never started leaves the queue (it starts now, or was cancelled)."""
@@ -214,8 +251,9 @@ class ReadPool:
             read = queue[i]
             if read.resume is None and read.is_cancelled():
                 queue.pop(i)  # its waiter is gone and it never started
-                self._unwait(read)
-                if read.owner not in self._started and not any(r.owner is read.owner for r in queue):
+                self._dequeue_new(read)
+                self._promote(read.owner)  # (appended: this scan still sees them)
+                if read.owner not in self._started and read.owner not in self._waiting:
                     self._last.pop(read.owner, None)
                 continue
             if self._pickable(read):
@@ -247,7 +285,7 @@ class ReadPool:
                     thread = _ReaderThread(self, len(self._threads))
                     self._threads.append(thread)
                 self._started[read.owner] = self._started.get(read.owner, 0) + 1
-                self._unwait(read)
+                self._dequeue_new(read)
                 read.started = time.monotonic()
                 thread.give(read)
             self._queue.remove(read)
@@ -296,8 +334,9 @@ class ReadPool:
                 self._started[read.owner] = n
             else:
                 del self._started[read.owner]
-                if not any(r.owner is read.owner for r in self._queue):
-                    self._last.pop(read.owner, None)  # its next read is a first read again
+            self._promote(read.owner)
+            if not n and read.owner not in self._waiting:
+                self._last.pop(read.owner, None)  # its next read is a first read again
             self._idle.append(thread)
             self._dispatch()
 

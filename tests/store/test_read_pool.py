@@ -256,6 +256,36 @@ async def test_an_owner_with_a_read_waiting_does_not_read_on_the_loop(store):
     await asyncio.gather(hog, return_exceptions=True)
 
 
+async def test_an_owners_reads_beyond_what_it_may_start_wait_outside_the_queue(store):
+    """An owner's reads that could not start before its started ones end are kept out of the
+    queue every dispatch scans (a never-reading client's 24 REQs made it hundreds long), and
+    still all run, in order, and none runs once cancelled."""
+    pool = use_pool(store, slice_seconds=3600)
+    owner = Owner()
+    order: list[int] = []
+
+    def noting(i):
+        def run(conn):
+            order.append(i)
+            return short_read(conn)
+        return run
+
+    hog = asyncio.ensure_future(store.read(long_read, owner=Owner(), timeout=600))
+    while pool.active == 0:
+        await asyncio.sleep(0.001)
+    reads = [asyncio.ensure_future(store.read(noting(i), owner=owner)) for i in range(24)]
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    assert len(pool._queue) == pool._per_owner  # the others wait beside it
+    reads[5].cancel()
+    hog.cancel()
+    await asyncio.gather(hog, return_exceptions=True)
+    results = await asyncio.gather(*reads, return_exceptions=True)
+    assert order == [i for i in range(24) if i != 5]
+    assert [r for i, r in enumerate(results) if i != 5] == [42] * 23
+    assert not pool._queue and not pool._later and not pool._waiting and not pool._queued_new
+
+
 async def test_an_inline_read_failing_reports_its_error(store):
     failed = asyncio.get_running_loop().create_future()
     store.read_then(lambda conn: conn.execute("SELECT * FROM no_such_table").fetchall(),
