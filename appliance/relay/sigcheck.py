@@ -10,7 +10,8 @@ task is made per check.
 
 Answers come in the order the checks were begun, and none is given before one begun earlier, so
 the relay's writes keep the order its clients sent the events in. Until the worker is ready, and
-when it has failed (then what it held is checked here, in order), checks run on the loop.
+when it has failed or stopped answering (then what it held is checked here, in order), checks run
+on the loop.
 """
 
 from __future__ import annotations
@@ -39,6 +40,9 @@ MAX_BATCH = 1024
 PARENT_CHECK_INTERVAL = 1.0
 # After the worker failed, checks run on the loop this long before another is started.
 RESTART_AFTER = 5.0
+# Seconds without an answer while checks wait before the worker counts as failed (stopped, or not
+# scheduled): a working worker answers a batch in milliseconds; this is well inside SIGTERM's grace.
+STALL_AFTER = 3.0
 
 
 class PendingCheck:
@@ -101,6 +105,11 @@ class SignatureWorker:
         self._waiting: deque[PendingCheck] = deque()
         self._flush_scheduled = False
         self._buffer = bytearray()
+        self._protocol: _Answers | None = None
+        # The loop's time of the last answer, or of the first check sent since all were answered:
+        # what the stall watch measures from.
+        self._progress_at = 0.0
+        self._watch: asyncio.TimerHandle | None = None
         self.failures = 0
 
     def start(self) -> None:
@@ -133,12 +142,7 @@ class SignatureWorker:
         """Stop the worker (on the loop, as the server stops); what it held is checked here."""
         self._closed = True
         self.ready = False
-        transport, self._transport = self._transport, None
-        if transport is not None:
-            try:
-                transport.close()
-            except RuntimeError:  # the loop is closed already
-                pass
+        self._detach()
         self._stop_process()
         self._unsent.clear()
         self._check_waiting_here()
@@ -151,6 +155,10 @@ class SignatureWorker:
         unsent, self._unsent = self._unsent, []
         if not self.ready or not unsent:
             return
+        if len(self._waiting) == len(unsent):  # none sent before is unanswered: the wait starts now
+            self._progress_at = self._loop.time()
+        if self._watch is None:
+            self._watch = self._loop.call_later(STALL_AFTER, self._check_stall)
         parts = []
         for start in range(0, len(unsent), MAX_BATCH):
             payload = b"".join(unsent[start:start + MAX_BATCH])
@@ -171,6 +179,19 @@ class SignatureWorker:
             waiting = self._waiting
             for valid in answers:
                 waiting.popleft().settle(valid == 1)
+            self._progress_at = self._loop.time()
+
+    def _check_stall(self) -> None:
+        """While checks wait, the worker must answer within STALL_AFTER of its last answer (or of
+        the first of them sent): else it counts as failed (killed, what it held checked here)."""
+        self._watch = None
+        if not self.ready or not self._waiting:
+            return
+        waited = self._loop.time() - self._progress_at
+        if waited >= STALL_AFTER:
+            self._failed(TimeoutError(f"no answer in {waited:.1f} s"))
+        else:
+            self._watch = self._loop.call_later(STALL_AFTER - waited, self._check_stall)
 
     def _failed(self, exc: BaseException | None) -> None:
         """The worker is gone: what it held is checked here, in order; another starts later."""
@@ -180,12 +201,26 @@ class SignatureWorker:
         log.warning("the signature worker stopped (%s); %d checks done on the loop instead",
                     exc or "its connection closed", len(self._waiting))
         self.ready = False
-        self._transport = None
+        self._detach()
         self._unsent.clear()
         self._buffer.clear()
         self._restart_at = time.monotonic() + RESTART_AFTER
         self._stop_process()
         self._check_waiting_here()
+
+    def _detach(self) -> None:
+        """The socket to the worker closed, its protocol no longer ours (a late call of it is
+        ignored), the stall watch stopped."""
+        self._protocol = None
+        if self._watch is not None:
+            self._watch.cancel()
+            self._watch = None
+        transport, self._transport = self._transport, None
+        if transport is not None:
+            try:
+                transport.close()
+            except RuntimeError:  # the loop is closed already
+                pass
 
     def _check_waiting_here(self) -> None:
         waiting = self._waiting
@@ -206,6 +241,7 @@ class SignatureWorker:
         self._loop.create_task(self._start())
 
     async def _start(self) -> None:
+        ours = None
         try:
             ours, theirs = socket.socketpair()
             try:
@@ -217,10 +253,17 @@ class SignatureWorker:
                 theirs.close()
             self._proc = proc
             ours.setblocking(False)
-            self._transport, _protocol = await self._loop.connect_accepted_socket(lambda: _Answers(self), ours)
+            protocol = self._protocol = _Answers(self)
+            transport, _ = await self._loop.connect_accepted_socket(lambda: protocol, ours)
+            if self._protocol is not protocol:  # closed meanwhile
+                transport.close()
+                return
+            self._transport = transport
             # (ready once the worker says so: its imports done)
         except Exception:
             log.exception("could not start the signature worker; checking signatures on the loop")
+            if ours is not None and self._transport is None:  # (a transport closes its own)
+                ours.close()
             self._restart_at = time.monotonic() + RESTART_AFTER
             self._starting = False
             self._stop_process()
@@ -247,6 +290,8 @@ class _Answers(asyncio.Protocol):
         self.greeted = False
 
     def data_received(self, data: bytes) -> None:
+        if self.owner._protocol is not self:  # a worker given up on (its socket closing)
+            return
         if not self.greeted:
             self.greeted = True
             self.owner._hello()
@@ -256,7 +301,8 @@ class _Answers(asyncio.Protocol):
         self.owner._answers(data)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.owner._failed(exc)
+        if self.owner._protocol is self:
+            self.owner._failed(exc)
 
 
 def _cpus() -> int:

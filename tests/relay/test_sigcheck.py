@@ -1,12 +1,16 @@
 """The signature worker (appliance.relay.sigcheck): answers in the order the checks were begun,
-the right answer for each, and none lost or given twice when the worker dies with checks in hand."""
+the right answer for each, and none lost or given twice when the worker dies with checks in hand
+or stops answering."""
 
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 
 from appliance.nostr.event import sign_event
 from appliance.nostr.keys import generate_secret
+from appliance.relay import sigcheck
 from appliance.relay.sigcheck import PendingCheck, SignatureWorker
 
 SECRET = generate_secret()
@@ -100,3 +104,35 @@ def test_checks_held_by_a_dying_worker_are_answered_here_in_order():
     assert sent == sorted(sent)
     assert after is True
     assert failures == 1
+
+
+def test_a_worker_that_stops_answering_is_given_up_and_its_checks_answered_here(monkeypatch):
+    """A worker alive but not answering (stopped, here with SIGSTOP) holds no EVENT for good: once
+    checks have waited STALL_AFTER without an answer it is killed and they are checked here, in
+    order."""
+    monkeypatch.setattr(sigcheck, "STALL_AFTER", 0.5, raising=False)
+
+    async def run():
+        worker = await ready_worker()
+        try:
+            pid = worker._proc.pid
+            os.kill(pid, signal.SIGSTOP)
+            evs, valid = events(60)
+            order, answers = collect(worker, evs)
+            started = asyncio.get_running_loop().time()
+            deadline = started + 30
+            while len(order) < len(evs):
+                assert asyncio.get_running_loop().time() < deadline, "checks left unanswered"
+                await asyncio.sleep(0.01)
+            waited = asyncio.get_running_loop().time() - started
+            return order, answers, valid, waited, worker.failures, pid, worker._proc
+        finally:
+            worker.close()
+
+    order, answers, valid, waited, failures, pid, proc = asyncio.run(run())
+    assert answers == [[v] for v in valid]
+    sent = [i for i in order if valid[i] or i % 5 != 4]
+    assert sent == sorted(sent)
+    assert 0.5 <= waited < 10
+    assert failures == 1
+    assert proc is None and not os.path.exists(f"/proc/{pid}")  # killed and reaped
