@@ -20,6 +20,7 @@ import asyncio
 import logging
 import multiprocessing
 import os
+import signal
 import socket
 import struct
 import threading
@@ -342,6 +343,9 @@ def serve(sock: socket.socket, parent_pid: int) -> None:
     signature is valid), in order, until the socket closes."""
     from appliance.nostr.keys import xonly_key
 
+    # Ctrl+C in a terminal signals the whole process group: the appliance stops in its own way (its
+    # drain needs no worker) and ends this one; a KeyboardInterrupt here would only print a traceback.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     _watch_parent(parent_pid)
     sock.sendall(b"\x01")
     header = _HEADER

@@ -136,3 +136,28 @@ def test_a_worker_that_stops_answering_is_given_up_and_its_checks_answered_here(
     assert 0.5 <= waited < 10
     assert failures == 1
     assert proc is None and not os.path.exists(f"/proc/{pid}")  # killed and reaped
+
+
+def test_ctrl_c_leaves_the_worker_to_the_appliance(capfd):
+    """SIGINT (Ctrl+C in a terminal reaches the whole process group) neither stops the worker nor
+    prints its traceback: the appliance stops it when it stops."""
+
+    async def run():
+        worker = await ready_worker()
+        try:
+            os.kill(worker._proc.pid, signal.SIGINT)
+            await asyncio.sleep(0.5)
+            evs, valid = events(30)
+            order, answers = collect(worker, evs)
+            deadline = asyncio.get_running_loop().time() + 30
+            while len(order) < len(evs):
+                assert asyncio.get_running_loop().time() < deadline
+                await asyncio.sleep(0.01)
+            return answers, valid, worker.failures
+        finally:
+            worker.close()
+
+    answers, valid, failures = asyncio.run(run())
+    assert answers == [[v] for v in valid]
+    assert failures == 0
+    assert "Traceback" not in capfd.readouterr().err
