@@ -53,6 +53,10 @@ class Output:
         # Answers built on reader threads and not queued yet, by what they answer: their size
         # counts toward `over_budget` at once (the loop may queue them a little later).
         self.producing: dict = {}
+        # Reads are held for this connection (`over_budget`; set by its session): while it is not
+        # `full` (answers being built put it over), `drained()` follows each write, not only the
+        # drain of a full output, which never comes for a client that reads what it is sent.
+        self.held = False
         self.abandoned = False
         # Cuts the connection when the relay sheds output (Relay.shed_output).
         self.shed = shed if shed is not None else self.abandon
@@ -136,10 +140,13 @@ class Output:
         else:
             if relay.read_waiters:
                 relay.room_made()
-            if self.full and self.queued_bytes <= self.high_water // 2:
-                self.full = False
-                if self._drained is not None:
-                    self._drained()
+            if self.full:
+                if self.queued_bytes <= self.high_water // 2:
+                    self.full = False
+                    if self._drained is not None:
+                        self._drained()
+            elif self.held and self._drained is not None:
+                self._drained()  # (reads held for answers being built: they look again)
 
     def over_budget(self) -> bool:
         """Whether no new answer should be built for this connection now (on any thread): it is

@@ -323,6 +323,7 @@ class Session:
         max_queued_bytes unread and asked for, it is dropped."""
         self.held_reads.append(start)
         self.held_demand += demand
+        self.output.held = True
         if self.output.queued_bytes + self.held_demand > self.max_queued_bytes:
             self.drop_slow()
 
@@ -330,6 +331,7 @@ class Session:
         """The client read what was queued for it: reads held for it go on, and so does the pump."""
         held, self.held_reads = self.held_reads, []
         self.held_demand = 0
+        self.output.held = False  # (those still over budget are held again)
         for resume in held:
             if self.closed:
                 break

@@ -283,3 +283,60 @@ def test_a_read_held_for_room_starts_first_for_a_connection_that_reads(tmp_path)
         relay.reserved_bytes = 0
         relay.close()
         app.store.close()
+
+
+async def every_eose(client: Client, n: int, limit_of) -> None:
+    """Send `n` REQs (`s0`...) at once, `limit_of(i)` big notes each, and read everything as it
+    comes until each has its EOSE (a REQ that never gets one fails after 60 s of silence)."""
+    for i in range(n):
+        await client.send(["REQ", f"s{i}", {"kinds": [1], "#t": ["big"], "limit": limit_of(i)}])
+    ended: set[str] = set()
+    while len(ended) < n:
+        try:
+            msg = await client.recv(timeout=60)
+        except asyncio.TimeoutError:
+            raise AssertionError(f"{n - len(ended)} of {n} REQs never got their EOSE") from None
+        assert msg[0] in ("EVENT", "EOSE"), msg
+        if msg[0] == "EOSE":
+            ended.add(msg[1])
+
+
+async def test_a_client_that_reads_gets_every_answer_while_others_are_built(make_server, alice):
+    """A REQ held because the answers being built for its connection would put it over its own
+    budget (max_query_bytes), not because it is `full`, starts once they are written: a client
+    that reads at once never makes its output full, so the drain of a full output never comes.
+    (Answers of ~0.6 x max_query_bytes: two of them being built, or one written and one being
+    built, hold the next REQs; before, most of 40 REQs then never got their EOSE.)"""
+    srv = make_server("--max-query-bytes", str(256 * 1024), "--event-rate", "0", "--req-rate", "0",
+                      "--max-subscriptions", "100")
+    writer = await store_big_notes(srv, alice, 300, width=3)
+    try:
+        for _ in range(3):
+            reader = await Client.connect(srv.url)
+            await every_eose(reader, 40, lambda i: 75)
+            await reader.close()
+    finally:
+        await writer.close()
+
+
+@pytest.mark.slow
+async def test_a_client_that_reads_gets_every_answer_beside_never_reading_ones(make_server, alice):
+    """The same under max_output_buffer_total, filled by never-reading connections: a client that
+    reads gets every answer it asks for, small and large (its reads held for room, or held for its
+    own answers being built, all start again)."""
+    srv = make_server("--max-query-bytes", str(256 * 1024), "--max-output-buffer-total", str(3 * MIB),
+                      "--event-rate", "0", "--req-rate", "0", "--max-subscriptions", "100")
+    writer = await store_big_notes(srv, alice, 300, width=3)
+    big = [json.dumps(["REQ", f"h{i}", {"kinds": [1], "#t": ["big"], "limit": 500}]) for i in range(24)]
+    hogs = [await never_reading(srv.port, big) for _ in range(10)]
+    try:
+        for _ in range(3):
+            reader = await Client.connect(srv.url)
+            await every_eose(reader, 40, lambda i: 75 if i % 2 else 3)
+            await reader.close()
+        assert srv.proc.poll() is None
+    finally:
+        for sock in hogs:
+            sock.close()
+        await writer.close()
+
