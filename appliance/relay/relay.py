@@ -79,7 +79,7 @@ class Verifier:
         self.worker = SignatureWorker()
 
     def start(self) -> None:
-        """On the loop, as the server starts: the worker process is started."""
+        """On the loop, as the server starts: the worker process starts with the first check."""
         self.worker.start()
 
     def begin(self, ev: Event) -> "bool | PendingCheck":

@@ -9,9 +9,9 @@ of this process takes part (an executor's own thread would contend for the GIL),
 task is made per check.
 
 Answers come in the order the checks were begun, and none is given before one begun earlier, so
-the relay's writes keep the order its clients sent the events in. Until the worker is ready, and
-when it has failed or stopped answering (then what it held is checked here, in order), checks run
-on the loop.
+the relay's writes keep the order its clients sent the events in. The worker starts with the
+first check begun; until it is ready, and when it has failed or stopped answering (then what it
+held is checked here, in order), checks run on the loop.
 """
 
 from __future__ import annotations
@@ -114,12 +114,12 @@ class SignatureWorker:
         self.failures = 0
 
     def start(self) -> None:
-        """Start the worker (on the loop); until it is ready, checks run on the loop. A machine
-        with one CPU gets none: the worker would only take turns with the loop."""
+        """Have a worker from the first check begun on (a relay given no EVENT spawns none); until
+        it is ready, checks run on the loop. A machine with one CPU gets none: the worker would
+        only take turns with the loop."""
         if _cpus() < 2:
             return
         self._wanted = True
-        self._maybe_start()
 
     def begin(self, ev: Event) -> "bool | PendingCheck":
         if not self.ready:

@@ -182,6 +182,8 @@ def test_both_paths_check_in_one_order(tmp_path, worker):
     async def run():
         if worker:  # signatures checked in the worker process: the same first refusals
             relay.verifier.start()
+            relay.verifier.worker._wanted = True  # (whatever this machine's CPU count)
+            relay.verifier.worker._maybe_start()  # (else the first check starts it)
             await wait_until(lambda: relay.verifier.worker.ready)
         out = {name: await both(where, ev) for name, where, ev, _want in cases}
         await close_bus(app)

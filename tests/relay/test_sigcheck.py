@@ -161,3 +161,30 @@ def test_ctrl_c_leaves_the_worker_to_the_appliance(capfd):
     assert answers == [[v] for v in valid]
     assert failures == 0
     assert "Traceback" not in capfd.readouterr().err
+
+
+def test_the_worker_starts_with_the_first_check(monkeypatch):
+    """A relay given no EVENT spawns no process: the worker starts with the first check begun
+    (checked on the loop, as every check until the worker is ready)."""
+    monkeypatch.setattr(sigcheck, "_cpus", lambda: 2)
+
+    async def run():
+        worker = SignatureWorker()
+        try:
+            worker.start()
+            await asyncio.sleep(0.3)
+            before = worker._proc, worker._starting
+            evs, valid = events(2)
+            first = worker.begin(evs[0])
+            deadline = asyncio.get_running_loop().time() + 30
+            while not worker.ready:
+                assert asyncio.get_running_loop().time() < deadline, "the worker did not start"
+                await asyncio.sleep(0.01)
+            later = worker.begin(evs[0])
+            return before, first, await later
+        finally:
+            worker.close()
+
+    before, first, later = asyncio.run(run())
+    assert before == (None, False)
+    assert first is True and later is True
