@@ -145,8 +145,14 @@ class Output:
                     self.full = False
                     if self._drained is not None:
                         self._drained()
-            elif self.held and self._drained is not None:
-                self._drained()  # (reads held for answers being built: they look again)
+            else:
+                self.owed_less()  # (reads held for answers being built: they look again)
+
+    def owed_less(self) -> None:
+        """Less is owed to this connection (written, or an answer being built dropped unsent): reads
+        held while answers being built put it over budget, not `full`, look again."""
+        if self.held and not self.full and self._drained is not None:
+            self._drained()
 
     def over_budget(self) -> bool:
         """Whether no new answer should be built for this connection now (on any thread): it is

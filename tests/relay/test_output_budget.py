@@ -340,3 +340,36 @@ async def test_a_client_that_reads_gets_every_answer_beside_never_reading_ones(m
             sock.close()
         await writer.close()
 
+
+
+async def test_a_read_held_for_answers_that_are_dropped_starts(make_server, alice):
+    """A REQ held for the answers being built for its connection starts when those are dropped
+    unsent (their subscriptions closed): no write follows then to start it. (Answers of ~0.7 x
+    max_query_bytes, read on the loop as the messages come in one piece: the third REQ is held
+    for the first two, which the CLOSEs then drop.)"""
+    srv = make_server("--max-query-bytes", str(64 * 1024), "--event-rate", "0", "--req-rate", "0")
+    writer = await store_big_notes(srv, alice, 30, width=2)
+    want = {"kinds": [1], "#t": ["big"], "limit": 19}
+    messages = [["REQ", "s0", {"kinds": [1], "limit": 1}], ["REQ", "s1", want], ["REQ", "s2", want],
+                ["REQ", "s3", want], ["CLOSE", "s1"], ["CLOSE", "s2"]]
+    sock = await never_reading(srv.port, [json.dumps(m) for m in messages[:1]])
+    try:
+        sock.settimeout(20)
+
+        async def until(eose: bytes) -> None:
+            got = b""
+            while eose not in got:
+                piece = await asyncio.to_thread(sock.recv, 1 << 20)
+                assert piece, "the connection ended"
+                got += piece
+
+        await until(b'["EOSE","s0"]')  # (the loop's own connection opened: the next reads are quick)
+        frames = b""
+        for m in messages[1:]:
+            data = json.dumps(m).encode()
+            frames += b"\x81" + bytes([0x80 | len(data)]) + b"\0\0\0\0" + data  # (masked with zeros)
+        sock.sendall(frames)
+        await until(b'["EOSE","s3"]')
+    finally:
+        sock.close()
+        await writer.close()

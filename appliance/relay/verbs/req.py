@@ -279,7 +279,8 @@ def end_subscription(session: "Session", sub_id: str) -> None:
     if sub is not None:
         session.relay.index_for(session.origin).remove(sub)
         release_held(session, sub)
-        session.output.producing.pop(sub, None)
+        if session.output.producing.pop(sub, None) is not None:
+            session.output.owed_less()  # (no write may follow to start reads held for it)
     task = session.queries.pop(sub_id, None)
     if task is not None:
         task.cancel()
