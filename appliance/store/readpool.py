@@ -160,9 +160,9 @@ class ReadPool:
         would wait for the longest reads to pause or end. True when it ran (the outcome is
         delivered as a reader thread delivers it); False when it is for the reader threads."""
         owner = read.owner
-        # Unlocked peeks: reads are queued and started only from this thread, so a stale answer
-        # here merely sends a read to the reader threads.
-        if self._stopping or owner in self._started or owner in self._waiting:
+        # Unlocked peeks, waiting first: a read is counted started before it stops waiting (both
+        # under the lock, on whichever thread dispatches it), so no read of the owner slips past.
+        if self._stopping or owner in self._waiting or owner in self._started:
             return False
         try:
             until = self._inline_until.get(owner)
