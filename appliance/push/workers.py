@@ -13,13 +13,12 @@ import asyncio
 import logging
 import multiprocessing
 import os
-import threading
-import time
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import replace
 from typing import Any
 
+from appliance.children import watch_parent
 from appliance.nostr import nip44
 from appliance.nostr.event import verify_event
 from appliance.push.acceptance import check_lease_stateless
@@ -29,8 +28,6 @@ log = logging.getLogger("appliance.push")
 
 # Leases handed to the worker in one message: amortises the pickling round trip.
 BATCH = 64
-# Seconds between a worker's checks that the appliance process is still its parent.
-PARENT_CHECK_INTERVAL = 1.0
 
 
 def validate(ev: Any, authed: str, descriptor: Any, keys: dict[str, bytes], now: int) -> tuple[str, Any]:
@@ -52,17 +49,6 @@ def validate(ev: Any, authed: str, descriptor: Any, keys: dict[str, bytes], now:
         return ("rejected", exc.message)
     # The raw (read-only mapping) subscriptions served step 7 and cannot cross a process boundary.
     return ("ok", replace(lease, plaintext=replace(lease.plaintext, raw_subscriptions=())))
-
-
-def _watch_parent(parent_pid: int) -> None:
-    """Worker initializer: exit when the appliance dies (even by SIGKILL), never linger."""
-
-    def watch() -> None:
-        while os.getppid() == parent_pid:
-            time.sleep(PARENT_CHECK_INTERVAL)
-        os._exit(0)
-
-    threading.Thread(target=watch, name="appliance-parent-watch", daemon=True).start()
 
 
 def _validate_batch(jobs: list[tuple]) -> list[tuple[str, Any]]:
@@ -107,7 +93,7 @@ class LeaseValidator:
         if self._pool is None:
             # spawn: the parent has threads (writer, readers), which fork would copy mid-state.
             self._pool = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"),
-                                             initializer=_watch_parent, initargs=(os.getpid(),))
+                                             initializer=watch_parent, initargs=(os.getpid(),))
         return self._pool
 
     def _discard(self, pool: ProcessPoolExecutor) -> None:

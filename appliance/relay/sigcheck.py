@@ -23,11 +23,11 @@ import os
 import signal
 import socket
 import struct
-import threading
 import time
 from collections import deque
 from typing import Callable
 
+from appliance.children import watch_parent
 from appliance.nostr.event import Event, verify_event, verify_id
 
 log = logging.getLogger("appliance.relay")
@@ -37,8 +37,6 @@ RECORD = 128
 _HEADER = struct.Struct("!I")  # the byte length of what follows
 # Checks sent in one message at most.
 MAX_BATCH = 1024
-# Seconds between a worker's checks that the appliance process is still its parent.
-PARENT_CHECK_INTERVAL = 1.0
 # After the worker failed, checks run on the loop this long before another is started.
 RESTART_AFTER = 5.0
 # Seconds without an answer while checks wait before the worker counts as failed (stopped, or not
@@ -316,17 +314,6 @@ def _cpus() -> int:
 # -- the worker process ---------------------------------------------------------------------------
 
 
-def _watch_parent(parent_pid: int) -> None:
-    """Exit when the appliance is gone (even killed with SIGKILL): never linger."""
-
-    def watch() -> None:
-        while os.getppid() == parent_pid:
-            time.sleep(PARENT_CHECK_INTERVAL)
-        os._exit(0)
-
-    threading.Thread(target=watch, name="appliance-parent-watch", daemon=True).start()
-
-
 def _read_exactly(sock: socket.socket, n: int) -> bytes | None:
     chunks = []
     while n:
@@ -346,7 +333,7 @@ def serve(sock: socket.socket, parent_pid: int) -> None:
     # Ctrl+C in a terminal signals the whole process group: the appliance stops in its own way (its
     # drain needs no worker) and ends this one; a KeyboardInterrupt here would only print a traceback.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _watch_parent(parent_pid)
+    watch_parent(parent_pid)
     sock.sendall(b"\x01")
     header = _HEADER
     while True:
