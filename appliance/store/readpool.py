@@ -208,11 +208,7 @@ class ReadPool:
 
     def _dequeue_new(self, read: _Read) -> None:
         """A new read left the queue: it starts now, or was cancelled."""
-        n = self._queued_new[read.owner] - 1
-        if n:
-            self._queued_new[read.owner] = n
-        else:
-            del self._queued_new[read.owner]
+        _count_down(self._queued_new, read.owner)
         self._unwait(read)
 
     def _promote(self, owner: Any) -> None:
@@ -229,11 +225,7 @@ class ReadPool:
 
     def _unwait(self, read: _Read) -> None:
         """A read that never started leaves the queue (it starts now, or was cancelled)."""
-        n = self._waiting[read.owner] - 1
-        if n:
-            self._waiting[read.owner] = n
-        else:
-            del self._waiting[read.owner]
+        _count_down(self._waiting, read.owner)
 
     # -- scheduling (lock held) ----------------------------------------------------------------
 
@@ -318,22 +310,14 @@ class ReadPool:
 
     def _release_slot(self, read: _Read) -> None:
         self.active -= 1
-        n = self._active[read.owner] - 1
-        if n:
-            self._active[read.owner] = n
-        else:
-            del self._active[read.owner]
+        _count_down(self._active, read.owner)
 
     def _finished(self, read: _Read, thread: "_ReaderThread") -> None:
         with self._cv:
             if read.evicted:
                 self._evicting -= 1
             self._release_slot(read)
-            n = self._started[read.owner] - 1
-            if n:
-                self._started[read.owner] = n
-            else:
-                del self._started[read.owner]
+            n = _count_down(self._started, read.owner)
             self._promote(read.owner)
             if not n and read.owner not in self._waiting:
                 self._last.pop(read.owner, None)  # its next read is a first read again
@@ -440,7 +424,16 @@ class _ReaderThread(threading.Thread):
             store._forget_reader(conn)
 
 
-# Linux counts block reads per thread; elsewhere the process's count (more reads count as the disk's).
+def _count_down(counts: dict[Any, int], owner: Any) -> int:
+    """One fewer for `owner` in `counts`, which keeps no zeros; what is left."""
+    n = counts[owner] - 1
+    if n:
+        counts[owner] = n
+    else:
+        del counts[owner]
+    return n
+
+
 def trim_heap() -> None:
     """Hand freed heap memory back to the OS (glibc keeps it otherwise); a no-op elsewhere."""
     try:
