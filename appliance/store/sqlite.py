@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
+import queue
 import resource
 import threading
 import time
@@ -13,12 +15,12 @@ from typing import Any, Callable, TypeVar
 import apsw
 import apsw.bestpractice
 
-from appliance.errors import StoreError
+from appliance.errors import StorageFull, StoreError
 from appliance.store.interface import QueryTimeout
 from appliance.store.readpool import INLINE_STALLED, ReadPool, trim_heap  # noqa: F401 - trim_heap re-exported
 from appliance.store.faultlog import FaultLog
 from appliance.store.schema import migrate
-from appliance.store.writer import Writer, WriterFront
+from appliance.store.writer import Writer, WriterFront, wake
 
 log = logging.getLogger("appliance.store")
 sqlite_log = logging.getLogger("appliance.sqlite")
@@ -254,11 +256,107 @@ def _private_files(path: Path) -> None:
 
 
 class SqliteWriter(Writer):
-    """The one writer on SQLite: BEGIN IMMEDIATE takes the write lock when the batch starts."""
+    """The one writer on SQLite: BEGIN IMMEDIATE takes the write lock when the batch starts.
+
+    Given `sync_wal` (sync_mode full), its connection commits without an fsync (synchronous
+    NORMAL) and a `WalSyncer` thread syncs the WAL before the batch's waiters are answered, so the
+    writer builds the next batch while the disk flushes the last: an answer still means durable."""
 
     BEGIN = "BEGIN IMMEDIATE"
     ERRORS = (apsw.Error,)
     FULL_ERRORS = (apsw.FullError,)
+
+    def __init__(self, conn: apsw.Connection, batch_max: int = 500, *, sync_wal: Path | None = None):
+        super().__init__(conn, batch_max)
+        self._syncer = WalSyncer(sync_wal) if sync_wal is not None else None
+
+    def start(self) -> None:
+        if self._syncer is not None:
+            self._syncer.start()
+        super().start()
+
+    def stop(self) -> None:
+        super().stop()
+        if self._syncer is not None:  # after the writer: its last answers go through the syncer
+            self._syncer.stop()
+
+    def _hand_over(self, outcomes: list, committed: bool) -> None:
+        if self._syncer is None:
+            super()._hand_over(outcomes, committed)
+        else:  # failures too, so answers keep the order of their batches
+            self._syncer.put(outcomes, committed)
+
+
+class WalSyncer:
+    """Makes committed batches durable, then answers them: one fdatasync of the WAL covers every
+    batch committed before it began, so the batches that queued meanwhile share it."""
+
+    def __init__(self, wal: Path):
+        self.wal = wal
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="appliance-wal-sync", daemon=True)
+        self._fd: int | None = None
+        self.syncs = 0
+        self.faults = FaultLog(log, "syncing the WAL to disk")
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def put(self, outcomes: list, committed: bool) -> None:
+        self._queue.put((outcomes, committed))
+
+    def stop(self) -> None:
+        if self._thread.is_alive():
+            self._queue.put(None)
+            self._thread.join()
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def _run(self) -> None:
+        q = self._queue
+        while True:
+            group = [q.get()]
+            while True:
+                try:
+                    group.append(q.get_nowait())
+                except queue.Empty:
+                    break
+            stopping = None in group
+            group = [g for g in group if g is not None]
+            failure = self._sync() if any(committed for _o, committed in group) else None
+            for outcomes, committed in group:
+                if committed and failure is not None:
+                    outcomes = [(fut, loop, None, failure) for fut, loop, _r, _e in outcomes]
+                wake(outcomes)
+            if stopping:
+                return
+
+    def _sync(self) -> BaseException | None:
+        """fdatasync the WAL; the error to answer with when that failed."""
+        try:
+            fd = self._wal_fd()
+            os.fdatasync(fd)
+        except OSError as exc:
+            self.faults.failed(exc)
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                full = StorageFull(exc)
+                full.__cause__ = exc
+                return full
+            return apsw.IOError(f"syncing the WAL to disk failed: {exc.strerror or exc}")
+        self.syncs += 1
+        self.faults.recovered()
+        return None
+
+    def _wal_fd(self) -> int:
+        """An fd on the WAL file as it is now (reopened if the file was replaced)."""
+        st = os.stat(self.wal)
+        if self._fd is not None and os.fstat(self._fd).st_ino != st.st_ino:
+            os.close(self._fd)
+            self._fd = None
+        if self._fd is None:
+            self._fd = os.open(self.wal, os.O_RDONLY | os.O_CLOEXEC)
+        return self._fd
 
 
 class SqliteStore(WriterFront):
@@ -311,7 +409,11 @@ class SqliteStore(WriterFront):
         self._restart_after = 0.0
         self._checkpointing = threading.Lock()  # one checkpoint at a time: PASSIVE or the writer's RESTART
         self._write_conn.set_wal_hook(self._wal_hook)
-        self._writer = SqliteWriter(self._write_conn, self.write_batch)
+        sync_wal = None
+        if self.sync_mode == "full":  # the WalSyncer syncs each commit, off the writer's thread
+            self._write_conn.execute("PRAGMA synchronous = NORMAL")
+            sync_wal = self.path.with_name(self.path.name + "-wal")
+        self._writer = SqliteWriter(self._write_conn, self.write_batch, sync_wal=sync_wal)
         self._writer.after_commit = self._restart_wal
         self._writer.start()
         self._checkpointer = threading.Thread(target=self._checkpoint_loop, name="appliance-checkpoint", daemon=True)

@@ -1,0 +1,72 @@
+"""sync_mode full on SQLite: a write is answered only once its commit is synced to disk, by the
+WAL syncer beside the writer (the writer meanwhile builds the next batch); when the WAL cannot be
+synced, the write is answered with an error, never with success."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import apsw
+import pytest
+
+from appliance.store.sqlite import SqliteStore
+from appliance.store.statement import SQL
+
+pytestmark = pytest.mark.sqlite_only("the WAL syncer is SQLite's")
+
+SQL_TABLE = SQL("CREATE TABLE IF NOT EXISTS t (v INTEGER)", "CREATE TABLE IF NOT EXISTS t (v INTEGER)")
+SQL_INSERT = SQL("INSERT INTO t (v) VALUES (?)", "INSERT INTO t (v) VALUES (%s)")
+SQL_COUNT = SQL("SELECT count(*) FROM t", "SELECT count(*) FROM t")
+
+
+def insert(v):
+    return lambda conn: conn.execute(SQL_INSERT, (v,))
+
+
+async def write_many(store: SqliteStore, n: int) -> list:
+    return await asyncio.gather(*(store.write(insert(i)) for i in range(n)), return_exceptions=True)
+
+
+def test_full_commits_without_fsync_and_answers_after_the_syncers(tmp_path):
+    store = SqliteStore(tmp_path, sync_mode="full").open()
+    try:
+        store.write_sync(lambda conn: conn.execute(SQL_TABLE))
+        writer = store._writer
+        synced = writer._syncer.syncs
+        assert synced >= 1  # the first answer already waited for one
+        for _ in range(5):
+            results = asyncio.run(write_many(store, 300))
+            assert not [r for r in results if isinstance(r, BaseException)]
+            assert writer._syncer.syncs > synced  # every round of answers came after a sync
+            synced = writer._syncer.syncs
+        assert synced <= writer.commits + 1  # a sync never waits for nothing; several commits may share one
+        # The writer's own commits do not fsync (the syncer does); other connections keep FULL.
+        assert writer._conn.execute("PRAGMA synchronous").fetchone() == (1,)
+        assert store.read_sync(lambda c: c.execute(SQL_COUNT).fetchone()) == (1500,)
+    finally:
+        store.close()
+
+
+def test_normal_has_no_syncer(tmp_path):
+    store = SqliteStore(tmp_path, sync_mode="normal").open()
+    try:
+        store.write_sync(lambda conn: conn.execute(SQL_TABLE))
+        assert store._writer._syncer is None
+    finally:
+        store.close()
+
+
+def test_a_wal_that_cannot_be_synced_answers_errors_not_success(tmp_path, caplog):
+    store = SqliteStore(tmp_path, sync_mode="full").open()
+    try:
+        store.write_sync(lambda conn: conn.execute(SQL_TABLE))
+        (tmp_path / "appliance.sqlite3-wal").unlink()  # SQLite goes on writing its open file
+        caplog.set_level(logging.ERROR, logger="appliance.store")
+        results = asyncio.run(write_many(store, 50))
+        assert len(results) == 50 and all(isinstance(r, apsw.IOError) for r in results), results[:3]
+        assert "syncing the WAL to disk failed" in str(results[0])
+        failed = [r for r in caplog.records if "syncing the WAL to disk failed" in r.getMessage()]
+        assert len(failed) == 1  # logged once for the outage, not per write
+    finally:
+        store.close()
