@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -85,6 +86,10 @@ def free_port() -> int:
     from appliance.bench.harness import free_port as harness_free_port
 
     return harness_free_port()
+
+
+# The server's info line once it applied a configuration generation (appliance.upkeep).
+RELOADED = re.compile(r"reloaded origins and groups generation=(\d+)")
 
 
 class PortTaken(RuntimeError):
@@ -176,6 +181,18 @@ class Server:
 
     def kill(self) -> None:
         self.stop(signal.SIGKILL)
+
+    async def caught_up(self, timeout: float = 60) -> None:
+        """Wait until the server has applied every configuration edit committed so far: the CLI's
+        edits reach it through its reload loop, about a second on an idle machine, later on a busy
+        one (a fixed sleep was a flake)."""
+        from tests.pg import db_rows
+
+        ((value,),) = db_rows(self.data_dir, "SELECT value FROM meta WHERE name = 'config_generation'")
+        deadline = time.monotonic() + timeout
+        while not any(int(g) >= int(value) for g in RELOADED.findall(self.log_path.read_text())):
+            assert time.monotonic() < deadline, f"configuration generation {value} not reloaded in {timeout} s"
+            await asyncio.sleep(0.05)
 
     def nip11(self, host: str | None = None) -> dict:
         headers = {"Accept": "application/nostr+json"}

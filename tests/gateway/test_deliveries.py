@@ -296,7 +296,7 @@ async def test_old_key_grant_still_opens_after_rotation(ctx, tmp_path):
                         str(ctx.server.data_dir)], capture_output=True, text=True, cwd=ROOT, timeout=60,
                        env=process_env(data_dir=ctx.server.data_dir))
     assert p.returncode == 0, p.stderr
-    await asyncio.sleep(1.5)  # reload interval
+    await ctx.server.caught_up()  # the rotation, applied by the reload loop
     other = Relay()
     inst2 = await ctx.installation(other)
     assert inst2.grants[other.pubkey].split(".")[0] != grant.split(".")[0]  # sealed by the new key

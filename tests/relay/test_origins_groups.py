@@ -80,7 +80,7 @@ async def test_members_policy(make_server, connect, alice, bob):
     # Alice becomes a member through the CLI (also exercised live: the server reloads).
     run_cli("origins", "allow", server.url, alice.pubkey, "--data-dir", str(server.data_dir),
             "--access-policy", "members")
-    await asyncio.sleep(1.5)
+    await server.caught_up()
     anon = await connect(server.url)
     _, closed = await anon.req("s", {"kinds": [1]})
     assert closed[2].startswith("auth-required:")
@@ -221,7 +221,7 @@ async def test_cli_group_admin_live(server, connect, alice, bob):
     import json
 
     h = json.loads(out.splitlines()[-1])["id"]
-    await asyncio.sleep(1.5)  # the server picks CLI edits up within a second
+    await server.caught_up()  # the server picks CLI edits up within a second (on an idle machine)
     ca = await connect(server.url)
     assert (await ca.auth(alice.secret, server.url))[0]
     ok, msg = await ca.publish(alice.sign(9, [["h", h]], "cli-made group"))
@@ -231,7 +231,7 @@ async def test_cli_group_admin_live(server, connect, alice, bob):
     events, _ = await cb.req("x", {"#h": [h]})
     assert events == []
     run_cli("groups", "add", server.url, h, bob.pubkey, "--data-dir", str(server.data_dir))
-    await asyncio.sleep(1.5)
+    await server.caught_up()
     events, _ = await cb.req("y", {"#h": [h]})
     assert [e["content"] for e in events if e["kind"] == 9] == ["cli-made group"]
 
