@@ -143,8 +143,10 @@ async def test_an_event_expiring_before_the_attempt_is_not_woken_for(server, apn
     alice, bob = await users(), await users()
     tok = token()
     await bob.lease(tok, subscriptions=[p_sub(bob)])
-    apns.emulator.behave(tok, 503, "ServiceUnavailable", retry_after=3, times=1)
-    ev = await alice.publish(9, [["p", bob.pubkey], ["expiration", str(int(time.time()) + 2)]])
+    # Readable for the first attempt however busy the machine (from the expiration's whole second,
+    # + 2 left as little as one), expired by the retry.
+    apns.emulator.behave(tok, 503, "ServiceUnavailable", retry_after=5, times=1)
+    ev = await alice.publish(9, [["p", bob.pubkey], ["expiration", str(int(time.time()) + 4)]])
     await first_attempt_failed(server, apns, ev, tok)
     await dropped(server, apns, ev, tok, "event not readable by the lease author")
 
@@ -152,8 +154,8 @@ async def test_an_event_expiring_before_the_attempt_is_not_woken_for(server, apn
 async def test_a_lease_expiring_before_the_attempt_wakes_nothing(server, apns, users):
     alice, bob = await users(), await users()
     tok = token()
-    await bob.lease(tok, ttl=3, subscriptions=[p_sub(bob)])
-    apns.emulator.behave(tok, 503, "ServiceUnavailable", retry_after=4, times=1)
+    await bob.lease(tok, ttl=5, subscriptions=[p_sub(bob)])  # alive for the first attempt, not the retry
+    apns.emulator.behave(tok, 503, "ServiceUnavailable", retry_after=6, times=1)
     ev = await alice.publish(9, [["p", bob.pubkey]])
     await first_attempt_failed(server, apns, ev, tok)
     await dropped(server, apns, ev, tok, "lease expired")
