@@ -300,6 +300,10 @@ class WalSyncer:
         self.faults = FaultLog(log, "syncing the WAL to disk")
 
     def start(self) -> None:
+        try:  # now, while the file at the path is the one SQLite has open (never replaced after)
+            self._fd = os.open(self.wal, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            pass  # the first sync tries again and answers why it failed
         self._thread.start()
 
     def put(self, outcomes: list, committed: bool) -> None:
@@ -335,8 +339,11 @@ class WalSyncer:
     def _sync(self) -> BaseException | None:
         """fdatasync the WAL; the error to answer with when that failed."""
         try:
-            fd = self._wal_fd()
-            os.fdatasync(fd)
+            if self._fd is None:
+                self._fd = os.open(self.wal, os.O_RDONLY | os.O_CLOEXEC)
+            os.fdatasync(self._fd)
+            if os.fstat(self._fd).st_nlink == 0:  # unlinked: SQLite writes a file no restart will read
+                raise FileNotFoundError(errno.ENOENT, "the WAL file was removed", str(self.wal))
         except OSError as exc:
             self.faults.failed(exc)
             if exc.errno in (errno.ENOSPC, errno.EDQUOT):
@@ -347,16 +354,6 @@ class WalSyncer:
         self.syncs += 1
         self.faults.recovered()
         return None
-
-    def _wal_fd(self) -> int:
-        """An fd on the WAL file as it is now (reopened if the file was replaced)."""
-        st = os.stat(self.wal)
-        if self._fd is not None and os.fstat(self._fd).st_ino != st.st_ino:
-            os.close(self._fd)
-            self._fd = None
-        if self._fd is None:
-            self._fd = os.open(self.wal, os.O_RDONLY | os.O_CLOEXEC)
-        return self._fd
 
 
 class SqliteStore(WriterFront):
@@ -412,7 +409,7 @@ class SqliteStore(WriterFront):
         sync_wal = None
         if self.sync_mode == "full":  # the WalSyncer syncs each commit, off the writer's thread
             self._write_conn.execute("PRAGMA synchronous = NORMAL")
-            sync_wal = self.path.with_name(self.path.name + "-wal")
+            sync_wal = Path(self._write_conn.filename_wal)  # SQLite's own name: a symlink's target's
         self._writer = SqliteWriter(self._write_conn, self.write_batch, sync_wal=sync_wal)
         self._writer.after_commit = self._restart_wal
         self._writer.start()

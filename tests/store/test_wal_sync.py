@@ -70,3 +70,34 @@ def test_a_wal_that_cannot_be_synced_answers_errors_not_success(tmp_path, caplog
         assert len(failed) == 1  # logged once for the outage, not per write
     finally:
         store.close()
+
+
+def test_a_symlinked_database_syncs_the_wal_sqlite_writes(tmp_path):
+    # SQLite names the WAL after the database file it resolved, beside the link's target.
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    (disk / "appliance.sqlite3").touch(mode=0o600)
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "appliance.sqlite3").symlink_to(disk / "appliance.sqlite3")
+    store = SqliteStore(data, sync_mode="full").open()
+    try:
+        store.write_sync(lambda conn: conn.execute(SQL_TABLE))
+        results = asyncio.run(write_many(store, 20))
+        assert not [r for r in results if isinstance(r, BaseException)], results[:3]
+        assert store._writer._syncer.wal.samefile(disk / "appliance.sqlite3-wal")
+    finally:
+        store.close()
+
+
+def test_a_wal_replaced_under_sqlite_is_not_synced_instead(tmp_path):
+    store = SqliteStore(tmp_path, sync_mode="full").open()
+    try:
+        store.write_sync(lambda conn: conn.execute(SQL_TABLE))
+        wal = tmp_path / "appliance.sqlite3-wal"
+        wal.unlink()  # SQLite goes on writing the file it has open, not this new one
+        wal.touch()
+        results = asyncio.run(write_many(store, 20))
+        assert len(results) == 20 and all(isinstance(r, apsw.IOError) for r in results), results[:3]
+    finally:
+        store.close()
