@@ -280,6 +280,12 @@ class SqliteWriter(Writer):
         if self._syncer is not None:  # after the writer: its last answers go through the syncer
             self._syncer.stop()
 
+    def before_batch(self) -> None:
+        failed = self._syncer.failed if self._syncer is not None else None
+        if failed is not None:  # nothing more is written: no answer could say it is on disk
+            cls = apsw.FullError if isinstance(failed, StorageFull) else apsw.IOError
+            raise cls("no writes until a restart: an earlier sync of the WAL to disk failed")
+
     def _hand_over(self, outcomes: list, committed: bool) -> None:
         if self._syncer is None:
             super()._hand_over(outcomes, committed)
@@ -297,6 +303,9 @@ class WalSyncer:
         self._thread = threading.Thread(target=self._run, name="appliance-wal-sync", daemon=True)
         self._fd: int | None = None
         self.syncs = 0
+        # The error of the first sync that failed. Linux may drop the pages a failed sync did not
+        # write and report success for the next, so no later sync proves the WAL is on disk.
+        self.failed: BaseException | None = None
         self.faults = FaultLog(log, "syncing the WAL to disk")
 
     def start(self) -> None:
@@ -337,20 +346,27 @@ class WalSyncer:
                 return
 
     def _sync(self) -> BaseException | None:
-        """fdatasync the WAL; the error to answer with when that failed."""
-        try:
-            if self._fd is None:
+        """fdatasync the WAL; the error to answer with when that failed (now or before)."""
+        if self.failed is not None:
+            return self.failed
+        if self._fd is None:
+            try:
                 self._fd = os.open(self.wal, os.O_RDONLY | os.O_CLOEXEC)
+            except OSError as exc:  # nothing was lost: the next sync that opens it covers all
+                self.faults.failed(exc)
+                return apsw.IOError(f"syncing the WAL to disk failed: {exc.strerror or exc}")
+        try:
             os.fdatasync(self._fd)
             if os.fstat(self._fd).st_nlink == 0:  # unlinked: SQLite writes a file no restart will read
                 raise FileNotFoundError(errno.ENOENT, "the WAL file was removed", str(self.wal))
         except OSError as exc:
             self.faults.failed(exc)
             if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-                full = StorageFull(exc)
-                full.__cause__ = exc
-                return full
-            return apsw.IOError(f"syncing the WAL to disk failed: {exc.strerror or exc}")
+                self.failed = StorageFull(exc)
+                self.failed.__cause__ = exc
+            else:
+                self.failed = apsw.IOError(f"syncing the WAL to disk failed: {exc.strerror or exc}")
+            return self.failed
         self.syncs += 1
         self.faults.recovered()
         return None

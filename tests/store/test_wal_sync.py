@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 
 import apsw
 import pytest
@@ -99,5 +100,29 @@ def test_a_wal_replaced_under_sqlite_is_not_synced_instead(tmp_path):
         wal.touch()
         results = asyncio.run(write_many(store, 20))
         assert len(results) == 20 and all(isinstance(r, apsw.IOError) for r in results), results[:3]
+    finally:
+        store.close()
+
+
+def test_no_write_is_answered_as_synced_after_a_sync_failed(tmp_path):
+    # After a failed fsync Linux may drop the unwritten pages and let the next fsync succeed: the
+    # commits after them in the WAL would be answered as durable yet lost with them.
+    store = SqliteStore(tmp_path, sync_mode="full").open()
+    try:
+        store.write_sync(lambda conn: conn.execute(SQL_TABLE))
+        syncer = store._writer._syncer
+        wal_fd = syncer._fd
+        r, w = os.pipe()
+        try:
+            syncer._fd = r  # fdatasync of a pipe fails (EINVAL): a sync failing once
+            with pytest.raises(apsw.IOError):
+                store.write_sync(insert(1))
+        finally:
+            syncer._fd = wal_fd
+            os.close(r)
+            os.close(w)
+        results = asyncio.run(write_many(store, 20))
+        assert all(isinstance(r, apsw.IOError) for r in results), results[:3]
+        assert store.read_sync(lambda c: c.execute(SQL_COUNT).fetchone()) == (1,)  # nothing more written
     finally:
         store.close()
