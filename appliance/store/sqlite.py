@@ -337,11 +337,18 @@ class WalSyncer:
                     break
             stopping = None in group
             group = [g for g in group if g is not None]
-            failure = self._sync() if any(committed for _o, committed in group) else None
+            try:
+                failure = self._sync() if any(committed for _o, committed in group) else None
+            except Exception as exc:  # noqa: BLE001 - a bug here must not leave waiters hanging
+                log.exception("syncing the WAL failed unexpectedly")
+                failure = self.failed = apsw.IOError(f"syncing the WAL to disk failed: {exc}")
             for outcomes, committed in group:
                 if committed and failure is not None:
                     outcomes = [(fut, loop, None, failure) for fut, loop, _r, _e in outcomes]
-                wake(outcomes)
+                try:
+                    wake(outcomes)
+                except Exception:  # noqa: BLE001 - the other batches are still answered
+                    log.exception("answering a batch failed")
             if stopping:
                 return
 
