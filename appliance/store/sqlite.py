@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import errno
 import logging
 import os
-import queue
 import resource
 import threading
 import time
@@ -15,12 +13,12 @@ from typing import Any, Callable, TypeVar
 import apsw
 import apsw.bestpractice
 
-from appliance.errors import StorageFull, StoreError
+from appliance.errors import StoreError
 from appliance.store.interface import QueryTimeout
 from appliance.store.readpool import INLINE_STALLED, ReadPool, trim_heap  # noqa: F401 - trim_heap re-exported
 from appliance.store.faultlog import FaultLog
 from appliance.store.schema import migrate
-from appliance.store.writer import Writer, WriterFront, wake
+from appliance.store.writer import Writer, WriterFront
 
 log = logging.getLogger("appliance.store")
 sqlite_log = logging.getLogger("appliance.sqlite")
@@ -256,127 +254,11 @@ def _private_files(path: Path) -> None:
 
 
 class SqliteWriter(Writer):
-    """The one writer on SQLite: BEGIN IMMEDIATE takes the write lock when the batch starts.
-
-    Given `sync_wal` (sync_mode full), its connection commits without an fsync (synchronous
-    NORMAL) and a `WalSyncer` thread syncs the WAL before the batch's waiters are answered, so the
-    writer builds the next batch while the disk flushes the last: an answer still means durable."""
+    """The one writer on SQLite: BEGIN IMMEDIATE takes the write lock when the batch starts."""
 
     BEGIN = "BEGIN IMMEDIATE"
     ERRORS = (apsw.Error,)
     FULL_ERRORS = (apsw.FullError,)
-
-    def __init__(self, conn: apsw.Connection, batch_max: int = 500, *, sync_wal: Path | None = None):
-        super().__init__(conn, batch_max)
-        self._syncer = WalSyncer(sync_wal) if sync_wal is not None else None
-
-    def start(self) -> None:
-        if self._syncer is not None:
-            self._syncer.start()
-        super().start()
-
-    def stop(self) -> None:
-        super().stop()
-        if self._syncer is not None:  # after the writer: its last answers go through the syncer
-            self._syncer.stop()
-
-    def before_batch(self) -> None:
-        failed = self._syncer.failed if self._syncer is not None else None
-        if failed is not None:  # nothing more is written: no answer could say it is on disk
-            cls = apsw.FullError if isinstance(failed, StorageFull) else apsw.IOError
-            raise cls("no writes until a restart: an earlier sync of the WAL to disk failed")
-
-    def _hand_over(self, outcomes: list, committed: bool) -> None:
-        if self._syncer is None:
-            super()._hand_over(outcomes, committed)
-        else:  # failures too, so answers keep the order of their batches
-            self._syncer.put(outcomes, committed)
-
-
-class WalSyncer:
-    """Makes committed batches durable, then answers them: one fdatasync of the WAL covers every
-    batch committed before it began, so the batches that queued meanwhile share it."""
-
-    def __init__(self, wal: Path):
-        self.wal = wal
-        self._queue: queue.SimpleQueue = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._run, name="appliance-wal-sync", daemon=True)
-        self._fd: int | None = None
-        self.syncs = 0
-        # The error of the first sync that failed. Linux may drop the pages a failed sync did not
-        # write and report success for the next, so no later sync proves the WAL is on disk.
-        self.failed: BaseException | None = None
-        self.faults = FaultLog(log, "syncing the WAL to disk")
-
-    def start(self) -> None:
-        try:  # now, while the file at the path is the one SQLite has open (never replaced after)
-            self._fd = os.open(self.wal, os.O_RDONLY | os.O_CLOEXEC)
-        except OSError:
-            pass  # the first sync tries again and answers why it failed
-        self._thread.start()
-
-    def put(self, outcomes: list, committed: bool) -> None:
-        self._queue.put((outcomes, committed))
-
-    def stop(self) -> None:
-        if self._thread.is_alive():
-            self._queue.put(None)
-            self._thread.join()
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
-
-    def _run(self) -> None:
-        q = self._queue
-        while True:
-            group = [q.get()]
-            while True:
-                try:
-                    group.append(q.get_nowait())
-                except queue.Empty:
-                    break
-            stopping = None in group
-            group = [g for g in group if g is not None]
-            try:
-                failure = self._sync() if any(committed for _o, committed in group) else None
-            except Exception as exc:  # noqa: BLE001 - a bug here must not leave waiters hanging
-                log.exception("syncing the WAL failed unexpectedly")
-                failure = self.failed = apsw.IOError(f"syncing the WAL to disk failed: {exc}")
-            for outcomes, committed in group:
-                if committed and failure is not None:
-                    outcomes = [(fut, loop, None, failure) for fut, loop, _r, _e in outcomes]
-                try:
-                    wake(outcomes)
-                except Exception:  # noqa: BLE001 - the other batches are still answered
-                    log.exception("answering a batch failed")
-            if stopping:
-                return
-
-    def _sync(self) -> BaseException | None:
-        """fdatasync the WAL; the error to answer with when that failed (now or before)."""
-        if self.failed is not None:
-            return self.failed
-        if self._fd is None:
-            try:
-                self._fd = os.open(self.wal, os.O_RDONLY | os.O_CLOEXEC)
-            except OSError as exc:  # nothing was lost: the next sync that opens it covers all
-                self.faults.failed(exc)
-                return apsw.IOError(f"syncing the WAL to disk failed: {exc.strerror or exc}")
-        try:
-            os.fdatasync(self._fd)
-            if os.fstat(self._fd).st_nlink == 0:  # unlinked: SQLite writes a file no restart will read
-                raise FileNotFoundError(errno.ENOENT, "the WAL file was removed", str(self.wal))
-        except OSError as exc:
-            self.faults.failed(exc)
-            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-                self.failed = StorageFull(exc)
-                self.failed.__cause__ = exc
-            else:
-                self.failed = apsw.IOError(f"syncing the WAL to disk failed: {exc.strerror or exc}")
-            return self.failed
-        self.syncs += 1
-        self.faults.recovered()
-        return None
 
 
 class SqliteStore(WriterFront):
@@ -429,11 +311,7 @@ class SqliteStore(WriterFront):
         self._restart_after = 0.0
         self._checkpointing = threading.Lock()  # one checkpoint at a time: PASSIVE or the writer's RESTART
         self._write_conn.set_wal_hook(self._wal_hook)
-        sync_wal = None
-        if self.sync_mode == "full":  # the WalSyncer syncs each commit, off the writer's thread
-            self._write_conn.execute("PRAGMA synchronous = NORMAL")
-            sync_wal = Path(self._write_conn.filename_wal)  # SQLite's own name: a symlink's target's
-        self._writer = SqliteWriter(self._write_conn, self.write_batch, sync_wal=sync_wal)
+        self._writer = SqliteWriter(self._write_conn, self.write_batch)
         self._writer.after_commit = self._restart_wal
         self._writer.start()
         self._checkpointer = threading.Thread(target=self._checkpoint_loop, name="appliance-checkpoint", daemon=True)

@@ -48,8 +48,7 @@ class Writer:
     operation rolls back alone while its neighbours in the batch still commit. Consecutive
     operations that carry the same `run_batch` function are handed to it together (see
     `_run_together`): that is how plain events are written a batch at a time. Futures resolve only
-    after COMMIT returned and the commit is on disk (SqliteWriter may sync it on a thread of its
-    own): an `OK true` sent on that signal is durable.
+    after COMMIT returned: an `OK true` sent on that signal is durable.
 
     A backend subclasses it to name its own BEGIN and its driver's error classes (class
     attributes below: sqlite.SqliteWriter, postgres.PgWriter).
@@ -232,7 +231,7 @@ class Writer:
         if self.full_since is not None and any(
                 exc is None and not getattr(op, "probe", False) for op, _f, _l, _r, exc in outcomes):
             self.full_since = None  # an ordinary write fitted again
-        self._deliver([(fut, loop, result, exc) for _op, fut, loop, result, exc in outcomes], committed=True)
+        self._deliver([(fut, loop, result, exc) for _op, fut, loop, result, exc in outcomes])
 
     def before_batch(self) -> None:
         """Writer thread, before each transaction: a backend may reconnect here."""
@@ -307,37 +306,24 @@ class Writer:
                 outcomes.append((op, fut, loop, result, None))
         return True
 
-    def _deliver(self, outcomes: list, committed: bool = False) -> None:
-        """Answer `outcomes` [(fut, loop, result, exc)]; `committed` when they are a commit's."""
-        named = []
+    def _deliver(self, outcomes: list) -> None:
+        by_loop: dict[Any, list] = {}
         for fut, loop, result, exc in outcomes:
             if isinstance(exc, self.FULL_ERRORS):  # one error the callers can name to their clients
                 self.full_since = self.full_since or time.time()
                 full = StorageFull(exc)
                 full.__cause__ = exc
                 exc = full
-            named.append((fut, loop, result, exc))
-        self._hand_over(named, committed)
-
-    def _hand_over(self, outcomes: list, committed: bool) -> None:
-        """Wake the waiters; a backend may first make a commit durable (sqlite.SqliteWriter)."""
-        wake(outcomes)
-
-
-def wake(outcomes: list) -> None:
-    """Answer each (fut, loop, result, exc): run_sync's setters at once, one wake-up per loop."""
-    by_loop: dict[Any, list] = {}
-    for fut, loop, result, exc in outcomes:
-        if loop is None:  # run_sync waiter
-            fut(result, exc)
-        else:
-            by_loop.setdefault(loop, []).append((fut, result, exc))
-    for loop, items in by_loop.items():
-        # One wake-up of the event loop per batch, not per write.
-        try:
-            loop.call_soon_threadsafe(_resolve_all, items)
-        except RuntimeError:  # loop closed during shutdown
-            pass
+            if loop is None:  # run_sync waiter
+                fut(result, exc)
+            else:
+                by_loop.setdefault(loop, []).append((fut, result, exc))
+        for loop, items in by_loop.items():
+            # One wake-up of the event loop per batch, not per write.
+            try:
+                loop.call_soon_threadsafe(_resolve_all, items)
+            except RuntimeError:  # loop closed during shutdown
+                pass
 
 
 class _Then:
