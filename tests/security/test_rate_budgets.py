@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 
 import httpx
@@ -20,6 +21,8 @@ from tests.conftest import Client
 pytestmark = pytest.mark.anyio
 
 RATE_LIMITED_REQ = "rate-limited: too many requests, slow down"
+# The server's info line when it closes a flooding connection and bars its address (appliance.relay.governor).
+FLOOD_CLOSED = re.compile(r"closed a flooding connection origin=\S+ barred_seconds=(\S+)")
 
 
 async def client_from(url: str, address: str | None) -> Client:
@@ -161,6 +164,13 @@ async def test_an_address_closed_for_flooding_backs_off_and_others_still_connect
     assert r.status_code == 429 and r.text.startswith("rate-limited:")
     assert int(r.headers["retry-after"]) == 1  # 2 s barred, the answer held 1 s (DEFAULT_BARRED_HOLD)
     assert status == 429
+    # The bar is 2 s the first time, as the server says it set it. (The attempts above, sent at once,
+    # show only that it had not ended yet: this pins its length from below, the step below from above.)
+    deadline = time.monotonic() + 30
+    while not (bars := FLOOD_CLOSED.findall(server.log_path.read_text())):
+        assert time.monotonic() < deadline, "no 'closed a flooding connection' line in the server log"
+        await asyncio.sleep(0.05)
+    assert bars == ["2"], bars
     # Another address, and this machine itself (loopback is exempt by default), are served.
     other = await client_from(server.url, "198.51.100.8")
     assert (await other.count("x", {"kinds": [1]}))[0] == "COUNT"
