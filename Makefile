@@ -134,7 +134,7 @@ test-latest: $(UV_STAMP) $(HTMX) $(INTEROP)/node_modules/.installed $(NOSTR_INTE
 	&& { [ ! -f $(MDK_SCRIPT) ] || bash $(MDK_SCRIPT) $(LATEST)/bin/python >> $(LATEST_LOG) 2>&1 || true; } \
 	&& $(UV) pip list --python $(LATEST)/bin/python >> $(LATEST_LOG) 2>&1 \
 	&& { timeout --kill-after=60 $(LATEST_TIMEOUT) $(LATEST)/bin/pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist worksteal $(ARGS) >> $(LATEST_LOG) 2>&1; \
-	     rc=$$?; $(LATEST)/bin/python packaging/latest_report.py $$rc $(LATEST_LOG); } \
+	     rc=$$?; $(LATEST)/bin/python tests/latest_report.py $$rc $(LATEST_LOG); } \
 	|| echo "test-latest (not gating): could not set up $(LATEST); see $(LATEST_LOG)"
 
 # The floors, tested: every direct dependency at the lowest release pyproject.toml allows (their
