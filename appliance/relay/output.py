@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from collections import deque
 from typing import Callable
 
@@ -51,8 +52,10 @@ class Output:
         self.close_reason = ""
         self.queued_bytes = 0
         # Answers built on reader threads and not queued yet, by what they answer: their size
-        # counts toward `over_budget` at once (the loop may queue them a little later).
-        self.producing: dict = {}
+        # counts toward `over_budget` at once (the loop may queue them a little later). Reader
+        # threads add to it while the loop looks through it: only under the lock.
+        self._producing: dict = {}
+        self._producing_lock = threading.Lock()
         # Reads are held for this connection (`over_budget`; set by its session): while it is not
         # `full` (answers being built put it over), `drained()` follows each write, not only the
         # drain of a full output, which never comes for a client that reads what it is sent.
@@ -157,8 +160,31 @@ class Output:
     def over_budget(self) -> bool:
         """Whether no new answer should be built for this connection now (on any thread): it is
         `full`, or would be with the answers being built already."""
-        return self.full or (self.high_water and self.queued_bytes + sum(list(self.producing.values()))
-                             > self.high_water)
+        if self.full:
+            return True
+        if not self.high_water:
+            return False
+        with self._producing_lock:
+            building = sum(self._producing.values())
+        return self.queued_bytes + building > self.high_water
+
+    def building(self, answer: object, size: int) -> None:
+        """On a reader thread: an answer of `size` bytes for `answer` (a subscription) is built,
+        not queued yet."""
+        with self._producing_lock:
+            self._producing[answer] = size
+
+    def built(self, answer: object) -> bool:
+        """`answer` is queued, or not wanted: it counts no more. Whether it counted."""
+        with self._producing_lock:
+            return self._producing.pop(answer, None) is not None
+
+    def forget_unwanted(self, wanted: Callable[[object], bool]) -> None:
+        """The answers being built that are no longer `wanted` count no more (a read cancelled
+        just as it finished its answer)."""
+        with self._producing_lock:
+            for answer in [a for a in self._producing if not wanted(a)]:
+                del self._producing[answer]
 
     def abandon(self) -> None:
         """The connection is cut: what was never sent is dropped and uncounted now."""

@@ -251,7 +251,10 @@ class Relay:
             if queue:
                 waiters[output] = queue  # to the back of those with as little unread
             planned += n
-            start()
+            try:
+                start()
+            except Exception:  # one connection's failure holds up no other's reads
+                log.exception("a read held for room failed to start")
 
     def shed_output(self, incoming: int, output) -> None:
         """`incoming` more bytes for `output` would take the unsent output of all connections past

@@ -245,6 +245,61 @@ def test_an_answer_counts_toward_the_budget_until_queued_or_dropped(tmp_path):
         app.store.close()
 
 
+def test_answers_being_built_are_counted_while_the_loop_weighs_them(tmp_path):
+    """Reader threads note the answers they build for a connection (`Output.building`) while the
+    loop drops those no longer wanted and weighs the rest: neither sees the other's change half
+    made. (Before, the loop's pass over them now and then raised "dictionary changed size during
+    iteration" in the middle of starting held reads, and those REQs never got their EOSE.)"""
+    import sys
+    import threading
+    from collections import deque
+
+    from appliance.app import build
+    from appliance.relay.output import Output
+    from appliance.settings import load
+    from tests.pg import storage_env
+
+    class Sub:
+        def __init__(self, n):
+            self.n = n
+
+    data_dir = tmp_path / "data"
+    settings = load(flags={"data_dir": str(data_dir)}, environ=storage_env(data_dir), config_path=None)
+    app = build(settings)
+    interval = sys.getswitchinterval()
+
+    async def run():
+        output = Output(app.relay, None, lambda: None, high_water=10 ** 12)
+        stop = threading.Event()
+
+        def reader_thread():  # answers finish, and the loop queues the oldest
+            built, n = deque(), 0
+            while not stop.is_set():
+                n += 1
+                built.append(Sub(n))
+                output.building(built[-1], 1)
+                if len(built) > 30:
+                    output.built(built.popleft())
+
+        thread = threading.Thread(target=reader_thread)
+        sys.setswitchinterval(1e-6)  # a thread switch between any two bytecodes, nearly
+        thread.start()
+        try:
+            for _ in range(60_000):
+                output.forget_unwanted(lambda sub: sub.n % 7 != 0)
+                assert not output.over_budget()
+        finally:
+            stop.set()
+            thread.join()
+            sys.setswitchinterval(interval)
+
+    try:
+        asyncio.run(run())
+    finally:
+        app.relay.close()
+        app.store.close()
+
+
 def test_a_read_held_for_room_starts_first_for_a_connection_that_reads(tmp_path):
     """Reads held for room (max_output_buffer_total) start again the connections with the least
     unread output first, in turns among equals: a client that reads is not kept waiting behind

@@ -173,9 +173,7 @@ def _query(session: "Session", sub: Subscription) -> None:
         return  # closed or replaced meanwhile
     output = session.output
     subs = session.subs
-    producing = output.producing
-    for stale in [other for other in producing if subs.get(other.sub_id) is not other]:
-        producing.pop(stale, None)  # (a read cancelled just as it finished its answer)
+    output.forget_unwanted(lambda other: subs.get(other.sub_id) is other)
     relay = session.relay
     reserve = relay.read_reserve(sub.filters)
     if output.over_budget():
@@ -200,7 +198,7 @@ def _query(session: "Session", sub: Subscription) -> None:
         answer = renderer(rows)
         if subs.get(sub.sub_id) is sub:
             messages = answer[0]
-            producing[sub] = len(messages) if type(messages) is Frames else sum(map(len, messages))
+            output.building(sub, len(messages) if type(messages) is Frames else sum(map(len, messages)))
         return answer
 
     session.queries[sub.sub_id] = relay.start_query(
@@ -213,7 +211,7 @@ def _answer_ready(session: "Session", sub: Subscription, answer, exc: BaseExcept
     """On the loop, once a REQ's stored answer is read and rendered: send it and its EOSE, then
     the live events held meanwhile."""
     sub_id = sub.sub_id
-    session.output.producing.pop(sub, None)
+    session.output.built(sub)
     if session.subs.get(sub_id) is not sub:
         return  # closed or replaced meanwhile: its answer is not wanted
     if answer is HELD:  # no room for its answer when the read came to run: it waits for some
@@ -279,7 +277,7 @@ def end_subscription(session: "Session", sub_id: str) -> None:
     if sub is not None:
         session.relay.index_for(session.origin).remove(sub)
         release_held(session, sub)
-        if session.output.producing.pop(sub, None) is not None:
+        if session.output.built(sub):
             session.output.owed_less()  # (no write may follow to start reads held for it)
     task = session.queries.pop(sub_id, None)
     if task is not None:
