@@ -45,7 +45,7 @@ DEFAULT_PARSE_BYTES = 4 * 1024
 # Seconds the relay waits for a client's answer to its close frame before cutting the connection.
 DEFAULT_CLOSE_TIMEOUT = 10.0
 # Keepalive: a ping after this many idle-or-not seconds, and the connection cut (1011) when its
-# pong has not come this many seconds later.
+# pong has not come this many seconds later, the relay reading it all along.
 DEFAULT_PING_INTERVAL = 30.0
 DEFAULT_PING_TIMEOUT = 30.0
 # A peer that lets this long pass without taking any of what is buffered for it is cut off: its
@@ -106,6 +106,8 @@ class WebSocketConnection(asyncio.Protocol):
         self._ping_timer: asyncio.TimerHandle | None = None
         self._pong_timer: asyncio.TimerHandle | None = None
         self._ping_payload: bytes | None = None
+        # Reading was paused since the last ping went out: the client's pong may wait unread.
+        self._paused_since_ping = False
         connections.add(self)
         if ping_interval:
             self._ping_timer = self.loop.call_later(ping_interval, self._ping)
@@ -249,6 +251,7 @@ class WebSocketConnection(asyncio.Protocol):
         if self.unparsed or self.messages:
             if not self.read_paused:
                 self.read_paused = True
+                self._paused_since_ping = True
                 self.transport.pause_reading()
         elif self.read_paused:
             self.read_paused = False
@@ -345,6 +348,7 @@ class WebSocketConnection(asyncio.Protocol):
         if self.close_sent or self.transport.is_closing():
             return
         self._ping_payload = os.urandom(4)
+        self._paused_since_ping = self.read_paused
         self.conn.send_ping(self._ping_payload)
         self._flush()
         self._pong_timer = self.loop.call_later(self.ping_timeout, self._ping_timed_out)
@@ -352,6 +356,12 @@ class WebSocketConnection(asyncio.Protocol):
     def _ping_timed_out(self) -> None:
         self._pong_timer = None
         if self.close_sent or self.transport.is_closing():
+            return
+        if self.read_paused or self._paused_since_ping:
+            # The relay has not been reading this client (its messages wait their turn), so its
+            # pong may be there unread: wait again. One that takes nothing is cut by the write stall.
+            self._paused_since_ping = self.read_paused
+            self._pong_timer = self.loop.call_later(self.ping_timeout, self._ping_timed_out)
             return
         self.close_sent = True
         self.conn.fail(1011, "keepalive ping timeout")
