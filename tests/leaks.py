@@ -11,7 +11,9 @@ base64 value that merely contains `eyJ` (the banner's setup token, one start in 
 from __future__ import annotations
 
 import base64
+import codecs
 import re
+import unicodedata
 from pathlib import Path
 
 HEX_RUN = re.compile(r"[0-9a-fA-F]{32,}")
@@ -52,14 +54,16 @@ def leaks_in(text: str) -> list[str]:
 
 
 def _decodes_to_text(b64: str) -> bool:
-    """Whether the first 24 bytes `b64` encodes are printable ASCII, as JSON's are (random bytes
-    are, one time in ~10^10)."""
+    """Whether the first 24 bytes `b64` encodes are text, as JSON's are: UTF-8 (not only ASCII:
+    a name in a JWT) with no control character but JSON's whitespace (RFC 7515's own example
+    header has a CRLF). Random bytes are, about one time in 10^7."""
     head = b64[:32].replace("-", "+").replace("_", "/")
     try:
-        raw = base64.b64decode(head, validate=True)
-    except ValueError:
+        # (the 24th byte may cut a character in two: incremental, it is left out)
+        text = codecs.getincrementaldecoder("utf-8")().decode(base64.b64decode(head, validate=True))
+    except ValueError:  # (UnicodeDecodeError among them)
         return False
-    return all(32 <= b < 127 for b in raw)
+    return all(c in "\t\n\r" or unicodedata.category(c) != "Cc" for c in text)
 
 
 def check_log(path: Path) -> list[str]:
