@@ -62,7 +62,7 @@ class Upkeep:
                 await self.reload_if_changed()
                 if app.fanout is not None and not app.fanout.listening:
                     # Not hearing the other nodes: their group changes arrive by polling meanwhile.
-                    await app.store.read(app.groups.state.load)
+                    await app.groups.state.reload(app.store)
             except Exception:
                 log.exception("reloading origins and groups failed")
 
@@ -84,7 +84,7 @@ class Upkeep:
                 self.generation = generation  # said once; the next edit is tried afresh
                 log.error("configuration edit not applied, still serving the previous one: %s", exc)
                 return False
-        await app.store.read(app.groups.state.load)
+        await app.groups.state.reload(app.store)
         await self._reload_stored_settings()
         app.relay.origins.origins = origins
         app.relay.origins_changed()

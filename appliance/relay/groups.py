@@ -39,14 +39,24 @@ DEFAULT_H_GRAMMAR = "uuid-v4-lowercase"
 
 
 class GroupState:
-    """In-memory mirror of every origin's groups; implements `authz.GroupView`."""
+    """In-memory mirror of every origin's groups; implements `authz.GroupView`. Changed and read on
+    the loop only (`reload` reads the store on a reader thread, then applies it on the loop)."""
 
     def __init__(self) -> None:
         self._groups: dict[tuple[int, str], Group] = {}
         self._private: dict[int, set[str]] = {}
 
     def load(self, conn: Connection) -> None:
-        self._groups = store_groups.all_groups(conn)
+        """Every group, from `conn`, applied on this thread: at start and in the CLI only."""
+        self._replace(store_groups.all_groups(conn))
+
+    async def reload(self, store: Store) -> None:
+        """Every group read again on a reader thread and applied here, on the loop: the loop changes
+        the mirror in place (`put`), so no other thread may look through it."""
+        self._replace(await store.read(store_groups.all_groups))
+
+    def _replace(self, groups: dict[tuple[int, str], Group]) -> None:
+        self._groups = groups
         self._reindex()
 
     def _reindex(self) -> None:

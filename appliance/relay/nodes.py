@@ -93,7 +93,7 @@ class NodeFanout:
         self.stats["heard"] += 1
         if self._stale:  # a group could not be read back earlier: read them all now
             try:
-                await self.relay.store.read(self.groups.load)
+                await self.groups.reload(self.relay.store)
                 self._stale = False
             except Exception:
                 log.exception("node bus: reloading the groups failed")
@@ -132,7 +132,7 @@ class NodeFanout:
     async def connected(self) -> None:
         """After the listening connection (re)opened: catch up on what it may have missed."""
         try:
-            await self.relay.store.read(self.groups.load)
+            await self.groups.reload(self.relay.store)
             self._stale = False
         except Exception:
             self._stale = True

@@ -326,3 +326,66 @@ async def test_host_header_edge_cases(make_server):
         async with websockets.connect(server.url, additional_headers=[("Host", "b.test")]):
             pass
     assert info.value.response.status_code == 400
+
+
+def test_groups_reloaded_while_the_loop_applies_group_changes(tmp_path):
+    """A reload of the groups (a CLI edit, a NIP-86 or dashboard change, another node's) reads them
+    while the loop goes on applying the group changes its own events commit (`GroupState.put`):
+    neither sees the other's change half made. (Before, the reload rebuilt the mirror's index on
+    the reader thread and now and then raised "dictionary changed size during iteration" when the
+    loop created or deleted a group meanwhile, and the reload was lost.)"""
+    import sys
+    import time
+
+    from appliance.app import build
+    from appliance.relay.groups import Group
+    from appliance.settings import load
+    from appliance.store import groups as store_groups
+    from appliance.store.meta import bump_generation
+    from tests.pg import storage_env
+
+    data_dir = tmp_path / "data"
+    settings = load(flags={"data_dir": str(data_dir)}, environ=storage_env(data_dir), config_path=None)
+    app = build(settings)
+    origin = app.relay.origins.origins[0].id
+    state = app.groups.state
+
+    def many_groups(conn):  # a long pass over them for each reload
+        for n in range(3000):
+            store_groups.create_group(conn, origin, f"stored-{n}", name="", closed=False, private=n % 2 == 0,
+                                      now=int(time.time()))
+
+    app.store.write_sync(many_groups)
+    interval = sys.getswitchinterval()
+
+    async def run():
+        reloads = 0
+
+        async def committed_changes():  # groups created and deleted by events, applied on the loop
+            n = 0
+            while True:
+                n += 1
+                state.put(origin, f"live-{n}", Group(f"live-{n}", private=True))
+                state.put(origin, f"live-{n - 1}", None)
+                await asyncio.sleep(0)
+
+        changes = asyncio.ensure_future(committed_changes())
+        sys.setswitchinterval(1e-6)  # a thread switch between any two bytecodes, nearly
+        try:
+            for _ in range(100):
+                await app.store.write(bump_generation)
+                assert await app.upkeep.reload_if_changed()
+                reloads += 1
+        finally:
+            sys.setswitchinterval(interval)
+            changes.cancel()
+        assert reloads == 100
+        assert len(state.groups_of(origin)) >= 3000
+        # The index of private groups is the mirror's own: every group it names is there.
+        assert state.hidden_groups(origin, None) >= {f"stored-{n}" for n in range(0, 3000, 2)}
+
+    try:
+        asyncio.run(run())
+    finally:
+        app.relay.close()
+        app.store.close()
