@@ -193,6 +193,50 @@ async def test_origins_create_edit_lists_and_groups(signed_in):
     assert r.status_code == 303 and alice.pubkey not in d.app.relay.origins.by_id(int(oid)).allow
 
 
+async def test_an_origins_page_while_the_loop_applies_group_changes(signed_in):
+    """An origin's page lists its groups while the loop goes on applying the group changes events
+    commit (`GroupState.put`): the page is served whole every time. (Before, it looked through
+    every group on a reader thread and now and then failed with "dictionary changed size during
+    iteration" when the loop created or deleted one meanwhile.)"""
+    import asyncio
+    import sys
+    import time
+
+    from appliance.relay.groups import Group
+    from appliance.store import groups as store_groups
+
+    d = signed_in
+    r = await d.post_form("/admin/origins", {"origin": "ws://chat.test", "hosts": "chat.test"},
+                          page="/admin/origins")
+    oid = int(r.headers["location"].split("?")[0].rsplit("/", 1)[-1])
+    state = d.app.groups.state
+
+    def many_groups(conn):  # another origin's: a long pass over them for each page of origin 1
+        for n in range(5000):
+            store_groups.create_group(conn, oid, f"stored-{n}", name="", closed=False, private=False,
+                                      now=int(time.time()))
+
+    await d.app.store.write(many_groups)
+    d.app.store.read_sync(state.load)
+    interval = sys.getswitchinterval()
+
+    async def committed_changes():  # groups created and deleted by events, applied on the loop
+        n = 0
+        while True:
+            n += 1
+            state.put(oid, f"live-{n}", Group(f"live-{n}"))
+            state.put(oid, f"live-{n - 1}", None)
+            await asyncio.sleep(0)
+
+    changes = asyncio.ensure_future(committed_changes())
+    sys.setswitchinterval(1e-6)  # a thread switch between any two bytecodes, nearly
+    try:
+        for _ in range(200):
+            assert (await d.get("/admin/origins/1")).status_code == 200
+    finally:
+        sys.setswitchinterval(interval)
+        changes.cancel()
+
 async def test_moderation_from_the_dashboard_is_enforced_by_the_relay(signed_in):
     d = signed_in
     alice = Installation()

@@ -62,6 +62,8 @@ def routes(admin) -> list[Route]:
 
     async def detail(request: Request, error: str = "", status: int = 200):
         origin = await origin_or_404(request)
+        # Its groups' ids taken here: the loop changes the mirror of the groups in place.
+        hs = [g.h for g in admin.app.groups.state.groups_of(origin.id)]
 
         def read(conn):
             owned = owned_fields(conn, settings, origin)
@@ -71,7 +73,7 @@ def routes(admin) -> list[Route]:
                 "events": dict(moderation.list_events(conn, origin.id, "banned")),
                 "ips": dict(moderation.list_blocked_ips(conn, origin.id)),
             }
-            groups = [read_group(conn, origin.id, g.h) for g in admin.app.groups.state.groups_of(origin.id)]
+            groups = [read_group(conn, origin.id, h) for h in hs]
             return owned, reasons, [g for g in groups if g is not None]
 
         owned, reasons, groups = await admin.read(read)
