@@ -45,6 +45,9 @@ class GroupState:
     def __init__(self) -> None:
         self._groups: dict[tuple[int, str], Group] = {}
         self._private: dict[int, set[str]] = {}
+        # Per reload in flight, the changes applied while its read runs: its snapshot may predate
+        # their commits, so they are applied again over it (a removed member stays removed).
+        self._reloading: list[list[tuple[int, str, Group | None]]] = []
 
     def load(self, conn: Connection) -> None:
         """Every group, from `conn`, applied on this thread: at start and in the CLI only."""
@@ -53,7 +56,15 @@ class GroupState:
     async def reload(self, store: Store) -> None:
         """Every group read again on a reader thread and applied here, on the loop: the loop changes
         the mirror in place (`put`), so no other thread may look through it."""
-        self._replace(await store.read(store_groups.all_groups))
+        made: list[tuple[int, str, Group | None]] = []
+        self._reloading.append(made)
+        try:
+            groups = await store.read(store_groups.all_groups)
+        finally:
+            self._reloading.remove(made)
+        self._replace(groups)
+        for origin, h, group in made:
+            self.put(origin, h, group)
 
     def _replace(self, groups: dict[tuple[int, str], Group]) -> None:
         self._groups = groups
@@ -68,6 +79,8 @@ class GroupState:
 
     def put(self, origin: int, h: str, group: Group | None) -> None:
         """Apply a committed change (None: the group was deleted)."""
+        for made in self._reloading:
+            made.append((origin, h, group))
         if group is None:
             self._groups.pop((origin, h), None)
         else:

@@ -389,3 +389,44 @@ def test_groups_reloaded_while_the_loop_applies_group_changes(tmp_path):
     finally:
         app.relay.close()
         app.store.close()
+
+
+def test_a_change_applied_during_a_reload_outlives_its_snapshot(tmp_path):
+    """A reload's read may start before a group change commits; the change, applied on the loop
+    while the read runs, is not undone when the older snapshot lands. (Before, a member removed
+    from a private group just then read it again until the next reload.)"""
+    from appliance.app import build
+    from appliance.relay.groups import Group
+    from appliance.settings import load
+    from appliance.store import groups as store_groups
+    from tests.pg import storage_env
+
+    data_dir = tmp_path / "data"
+    settings = load(flags={"data_dir": str(data_dir)}, environ=storage_env(data_dir), config_path=None)
+    app = build(settings)
+    origin = app.relay.origins.origins[0].id
+    state = app.groups.state
+    member = "ab" * 32
+
+    def private_group(conn):
+        store_groups.create_group(conn, origin, "g1", name="", closed=True, private=True, now=1_700_000_000)
+        store_groups.put_member(conn, origin, "g1", member, "member")
+
+    app.store.write_sync(private_group)
+
+    async def run():
+        await state.reload(app.store)
+        assert state.is_member(origin, "g1", member)
+        reload = asyncio.ensure_future(state.reload(app.store))
+        await asyncio.sleep(0)  # its read is under way
+        # The member's removal commits and is applied here before the reload's snapshot lands.
+        state.put(origin, "g1", Group("g1", private=True))
+        await reload
+        assert not state.is_member(origin, "g1", member)
+        assert state.hidden_groups(origin, member) == {"g1"}
+
+    try:
+        asyncio.run(run())
+    finally:
+        app.relay.close()
+        app.store.close()
