@@ -168,11 +168,13 @@ class Output:
             building = sum(self._producing.values())
         return self.queued_bytes + building > self.high_water
 
-    def building(self, answer: object, size: int) -> None:
+    def building(self, answer: object, size: int, wanted: Callable[[], bool] | None = None) -> None:
         """On a reader thread: an answer of `size` bytes for `answer` (a subscription) is built,
-        not queued yet."""
+        not queued yet; not counted unless still `wanted()`, asked under the lock: the loop stops
+        wanting an answer before it forgets it (`built`), so none is counted after that."""
         with self._producing_lock:
-            self._producing[answer] = size
+            if wanted is None or wanted():
+                self._producing[answer] = size
 
     def built(self, answer: object) -> bool:
         """`answer` is queued, or not wanted: it counts no more. Whether it counted."""

@@ -300,6 +300,85 @@ def test_answers_being_built_are_counted_while_the_loop_weighs_them(tmp_path):
         app.store.close()
 
 
+def test_an_answer_closed_as_it_is_built_counts_for_nothing(tmp_path):
+    """A reader thread that finds its REQ still open, then notes its answer (`Output.building`),
+    may do so just after the loop closed the REQ and forgot its answer: that answer must not count
+    then, or a REQ sent meanwhile is held for it with no write ever coming to start it (it never
+    got its EOSE). The reader is paused between the two steps here (a trace hook in its thread)
+    while the client's CLOSE and next REQ are handled."""
+    import json
+    import threading
+    from types import SimpleNamespace
+
+    from websockets.protocol import State
+    from websockets.server import ServerProtocol
+
+    from appliance.app import build
+    from appliance.front.websocket import Counters, WebSocketConnection
+    from appliance.relay.output import Output
+    from appliance.relay.session import Session
+    from appliance.settings import load
+    from tests.conftest import Identity
+    from tests.pg import storage_env
+    from tests.relay.test_keepalive import Transport
+
+    closed, built, go = threading.Event(), threading.Event(), threading.Event()
+    building, over_budget = Output.building.__code__, Output.over_budget.__code__
+
+    def trace(frame, event, arg):  # in the reader threads
+        if frame.f_code is building and getattr(frame.f_locals["answer"], "sub_id", None) == "a":
+            closed.set()  # "a" was open when its reader looked: the loop closes it now
+            go.wait(30)
+            return lambda frame, event, arg: built.set() if event == "return" else None
+        if frame.f_code is over_budget and closed.is_set():
+            built.wait(30)  # "b" weighs its output only once "a"'s answer was noted
+        return None
+
+    def text(message) -> bytes:  # a client's frame, masked with zeros
+        data = json.dumps(message).encode()
+        return b"\x81" + (bytes([0x80 | len(data)]) if len(data) < 126 else b"\xfe" + len(data).to_bytes(2, "big")) \
+            + b"\0\0\0\0" + data
+
+    data_dir = tmp_path / "data"
+    # Answers of 150 notes of ~850 bytes fill max_query_bytes, and their frames take it past.
+    settings = load(flags={"data_dir": str(data_dir), "max_query_bytes": 64 * 1024, "event_rate": 0,
+                           "req_rate": 0}, environ=storage_env(data_dir), config_path=None)
+    threading.settrace(trace)
+    app = build(settings)
+    relay = app.relay
+
+    async def run():
+        origin = relay.origins.origins[0]
+        alice = Identity()
+        for i in range(150):
+            await relay.publish(origin, None, alice.sign(1, [], f"{i:03} " + "x" * 500))
+        transport = Transport()
+        ws = WebSocketConnection(ServerProtocol(state=State.OPEN), transport, counters=Counters(),
+                                 connections=set(), ping_interval=None)
+        session = Session(relay, SimpleNamespace(client=SimpleNamespace(host="127.0.0.1", port=1)), origin)
+        serving = asyncio.ensure_future(session.serve(ws))
+        await asyncio.sleep(0)
+        ws.data_received(text(["REQ", "a", {"kinds": [1], "limit": 150}]))
+        assert await asyncio.to_thread(closed.wait, 30)
+        ws.data_received(text(["CLOSE", "a"]) + text(["REQ", "b", {"kinds": [1], "limit": 150}]))
+        go.set()
+        for _ in range(3000):
+            if b'["EOSE","b"]' in transport.out:
+                break
+            await asyncio.sleep(0.01)
+        assert b'["EOSE","b"]' in transport.out
+        ws.connection_lost(None)
+        await asyncio.wait_for(serving, 30)
+
+    try:
+        asyncio.run(run())
+    finally:
+        threading.settrace(None)
+        go.set()
+        relay.close()
+        app.store.close()
+
+
 def test_a_read_held_for_room_starts_first_for_a_connection_that_reads(tmp_path):
     """Reads held for room (max_output_buffer_total) start again the connections with the least
     unread output first, in turns among equals: a client that reads is not kept waiting behind

@@ -196,9 +196,10 @@ def _query(session: "Session", sub: Subscription) -> None:
 
     def render(rows: list) -> tuple:  # on the reader thread
         answer = renderer(rows)
-        if subs.get(sub.sub_id) is sub:
-            messages = answer[0]
-            output.building(sub, len(messages) if type(messages) is Frames else sum(map(len, messages)))
+        messages = answer[0]
+        # (Asked under the output's lock: a CLOSE just after a check here would leave it counted.)
+        output.building(sub, len(messages) if type(messages) is Frames else sum(map(len, messages)),
+                        lambda: subs.get(sub.sub_id) is sub)
         return answer
 
     session.queries[sub.sub_id] = relay.start_query(
