@@ -53,6 +53,9 @@ class Upkeep:
         self.generation = generation  # the configuration generation applied
         # Erased key material waits in the WAL until a scrub succeeds (readers can keep it busy).
         self.wal_scrub_pending = False
+        # One reload at a time: the loop's and a dashboard edit's could otherwise both read, and
+        # the one that read the older generation apply it last.
+        self._reload_lock = asyncio.Lock()
 
     async def reload_loop(self) -> None:
         app = self.app
@@ -68,6 +71,10 @@ class Upkeep:
 
     async def reload_if_changed(self) -> bool:
         """Pick up origins and groups edited out of process (CLI); True if anything changed."""
+        async with self._reload_lock:
+            return await self._reload_if_changed()
+
+    async def _reload_if_changed(self) -> bool:
         app = self.app
         generation = await app.store.read(config_generation)
         if generation == self.generation:

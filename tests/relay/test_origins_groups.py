@@ -430,3 +430,28 @@ def test_a_change_applied_during_a_reload_outlives_its_snapshot(tmp_path):
     finally:
         app.relay.close()
         app.store.close()
+
+
+def test_two_reloads_at_once_apply_an_edit_once(tmp_path):
+    """The reload loop and a dashboard edit may both look for an edit at once: one applies it, the
+    other then finds nothing new. (Before, both read it, and the one that read the older
+    generation could apply it last, the edit undone for a turn of the loop.)"""
+    from appliance.app import build
+    from appliance.settings import load
+    from appliance.store.meta import bump_generation
+    from tests.pg import storage_env
+
+    data_dir = tmp_path / "data"
+    settings = load(flags={"data_dir": str(data_dir)}, environ=storage_env(data_dir), config_path=None)
+    app = build(settings)
+
+    async def run():
+        await app.store.write(bump_generation)
+        both = await asyncio.gather(app.upkeep.reload_if_changed(), app.upkeep.reload_if_changed())
+        assert sorted(both) == [False, True]
+
+    try:
+        asyncio.run(run())
+    finally:
+        app.relay.close()
+        app.store.close()
