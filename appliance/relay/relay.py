@@ -254,6 +254,7 @@ class Relay:
             try:
                 start()
             except Exception:  # one connection's failure holds up no other's reads
+                planned -= n  # (nor does the room it would have taken)
                 log.exception("a read held for room failed to start")
 
     def shed_output(self, incoming: int, output) -> None:

@@ -419,6 +419,39 @@ def test_a_read_held_for_room_starts_first_for_a_connection_that_reads(tmp_path)
         app.store.close()
 
 
+def test_a_held_read_that_fails_to_start_holds_up_no_other(tmp_path):
+    """A read held for room whose start raises (a bug) is logged; the reads held behind it still
+    start in the same pass, with the room it would have taken."""
+    from appliance.app import build
+    from appliance.settings import load
+    from tests.pg import storage_env
+
+    class Unread:
+        def __init__(self, queued_bytes):
+            self.queued_bytes = queued_bytes
+
+    data_dir = tmp_path / "data"
+    settings = load(flags={"data_dir": str(data_dir)}, environ=storage_env(data_dir), config_path=None)
+    app = build(settings)
+    relay = app.relay
+    try:
+        started: list[str] = []
+
+        def broken():
+            raise RuntimeError("a bug in starting a read")
+
+        relay.wait_for_room(4, broken, Unread(0))
+        relay.wait_for_room(4, lambda: started.append("next"), Unread(1))
+        relay.max_output_total = 6  # room for one read of 4 beside the 2 reserved
+        relay.reserved_bytes, relay.queued_bytes = 2, 0
+        relay._wake_reads()
+        assert started == ["next"] and not relay.read_waiters
+    finally:
+        relay.reserved_bytes = 0
+        relay.close()
+        app.store.close()
+
+
 async def every_eose(client: Client, n: int, limit_of) -> None:
     """Send `n` REQs (`s0`...) at once, `limit_of(i)` big notes each, and read everything as it
     comes until each has its EOSE (a REQ that never gets one fails after 60 s of silence)."""
