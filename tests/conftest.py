@@ -360,6 +360,21 @@ async def connect(anyio_backend):
 
 
 @pytest.fixture
+def built_app(tmp_path):
+    """The appliance built in-process over a fresh data directory (the suite's backend) and not
+    served: for the tests of one part's rules on its real parts. Closed after the test."""
+    from appliance.app import build
+    from appliance.settings import load
+    from tests.pg import storage_env
+
+    data_dir = tmp_path / "data"
+    app = build(load(flags={"data_dir": str(data_dir)}, environ=storage_env(data_dir), config_path=None))
+    yield app
+    app.relay.close()
+    app.store.close()
+
+
+@pytest.fixture
 def make_server(tmp_path):
     servers: list[Server] = []
 

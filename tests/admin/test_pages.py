@@ -199,11 +199,10 @@ async def test_an_origins_page_while_the_loop_applies_group_changes(signed_in):
     every group on a reader thread and now and then failed with "dictionary changed size during
     iteration" when the loop created or deleted one meanwhile.)"""
     import asyncio
-    import sys
     import time
 
-    from appliance.relay.groups import Group
     from appliance.store import groups as store_groups
+    from tests.races import churn_groups, thread_switches_often
 
     d = signed_in
     r = await d.post_form("/admin/origins", {"origin": "ws://chat.test", "hosts": "chat.test"},
@@ -218,24 +217,14 @@ async def test_an_origins_page_while_the_loop_applies_group_changes(signed_in):
 
     await d.app.store.write(many_groups)
     d.app.store.read_sync(state.load)
-    interval = sys.getswitchinterval()
-
-    async def committed_changes():  # groups created and deleted by events, applied on the loop
-        n = 0
-        while True:
-            n += 1
-            state.put(oid, f"live-{n}", Group(f"live-{n}"))
-            state.put(oid, f"live-{n - 1}", None)
-            await asyncio.sleep(0)
-
-    changes = asyncio.ensure_future(committed_changes())
-    sys.setswitchinterval(1e-6)  # a thread switch between any two bytecodes, nearly
+    changes = asyncio.ensure_future(churn_groups(state, oid))
     try:
-        for _ in range(200):
-            assert (await d.get("/admin/origins/1")).status_code == 200
+        with thread_switches_often():
+            for _ in range(200):
+                assert (await d.get("/admin/origins/1")).status_code == 200
     finally:
-        sys.setswitchinterval(interval)
         changes.cancel()
+
 
 async def test_moderation_from_the_dashboard_is_enforced_by_the_relay(signed_in):
     d = signed_in

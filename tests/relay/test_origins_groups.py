@@ -328,25 +328,19 @@ async def test_host_header_edge_cases(make_server):
     assert info.value.response.status_code == 400
 
 
-def test_groups_reloaded_while_the_loop_applies_group_changes(tmp_path):
+def test_groups_reloaded_while_the_loop_applies_group_changes(built_app):
     """A reload of the groups (a CLI edit, a NIP-86 or dashboard change, another node's) reads them
     while the loop goes on applying the group changes its own events commit (`GroupState.put`):
     neither sees the other's change half made. (Before, the reload rebuilt the mirror's index on
     the reader thread and now and then raised "dictionary changed size during iteration" when the
     loop created or deleted a group meanwhile, and the reload was lost.)"""
-    import sys
     import time
 
-    from appliance.app import build
-    from appliance.relay.groups import Group
-    from appliance.settings import load
     from appliance.store import groups as store_groups
     from appliance.store.meta import bump_generation
-    from tests.pg import storage_env
+    from tests.races import churn_groups, thread_switches_often
 
-    data_dir = tmp_path / "data"
-    settings = load(flags={"data_dir": str(data_dir)}, environ=storage_env(data_dir), config_path=None)
-    app = build(settings)
+    app = built_app
     origin = app.relay.origins.origins[0].id
     state = app.groups.state
 
@@ -356,54 +350,34 @@ def test_groups_reloaded_while_the_loop_applies_group_changes(tmp_path):
                                       now=int(time.time()))
 
     app.store.write_sync(many_groups)
-    interval = sys.getswitchinterval()
 
     async def run():
         reloads = 0
-
-        async def committed_changes():  # groups created and deleted by events, applied on the loop
-            n = 0
-            while True:
-                n += 1
-                state.put(origin, f"live-{n}", Group(f"live-{n}", private=True))
-                state.put(origin, f"live-{n - 1}", None)
-                await asyncio.sleep(0)
-
-        changes = asyncio.ensure_future(committed_changes())
-        sys.setswitchinterval(1e-6)  # a thread switch between any two bytecodes, nearly
+        changes = asyncio.ensure_future(churn_groups(state, origin, private=True))
         try:
-            for _ in range(100):
-                await app.store.write(bump_generation)
-                assert await app.upkeep.reload_if_changed()
-                reloads += 1
+            with thread_switches_often():
+                for _ in range(100):
+                    await app.store.write(bump_generation)
+                    assert await app.upkeep.reload_if_changed()
+                    reloads += 1
         finally:
-            sys.setswitchinterval(interval)
             changes.cancel()
         assert reloads == 100
         assert len(state.groups_of(origin)) >= 3000
         # The index of private groups is the mirror's own: every group it names is there.
         assert state.hidden_groups(origin, None) >= {f"stored-{n}" for n in range(0, 3000, 2)}
 
-    try:
-        asyncio.run(run())
-    finally:
-        app.relay.close()
-        app.store.close()
+    asyncio.run(run())
 
 
-def test_a_change_applied_during_a_reload_outlives_its_snapshot(tmp_path):
+def test_a_change_applied_during_a_reload_outlives_its_snapshot(built_app):
     """A reload's read may start before a group change commits; the change, applied on the loop
     while the read runs, is not undone when the older snapshot lands. (Before, a member removed
     from a private group just then read it again until the next reload.)"""
-    from appliance.app import build
     from appliance.relay.groups import Group
-    from appliance.settings import load
     from appliance.store import groups as store_groups
-    from tests.pg import storage_env
 
-    data_dir = tmp_path / "data"
-    settings = load(flags={"data_dir": str(data_dir)}, environ=storage_env(data_dir), config_path=None)
-    app = build(settings)
+    app = built_app
     origin = app.relay.origins.origins[0].id
     state = app.groups.state
     member = "ab" * 32
@@ -425,33 +399,20 @@ def test_a_change_applied_during_a_reload_outlives_its_snapshot(tmp_path):
         assert not state.is_member(origin, "g1", member)
         assert state.hidden_groups(origin, member) == {"g1"}
 
-    try:
-        asyncio.run(run())
-    finally:
-        app.relay.close()
-        app.store.close()
+    asyncio.run(run())
 
 
-def test_two_reloads_at_once_apply_an_edit_once(tmp_path):
+def test_two_reloads_at_once_apply_an_edit_once(built_app):
     """The reload loop and a dashboard edit may both look for an edit at once: one applies it, the
     other then finds nothing new. (Before, both read it, and the one that read the older
     generation could apply it last, the edit undone for a turn of the loop.)"""
-    from appliance.app import build
-    from appliance.settings import load
     from appliance.store.meta import bump_generation
-    from tests.pg import storage_env
 
-    data_dir = tmp_path / "data"
-    settings = load(flags={"data_dir": str(data_dir)}, environ=storage_env(data_dir), config_path=None)
-    app = build(settings)
+    upkeep = built_app.upkeep
 
     async def run():
-        await app.store.write(bump_generation)
-        both = await asyncio.gather(app.upkeep.reload_if_changed(), app.upkeep.reload_if_changed())
+        await built_app.store.write(bump_generation)
+        both = await asyncio.gather(upkeep.reload_if_changed(), upkeep.reload_if_changed())
         assert sorted(both) == [False, True]
 
-    try:
-        asyncio.run(run())
-    finally:
-        app.relay.close()
-        app.store.close()
+    asyncio.run(run())

@@ -21,6 +21,13 @@ TOKEN = "output-budget-test-token"
 MIB = 1024 * 1024
 
 
+class Unread:
+    """A connection's output, as far as the relay's room goes."""
+
+    def __init__(self, queued_bytes: int):
+        self.queued_bytes = queued_bytes
+
+
 async def never_reading(port: int, requests: list[str]) -> socket.socket:
     """A websocket client with a small receive buffer that sends `requests` and never reads."""
     sock = socket.socket()
@@ -186,22 +193,16 @@ async def test_the_connection_with_the_most_unread_output_goes_first(make_server
         await writer.close()
 
 
-def test_an_answer_counts_toward_the_budget_until_queued_or_dropped(tmp_path):
+def test_an_answer_counts_toward_the_budget_until_queued_or_dropped(built_app):
     """A REQ's answer built on a reader thread keeps its size under max_output_buffer_total until
     the loop has queued it (`done` returned), or until it is dropped unsent (its read cancelled):
     answers waiting for the loop are never memory the budget does not see."""
     import threading
 
-    from appliance.app import build
     from appliance.front.frames import Frames
     from appliance.nostr.filters import parse_filter
-    from appliance.settings import load
-    from tests.pg import storage_env
 
-    data_dir = tmp_path / "data"
-    settings = load(flags={"data_dir": str(data_dir)}, environ=storage_env(data_dir), config_path=None)
-    app = build(settings)
-    relay = app.relay
+    relay = built_app.relay
     origin = relay.origins.origins[0]
     filters = [parse_filter({"kinds": [1], "limit": 500})]  # (too many events to be read on the loop)
     answer = Frames(b"\x81\x02[]" * 1000, 1000)
@@ -238,38 +239,26 @@ def test_an_answer_counts_toward_the_budget_until_queued_or_dropped(tmp_path):
             await asyncio.sleep(0.01)
         assert relay.reserved_bytes == 0
 
-    try:
-        asyncio.run(run())
-    finally:
-        relay.close()
-        app.store.close()
+    asyncio.run(run())
 
 
-def test_answers_being_built_are_counted_while_the_loop_weighs_them(tmp_path):
+def test_answers_being_built_are_counted_while_the_loop_weighs_them(built_app):
     """Reader threads note the answers they build for a connection (`Output.building`) while the
     loop drops those no longer wanted and weighs the rest: neither sees the other's change half
     made. (Before, the loop's pass over them now and then raised "dictionary changed size during
     iteration" in the middle of starting held reads, and those REQs never got their EOSE.)"""
-    import sys
     import threading
     from collections import deque
 
-    from appliance.app import build
     from appliance.relay.output import Output
-    from appliance.settings import load
-    from tests.pg import storage_env
+    from tests.races import thread_switches_often
 
     class Sub:
         def __init__(self, n):
             self.n = n
 
-    data_dir = tmp_path / "data"
-    settings = load(flags={"data_dir": str(data_dir)}, environ=storage_env(data_dir), config_path=None)
-    app = build(settings)
-    interval = sys.getswitchinterval()
-
     async def run():
-        output = Output(app.relay, None, lambda: None, high_water=10 ** 12)
+        output = Output(built_app.relay, None, lambda: None, high_water=10 ** 12)
         stop = threading.Event()
 
         def reader_thread():  # answers finish, and the loop queues the oldest
@@ -282,22 +271,17 @@ def test_answers_being_built_are_counted_while_the_loop_weighs_them(tmp_path):
                     output.built(built.popleft())
 
         thread = threading.Thread(target=reader_thread)
-        sys.setswitchinterval(1e-6)  # a thread switch between any two bytecodes, nearly
-        thread.start()
-        try:
-            for _ in range(60_000):
-                output.forget_unwanted(lambda sub: sub.n % 7 != 0)
-                assert not output.over_budget()
-        finally:
-            stop.set()
-            thread.join()
-            sys.setswitchinterval(interval)
+        with thread_switches_often():
+            thread.start()
+            try:
+                for _ in range(60_000):
+                    output.forget_unwanted(lambda sub: sub.n % 7 != 0)
+                    assert not output.over_budget()
+            finally:
+                stop.set()
+                thread.join()
 
-    try:
-        asyncio.run(run())
-    finally:
-        app.relay.close()
-        app.store.close()
+    asyncio.run(run())
 
 
 def test_an_answer_closed_as_it_is_built_counts_for_nothing(tmp_path):
@@ -379,22 +363,11 @@ def test_an_answer_closed_as_it_is_built_counts_for_nothing(tmp_path):
         app.store.close()
 
 
-def test_a_read_held_for_room_starts_first_for_a_connection_that_reads(tmp_path):
+def test_a_read_held_for_room_starts_first_for_a_connection_that_reads(built_app):
     """Reads held for room (max_output_buffer_total) start again the connections with the least
     unread output first, in turns among equals: a client that reads is not kept waiting behind
     every read of the clients that do not."""
-    from appliance.app import build
-    from appliance.settings import load
-    from tests.pg import storage_env
-
-    class Unread:  # a connection's output, as far as the relay's room goes
-        def __init__(self, queued_bytes):
-            self.queued_bytes = queued_bytes
-
-    data_dir = tmp_path / "data"
-    settings = load(flags={"data_dir": str(data_dir)}, environ=storage_env(data_dir), config_path=None)
-    app = build(settings)
-    relay = app.relay
+    relay = built_app.relay
     try:
         hog1, hog2, reader = Unread(5 * MIB), Unread(5 * MIB), Unread(0)
         started: list[str] = []
@@ -415,25 +388,12 @@ def test_a_read_held_for_room_starts_first_for_a_connection_that_reads(tmp_path)
         assert started[4:] == ["hog2.1", "hog2.2"] and not relay.read_waiters
     finally:
         relay.reserved_bytes = 0
-        relay.close()
-        app.store.close()
 
 
-def test_a_held_read_that_fails_to_start_holds_up_no_other(tmp_path):
+def test_a_held_read_that_fails_to_start_holds_up_no_other(built_app):
     """A read held for room whose start raises (a bug) is logged; the reads held behind it still
     start in the same pass, with the room it would have taken."""
-    from appliance.app import build
-    from appliance.settings import load
-    from tests.pg import storage_env
-
-    class Unread:
-        def __init__(self, queued_bytes):
-            self.queued_bytes = queued_bytes
-
-    data_dir = tmp_path / "data"
-    settings = load(flags={"data_dir": str(data_dir)}, environ=storage_env(data_dir), config_path=None)
-    app = build(settings)
-    relay = app.relay
+    relay = built_app.relay
     try:
         started: list[str] = []
 
@@ -448,8 +408,6 @@ def test_a_held_read_that_fails_to_start_holds_up_no_other(tmp_path):
         assert started == ["next"] and not relay.read_waiters
     finally:
         relay.reserved_bytes = 0
-        relay.close()
-        app.store.close()
 
 
 async def every_eose(client: Client, n: int, limit_of) -> None:
